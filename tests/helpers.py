@@ -1,0 +1,45 @@
+"""Structural checks shared by the rewrite tests."""
+
+from tflms import _tf_internal as tfi
+from tflms.rewrite import SWAP_IN_SCOPE, SWAP_OUT_SCOPE
+
+
+def swap_ops(graph):
+    outs = [op for op in graph.get_operations() if op.name.startswith(SWAP_OUT_SCOPE + "/")]
+    ins = [op for op in graph.get_operations() if op.name.startswith(SWAP_IN_SCOPE + "/")]
+    return outs, ins
+
+
+def check_structure(cf, plan, device, host):
+    """Assert the rewritten graph matches the plan exactly; return (n_out, n_in)."""
+    graph = cf.graph
+    outs, ins = swap_ops(graph)
+    assert len(outs) == len(plan.swaps)
+    assert len(ins) == plan.n_swap_ins
+    for op in outs:
+        assert op.type == "Identity" and op.device == host
+        assert op.get_attr("_grappler_do_not_remove") is True
+        assert op.inputs[0].device != host
+    by_tensor = {op.inputs[0].name: op for op in outs}
+    for swap in plan.swaps:
+        out = by_tensor[swap.tensor]
+        for k, si in enumerate(swap.swap_ins):
+            back = graph.get_operation_by_name(f"{SWAP_IN_SCOPE}/{swap.tensor.replace(':', '_')}/{k}")
+            assert back.type == "Identity" and back.device == device
+            assert back.inputs[0].op is out
+            assert back.get_attr("_grappler_do_not_remove") is True
+            controls = [c.name for c in back.control_inputs]
+            assert controls == ([si.trigger] if si.trigger else [])
+            for consumer, index in si.consumers:
+                assert graph.get_operation_by_name(consumer).inputs[index] is back.outputs[0]
+    return len(outs), len(ins)
+
+
+def check_survives_grappler(cf, device):
+    """Every swap op is still in the graph Grappler makes of the function."""
+    outs, ins = swap_ops(cf.graph)
+    optimized = {n.name: n for n in tfi.grappler_optimize(cf, device).node}
+    missing = [op.name for op in outs + ins if op.name not in optimized]
+    assert not missing, f"Grappler removed {len(missing)} swap ops, e.g. {missing[:3]}"
+    for op in outs + ins:
+        assert optimized[op.name].op == "Identity"

@@ -1,0 +1,242 @@
+"""@tflms.function and tflms.optimize on unusual and bad input."""
+
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tflms
+from tflms import LMSConfig, LMSWarning
+
+import zoo
+from conftest import DEVICE, HOST
+from helpers import check_structure, check_survives_grappler, swap_ops
+
+
+@pytest.fixture(scope="module")
+def mlp():
+    return zoo.mlp()
+
+
+def test_decorator_forms_give_the_same_plan(mlp):
+    fn = mlp.step_fn()
+    bare = tflms.function(fn)
+    assert isinstance(bare, tflms.LMSFunction) and bare.config == LMSConfig()
+
+    @tflms.function(device=DEVICE, swapout_threshold=5)
+    def step(x, y):
+        return fn(x, y)
+
+    cfg = LMSConfig(device=DEVICE, swapout_threshold=5)
+    a = tflms.function(fn, config=cfg)
+    b = tflms.function(tf.function(fn), config=cfg)
+    c = tflms.function(config=cfg)(fn)
+    plans = {f.get_plan(mlp.x, mlp.y).to_json() for f in (a, b, c)}
+    assert len(plans) == 1
+    # Names of the wrapper differ, the swaps do not.
+    assert [s.tensor for s in step.get_plan(mlp.x, mlp.y).swaps] == [s.tensor for s in a.get_plan(mlp.x, mlp.y).swaps]
+
+
+def test_one_rewritten_function_per_signature(mlp):
+    lms = tflms.function(mlp.step_fn(), device=DEVICE)
+    cf1 = lms.get_concrete_function(mlp.x, mlp.y)
+    assert lms.get_concrete_function(mlp.x, mlp.y) is cf1
+    assert lms.get_plan(mlp.x, mlp.y) is lms.get_plan(mlp.x, mlp.y)
+    x2, y2 = mlp.x[:32], mlp.y[:32]
+    cf2 = lms.get_concrete_function(x2, y2)
+    assert cf2 is not cf1
+    assert lms.get_plan(x2, y2).swaps[0].bytes == lms.get_plan(mlp.x, mlp.y).swaps[0].bytes // 2
+    assert len(lms.plans) == 2
+
+
+def test_optimize_leaves_the_original_alone_and_is_idempotent(mlp):
+    cf = tf.function(mlp.step_fn()).get_concrete_function(mlp.x, mlp.y)
+    n_ops = len(cf.graph.get_operations())
+    new_cf, plan = tflms.optimize(cf, device=DEVICE)
+    assert new_cf is not cf and len(plan.swaps) >= 1
+    assert len(cf.graph.get_operations()) == n_ops and swap_ops(cf.graph) == ([], [])
+    again, plan2 = tflms.optimize(new_cf, device=DEVICE)
+    assert again is new_cf and plan2 is plan
+    # Recognised from the graph alone too (not only through the registry).
+    from tflms import _tf_internal as tfi
+
+    copy = tfi.rebuild(new_cf, tfi.copy_graph(new_cf))
+    same, plan3 = tflms.optimize(copy, device=DEVICE)
+    assert same is copy and plan3.swaps == () and "already rewritten" in plan3.reason
+    with pytest.raises(TypeError, match="ConcreteFunction"):
+        tflms.optimize(mlp.step_fn())
+
+
+def test_no_gpu_and_no_device_plans_but_skips_rewrite_with_a_warning(mlp):
+    assert not tf.config.list_logical_devices("GPU")
+    fn = mlp.step_fn()
+    lms = tflms.function(fn)
+    with pytest.warns(LMSWarning, match="no GPU found and no `device`") as record:
+        losses, variables = zoo.run_steps(mlp, lms, n=2)
+    assert len(record) == 1
+    plan = lms.get_plan(mlp.x, mlp.y)
+    assert len(plan.swaps) >= 1
+    assert swap_ops(lms.get_concrete_function(mlp.x, mlp.y).graph) == ([], [])
+    ref_losses, ref_vars = zoo.run_steps(mlp, tf.function(fn), n=2)
+    np.testing.assert_array_equal(losses, ref_losses)
+
+
+def test_inference_function_is_left_unchanged(mlp):
+    model = mlp.model
+
+    @tflms.function(device=DEVICE)
+    def predict(x):
+        return model(x, training=False)
+
+    plan = predict.get_plan(mlp.x)
+    assert plan.swaps == () and "no backward ops" in plan.reason
+    cf = predict.get_concrete_function(mlp.x)
+    assert swap_ops(cf.graph) == ([], [])
+    np.testing.assert_array_equal(predict(mlp.x).numpy(), model(mlp.x, training=False).numpy())
+
+
+def test_unknown_batch_dimension_uses_batch_size(mlp):
+    fn = mlp.step_fn()
+    spec = [tf.TensorSpec((None, 64), tf.float32), tf.TensorSpec((None,), tf.int32)]
+    small = tflms.function(fn, input_signature=spec, device=DEVICE)
+    big = tflms.function(fn, input_signature=spec, device=DEVICE, batch_size=64)
+    p_small, p_big = small.get_plan(mlp.x, mlp.y), big.get_plan(mlp.x, mlp.y)
+    # With batch 1 the 256-float activations (1 KiB) are below min_bytes; with 64 they qualify.
+    assert p_small.swaps == ()
+    assert len(p_big.swaps) >= 1 and p_big.swaps[0].shape[0] is None
+    assert p_big.swaps[0].bytes == 64 * 256 * 4
+    losses, variables = zoo.run_steps(mlp, big, n=2)
+    ref_losses, ref_vars = zoo.run_steps(mlp, tf.function(fn), n=2)
+    np.testing.assert_array_equal(losses, ref_losses)
+    for a, b in zip(variables, ref_vars):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_control_flow_bodies_are_not_rewritten():
+    keras.utils.set_random_seed(7)
+    dense = [keras.layers.Dense(128, activation="relu") for _ in range(4)]
+    head = keras.layers.Dense(1)
+    opt = keras.optimizers.SGD(0.01)
+    x = tf.random.stateless_normal((32, 128), seed=[1, 2])
+
+    def fn(x, flag):
+        with tf.GradientTape() as tape:
+            h = x
+            for layer in dense:
+                h = layer(h)
+            h = tf.while_loop(lambda i, h: i < 3, lambda i, h: (i + 1, tf.tanh(h) * 1.5), (0, h))[1]
+            h = tf.cond(flag, lambda: h * 2.0, lambda: h - 1.0)
+            loss = tf.reduce_mean(head(h) ** 2)
+        variables = [v for layer in dense + [head] for v in layer.trainable_variables]
+        opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    flag = tf.constant(True)
+    for layer in dense:
+        layer(x)
+    head(dense[-1](dense[-1](x)) * 0 + x)
+    variables = [v for layer in dense + [head] for v in layer.variables] + list(opt.variables)
+    opt.build([v for layer in dense + [head] for v in layer.trainable_variables])
+    variables = [v for layer in dense + [head] for v in layer.variables] + list(opt.variables)
+    initial = [v.numpy() for v in variables]
+
+    def run(step):
+        for v, value in zip(variables, initial):
+            v.assign(value)
+        with tf.device(DEVICE):
+            losses = [step(x, flag).numpy() for _ in range(3)]
+        return losses, [v.numpy() for v in variables]
+
+    plain = tf.function(fn)
+    lms = tflms.function(fn, device=DEVICE, swapout_threshold=5)
+    ref = run(plain)
+    got = run(lms)
+    np.testing.assert_array_equal(got[0], ref[0])
+    for a, b in zip(got[1], ref[1]):
+        np.testing.assert_array_equal(a, b)
+    plan = lms.get_plan(x, flag)
+    assert len(plan.swaps) >= 1
+    check_structure(lms.get_concrete_function(x, flag), plan, DEVICE, HOST)
+    # Rewrite the plain trace itself, to compare bodies with the very functions it had.
+    original = plain.get_concrete_function(x, flag)
+    cf, plan = tflms.optimize(original, device=DEVICE, swapout_threshold=5)
+    check_structure(cf, plan, DEVICE, HOST)
+    check_survives_grappler(cf, DEVICE)
+    cf_types = ("While", "StatelessWhile", "If", "StatelessIf")
+    control_flow = [op for op in cf.graph.get_operations() if op.type in cf_types]
+    assert len(control_flow) >= 2
+    checked = 0
+    for op in control_flow:
+        for attr in ("body", "cond", "then_branch", "else_branch"):
+            if attr in op.node_def.attr:
+                fname = op.get_attr(attr).name
+                fdef = cf.graph._functions[fname].cached_definition
+                assert fdef == original.graph._functions[fname].cached_definition
+                assert not any(n.name.startswith("tflms") for n in fdef.node_def)
+                checked += 1
+    assert checked >= 4
+
+
+def test_invalid_options_raise_at_decoration():
+    with pytest.raises(ValueError, match=r"swapout_threshold=-1"):
+        tflms.function(lambda x: x, swapout_threshold=-1)
+    with pytest.raises(ValueError, match=r"device='/device:FOO:0'"):
+        tflms.function(lambda x: x, device="/device:FOO:0")
+    with pytest.raises(ValueError, match=r"incl_types=.*NoSuchOp"):
+        tflms.function(lambda x: x, incl_types=["NoSuchOp"])
+    with pytest.raises(TypeError, match="Unknown LMS option"):
+        tflms.function(lambda x: x, swap_threshold=3)
+
+
+def test_missing_device_raises_naming_it(mlp):
+    lms = tflms.function(mlp.step_fn(), device="/device:GPU:3")
+    with pytest.raises(ValueError, match=r"device='/device:GPU:3'.*does not exist|does not exist.*GPU:3"):
+        lms(mlp.x, mlp.y)
+
+
+def test_eager_mode_runs_without_lms_and_warns_once(mlp):
+    fn = mlp.step_fn()
+    lms = tflms.function(fn, device=DEVICE)
+    tf.config.run_functions_eagerly(True)
+    try:
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            losses, _ = zoo.run_steps(mlp, lms, n=2)
+        ref, _ = zoo.run_steps(mlp, fn, n=2)
+    finally:
+        tf.config.run_functions_eagerly(False)
+    eager_warnings = [w for w in record if issubclass(w.category, LMSWarning)]
+    assert len(eager_warnings) == 1 and "eagerly" in str(eager_warnings[0].message)
+    np.testing.assert_array_equal(losses, ref)
+
+
+def test_method_decoration_binds_per_instance():
+    keras.utils.set_random_seed(8)
+
+    class Trainer:
+        def __init__(self):
+            self.model = keras.Sequential(
+                [
+                    keras.Input((64,)),
+                    keras.layers.Dense(512, activation="relu"),
+                    keras.layers.Dense(512, activation="relu"),
+                    keras.layers.Dense(1),
+                ]
+            )
+            self.opt = keras.optimizers.SGD(0.01)
+
+        @tflms.function(device=DEVICE, swapout_threshold=3)
+        def step(self, x):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(self.model(x) ** 2)
+            grads = tape.gradient(loss, self.model.trainable_variables)
+            self.opt.apply_gradients(zip(grads, self.model.trainable_variables))
+            return loss
+
+    t1, t2 = Trainer(), Trainer()
+    x = tf.ones((16, 64))
+    assert t1.step is t1.step and t1.step is not t2.step
+    assert float(t1.step(x)) > 0
+    assert len(t1.step.get_plan(x).swaps) >= 1

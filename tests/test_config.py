@@ -1,0 +1,57 @@
+import pytest
+
+from tflms import LMSConfig
+
+
+def test_defaults_and_canonical_devices():
+    cfg = LMSConfig(device="gpu:1", host="/CPU:0")
+    assert cfg.device == "/device:GPU:1"
+    assert cfg.host == "/device:CPU:0"
+    assert LMSConfig().device is None
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"swapout_threshold": -1}, "swapout_threshold"),
+        ({"swapin_ahead": 0}, "swapin_ahead"),
+        ({"swapin_groupby": -2}, "swapin_groupby"),
+        ({"min_bytes": -5}, "min_bytes"),
+        ({"n_tensors": -1}, "n_tensors"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"swapout_threshold": 2.5}, "swapout_threshold"),
+        ({"swapout_threshold": True}, "swapout_threshold"),
+        ({"device": "/device:FOO:0"}, "device"),
+        ({"device": "garbage"}, "device"),
+        ({"device": "/device:GPU"}, "device"),
+        ({"device": ""}, "device"),
+        ({"host": None}, "host"),
+        ({"device": "/device:CPU:0"}, "device"),  # same as host
+        ({"incl_types": ["Conv2D", "NotAnOp"]}, "incl_types"),
+        ({"excl_types": ["Relux"]}, "excl_types"),
+        ({"incl_scopes": [""]}, "incl_scopes"),
+    ],
+)
+def test_invalid_options_name_argument_and_value(kwargs, name):
+    with pytest.raises(ValueError) as err:
+        LMSConfig(**kwargs)
+    msg = str(err.value)
+    assert f"{name}=" in msg and "Received" in msg
+
+
+def test_from_options_rejects_unknown_names():
+    with pytest.raises(TypeError, match="swapout_treshold"):
+        LMSConfig.from_options(swapout_treshold=3)
+
+
+def test_from_options_overrides_base_and_roundtrips():
+    base = LMSConfig(swapout_threshold=7, incl_types=("Relu",))
+    cfg = LMSConfig.from_options(base, swapin_ahead=4)
+    assert (cfg.swapout_threshold, cfg.swapin_ahead, cfg.incl_types) == (7, 4, ("Relu",))
+    assert LMSConfig.from_dict(cfg.to_dict()) == cfg
+    assert hash(cfg) == hash(LMSConfig.from_dict(cfg.to_dict()))
+
+
+def test_names_are_sorted_and_deduplicated():
+    cfg = LMSConfig(excl_scopes=["b/", "a/", "b/"])
+    assert cfg.excl_scopes == ("a/", "b/")

@@ -1,0 +1,66 @@
+import keras
+import tensorflow as tf
+
+from tflms.graph import GraphModel, estimate_bytes
+
+from graphs import chain_model, f32, op
+
+
+def test_levels_phases_and_edges_of_hand_built_graph():
+    m = chain_model(n_fwd=3)
+    assert [m.level(n) for n in ("x", "f0", "f1", "f2", "loss")] == [0, 1, 2, 3, 4]
+    assert [m.level(f"gradient_tape/b{i}") for i in (2, 1, 0)] == [5, 6, 7]
+    assert m.phase("f1") == "forward"
+    assert m.phase("gradient_tape/b1") == "backward"
+    assert m.phase("update") == "update"
+    assert m.dag.edges["f1", "gradient_tape/b1"]["tensors"] == ("f1:0",)
+    assert m.tensors["f1:0"].consumers == (("f2", 0), ("gradient_tape/b1", 1))
+    assert m.schedule()[:3] == ["x", "f0", "f1"]
+
+
+def test_control_edges_are_kept_and_marked():
+    ops = [
+        op("a", "Relu", outputs=[f32(2, 2)]),
+        op("b", "Relu", ["a:0"], [f32(2, 2)]),
+        op("c", "NoOp", control=["a", "b"]),
+        op("d", "Relu", ["a:0", "a:0"], [f32(2, 2)], control=["a"]),
+    ]
+    m = GraphModel.from_ops(ops)
+    assert m.dag.edges["a", "c"] == {"tensors": (), "control": True}
+    assert m.dag.edges["a", "d"] == {"tensors": ("a:0", "a:0"), "control": True}
+    assert m.level("c") == 2 and m.level("d") == 1
+
+
+def test_estimate_bytes_rule():
+    assert estimate_bytes((None, 10), 4, batch_size=16) == (640, True)
+    assert estimate_bytes((None, 10), 4, batch_size=None) == (40, True)
+    assert estimate_bytes((3, None, 5), 2, batch_size=16) == (30, True)
+    assert estimate_bytes(None, 4, batch_size=16) == (4, True)
+    assert estimate_bytes((3, 5), 8, batch_size=None) == (120, False)
+
+
+def test_from_tf_graph_tags_phases_and_shapes():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    opt = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    cf = step.get_concrete_function(tf.TensorSpec((None, 8)), tf.TensorSpec((None, 1)))
+    m = GraphModel.from_func_graph(cf.graph, batch_size=32)
+    relu = next(n for n in m.dag if n.endswith("Relu"))
+    t = m.tensors[f"{relu}:0"]
+    assert t.shape == (None, 16) and t.estimated and t.bytes == 32 * 16 * 4
+    phases = {n: m.phase(n) for n in m.dag}
+    assert phases[relu] == "forward"
+    assert any(p == "backward" for p in phases.values())
+    assert all(phases[n] == "backward" for n in m.dag if n.startswith("gradient_tape/"))
+    assert all(phases[n] == "update" for n in m.dag if m.dag.nodes[n]["type"] == "AssignSubVariableOp")
+    # kernel (8x16) + bias (16) + kernel (16x1) + bias (1) floats, SGD iteration (int64) + lr (float)
+    assert m.variable_bytes == (8 * 16 + 16 + 16 + 1) * 4 + 8 + 4

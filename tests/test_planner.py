@@ -1,0 +1,128 @@
+import json
+
+import pytest
+
+from tflms import LMSConfig, SwapPlan, make_plan
+from tflms.graph import GraphModel
+
+from graphs import chain_model, f32, op
+
+NOFILTER = {"min_bytes": 0, "swapin_groupby": 0}
+
+
+def test_candidates_respect_threshold_and_distance():
+    m = chain_model(n_fwd=6)  # f_i at level i+1; b_i at level 8 + (5 - i)
+    plan = make_plan(m, LMSConfig(swapout_threshold=6, swapin_ahead=1, **NOFILTER))
+    # distance(f_i -> b_i) = 8 + 5 - i - (i + 1) = 12 - 2i > 6  <=>  i < 3
+    assert [s.tensor for s in plan.swaps] == ["f0:0", "f1:0", "f2:0"]
+    assert [s.distance for s in plan.swaps] == [12, 10, 8]
+    # Placeholder x is never a candidate (the caller holds it anyway).
+    assert all(s.producer != "x" for s in plan.swaps)
+
+
+def test_swapin_ahead_picks_a_backward_ancestor_deterministically():
+    m = chain_model(n_fwd=6)
+    plan = make_plan(m, LMSConfig(swapout_threshold=6, swapin_ahead=2, **NOFILTER))
+    f0 = plan.swaps[0]
+    (si,) = f0.swap_ins
+    assert si.consumers == (("gradient_tape/b0", 1),)
+    assert si.level == 13 and si.trigger == "gradient_tape/b2" and si.trigger_level == 11
+    # Too far ahead would reach the forward pass: the earliest backward ancestor is used instead.
+    plan = make_plan(m, LMSConfig(swapout_threshold=6, swapin_ahead=50, **NOFILTER))
+    assert plan.swaps[0].swap_ins[0].trigger == "gradient_tape/b5"
+
+
+def test_no_backward_ancestor_means_no_trigger():
+    ops = [
+        op("a", "Relu", outputs=[f32(64, 64)]),
+        op("f1", "Relu", ["a:0"], [f32(2, 2)]),
+        op("f2", "Relu", ["f1:0"], [f32(2, 2)]),
+        op("gradient_tape/g", "Mul", ["f2:0", "a:0"], [f32(64, 64)]),
+    ]
+    plan = make_plan(GraphModel.from_ops(ops), LMSConfig(swapout_threshold=1, **NOFILTER))
+    assert plan.swaps[0].swap_ins[0].trigger is None
+
+
+def test_consumers_grouped_by_swapin_groupby():
+    ops = [op("x", "Placeholder", outputs=[f32(32, 32)]), op("a", "Relu", ["x:0"], [f32(32, 32)])]
+    prev = "a:0"
+    for i in range(10):
+        ops.append(op(f"f{i}", "Relu", [prev], [f32(2, 2)]))
+        prev = f"f{i}:0"
+    grad = prev
+    for i in range(10):  # each reading a
+        ops.append(op(f"gradient_tape/g{i}", "Mul", [grad, "a:0"], [f32(2, 2)]))
+        grad = f"gradient_tape/g{i}:0"
+    m = GraphModel.from_ops(ops)
+    plan = make_plan(m, LMSConfig(swapout_threshold=11, swapin_groupby=3, swapin_ahead=1, min_bytes=0))
+    (swap,) = [s for s in plan.swaps if s.tensor == "a:0"]
+    # Far consumers: g1..g9 (levels 13..21); g0 (distance 12) keeps the device tensor.
+    groups = [[c for c, _ in si.consumers] for si in swap.swap_ins]
+    assert groups == [
+        ["gradient_tape/g1", "gradient_tape/g2", "gradient_tape/g3", "gradient_tape/g4"],
+        ["gradient_tape/g5", "gradient_tape/g6", "gradient_tape/g7", "gradient_tape/g8"],
+        ["gradient_tape/g9"],
+    ]
+    assert [si.trigger for si in swap.swap_ins] == ["gradient_tape/g0", "gradient_tape/g4", "gradient_tape/g8"]
+
+
+@pytest.mark.parametrize(
+    "options, expected",
+    [
+        ({"n_tensors": 2}, ["f0:0", "f1:0"]),  # equal bytes: the longest distances win
+        ({"n_tensors": 0}, []),
+        ({"min_bytes": 10**9}, []),
+        ({"excl_types": ["Relu"]}, []),
+        ({"incl_types": ["Relu"]}, ["f0:0", "f1:0", "f2:0"]),
+        ({"incl_scopes": ["f1"]}, ["f1:0"]),
+        ({"excl_scopes": ["f1", "f2"]}, ["f0:0"]),
+    ],
+)
+def test_filters(options, expected):
+    m = chain_model(n_fwd=6)
+    cfg = LMSConfig.from_options(LMSConfig(swapout_threshold=6, swapin_groupby=0, min_bytes=0), **options)
+    assert [s.tensor for s in make_plan(m, cfg).swaps] == expected
+
+
+def test_excluded_dtypes_ranks_and_host_tensors():
+    ops = [
+        op("a", "Relu", outputs=[f32(64, 64)], device="/device:CPU:0"),
+        op("v", "Relu", outputs=[f32(4096)]),
+        op("i", "Shape", outputs=[("int32", (64, 64), 4 * 64 * 64, False)]),
+        op("f", "Relu", ["a:0", "v:0", "i:0"], [f32(2, 2)]),
+        op("f2", "Relu", ["f:0"], [f32(2, 2)]),
+        op("gradient_tape/g", "Mul", ["f2:0", "a:0", "v:0", "i:0"], [f32(2, 2)]),
+    ]
+    plan = make_plan(GraphModel.from_ops(ops), LMSConfig(swapout_threshold=1, min_bytes=0))
+    assert plan.swaps == ()
+    assert "no tensor qualifies" in plan.reason
+
+
+def test_no_backward_ops_gives_an_empty_plan_with_a_reason():
+    ops = [op("a", "Relu", outputs=[f32(64, 64)]), op("b", "Relu", ["a:0"], [f32(64, 64)])]
+    plan = make_plan(GraphModel.from_ops(ops), LMSConfig())
+    assert plan.swaps == () and "no backward ops" in plan.reason
+    assert plan.peak_bytes_after == plan.peak_bytes_before
+
+
+def test_plan_json_is_deterministic_and_roundtrips():
+    cfg = LMSConfig(swapout_threshold=4, swapin_ahead=2, min_bytes=0)
+    p1 = make_plan(chain_model(n_fwd=6), cfg)
+    p2 = make_plan(chain_model(n_fwd=6), cfg)
+    assert p1.to_json() == p2.to_json() and p1.fingerprint() == p2.fingerprint()
+    data = json.loads(p1.to_json())
+    assert data["format_version"] == 1
+    assert {"swaps", "peak_bytes_before", "peak_bytes_after", "options"} <= set(data)
+    assert data["options"]["swapout_threshold"] == 4
+    assert SwapPlan.from_json(p1.to_json()) == p1
+    with pytest.raises(ValueError, match="format_version"):
+        SwapPlan.from_json(json.dumps({**data, "format_version": 99}))
+
+
+def test_summary_lists_every_swap_and_the_peaks():
+    plan = make_plan(chain_model(n_fwd=6), LMSConfig(swapout_threshold=4, swapin_ahead=2, min_bytes=0))
+    text = plan.summary()
+    assert "predicted device peak (simulator)" in text
+    for s in plan.swaps:
+        assert s.tensor in text
+        assert all(si.trigger in text for si in s.swap_ins)

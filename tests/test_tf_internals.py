@@ -1,0 +1,74 @@
+"""Pins on the TensorFlow behaviour tflms relies on (TF 2.21). A failure here after a
+TensorFlow upgrade points at tflms/_tf_internal.py."""
+
+import keras
+import tensorflow as tf
+
+from tflms import _tf_internal as tfi
+
+
+def _step():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    opt = keras.optimizers.SGD(0.1)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(model(x) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return model, step
+
+
+def test_tape_gradients_are_under_gradient_tape_scope():
+    _, step = _step()
+    graph = step.get_concrete_function(tf.TensorSpec((4, 8))).graph
+    types = {op.type: op.name for op in graph.get_operations()}
+    assert types["ReluGrad"].startswith("gradient_tape/")
+    assert not types["Relu"].startswith("gradient_tape/")
+    assert "AssignSubVariableOp" in types
+
+
+def test_copy_and_rebuild_give_an_equal_independent_function():
+    model, step = _step()
+    x = tf.ones((4, 8))
+    cf = step.get_concrete_function(x)
+    copy = tfi.copy_graph(cf)
+    assert copy is not cf.graph
+    assert sorted(op.name for op in copy.get_operations() if op.type != "Placeholder") == sorted(
+        op.name for op in cf.graph.get_operations() if op.type != "Placeholder"
+    )
+    assert len(copy.captures) == len(cf.graph.captures)
+    new_cf = tfi.rebuild(cf, copy)
+    initial = [v.numpy() for v in model.weights]
+    a = [float(cf(x)) for _ in range(2)]
+    for v, value in zip(model.weights, initial):
+        v.assign(value)
+    b = [float(new_cf(x)) for _ in range(2)]
+    assert a == b and a[0] != a[1]
+
+
+def test_grappler_removes_unmarked_swap_identities():
+    """Why swap ops carry _grappler_do_not_remove: without it Grappler deletes them."""
+    _, step = _step()
+    cf = step.get_concrete_function(tf.ones((4, 8)))
+    graph = tfi.copy_graph(cf)
+    relu = next(op for op in graph.get_operations() if op.type == "Relu").outputs[0]
+    grad = next(op for op in graph.get_operations() if op.type == "ReluGrad")
+    with graph.as_default():
+        with tf.device("/device:CPU:0"):
+            out = tf.identity(relu, name="probe_out")
+        with tf.device("/device:CPU:1"):
+            back = tf.identity(out, name="probe_in")
+    index = [t.name for t in grad.inputs].index(relu.name)
+    tfi.update_input(grad, index, back)
+    names = {n.name for n in tfi.grappler_optimize(tfi.rebuild(cf, graph), "/device:CPU:1").node}
+    assert "probe_in" not in names and "probe_out" not in names
+    # Marked with the attribute, both survive.
+    for name in ("probe_in", "probe_out"):
+        tfi.set_attr(graph.get_operation_by_name(name), "_grappler_do_not_remove", True)
+    names = {n.name for n in tfi.grappler_optimize(tfi.rebuild(cf, graph), "/device:CPU:1").node}
+    assert {"probe_in", "probe_out"} <= names

@@ -1,0 +1,145 @@
+"""Small training setups used by the rewrite tests: model, loss, one batch.
+
+Each factory returns a :class:`Setup`; :func:`run_steps` trains it from the same
+initial state for a few steps and returns losses and final variables, so a plain
+and an LMS step can be compared exactly on one model object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+@dataclasses.dataclass
+class Setup:
+    name: str
+    model: keras.Model
+    loss: keras.losses.Loss
+    optimizer: keras.optimizers.Optimizer
+    x: tf.Tensor
+    y: tf.Tensor
+
+    def __post_init__(self) -> None:
+        self.optimizer.build(self.model.trainable_variables)
+        self._initial = [v.numpy() for v in self.state()]
+
+    def state(self) -> list:
+        return list(self.model.variables) + list(self.optimizer.variables)
+
+    def reset(self) -> None:
+        for v, value in zip(self.state(), self._initial):
+            v.assign(value)
+
+    def step_fn(self) -> Callable:
+        model, loss_fn, opt = self.model, self.loss, self.optimizer
+
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+            return loss
+
+        return train_step
+
+
+def run_steps(setup: Setup, step: Callable, n: int = 3, device: str | None = "/device:CPU:1"):
+    """Train ``n`` steps from the initial state: (losses, variables as numpy)."""
+    setup.reset()
+    losses = []
+    for _ in range(n):
+        if device is None:
+            losses.append(step(setup.x, setup.y).numpy())
+        else:
+            with tf.device(device):
+                losses.append(step(setup.x, setup.y).numpy())
+    return np.array(losses), [v.numpy() for v in setup.state()]
+
+
+def _classification(name, model, batch, input_shape, classes, seed=0):
+    rng = np.random.default_rng(seed)
+    x = tf.constant(rng.normal(size=(batch, *input_shape)).astype("float32"))
+    y = tf.constant(rng.integers(0, classes, size=(batch,)).astype("int32"))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return Setup(name, model, loss, keras.optimizers.Adam(1e-3), x, y)
+
+
+def mlp() -> Setup:
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential(
+        [keras.Input((64,))] + [keras.layers.Dense(256, activation="relu") for _ in range(6)] + [keras.layers.Dense(10)]
+    )
+    return _classification("mlp", model, 64, (64,), 10)
+
+
+def cnn() -> Setup:
+    keras.utils.set_random_seed(2)
+    L = keras.layers
+    model = keras.Sequential(
+        [
+            keras.Input((32, 32, 3)),
+            L.Conv2D(32, 3, padding="same"),
+            L.BatchNormalization(),
+            L.ReLU(),
+            L.Conv2D(32, 3, padding="same"),
+            L.BatchNormalization(),
+            L.ReLU(),
+            L.MaxPooling2D(),
+            L.Conv2D(64, 3, padding="same"),
+            L.BatchNormalization(),
+            L.ReLU(),
+            L.Dropout(0.25),
+            L.Conv2D(64, 3, padding="same"),
+            L.BatchNormalization(),
+            L.ReLU(),
+            L.GlobalAveragePooling2D(),
+            L.Dropout(0.25),
+            L.Dense(10),
+        ]
+    )
+    return _classification("cnn", model, 16, (32, 32, 3), 10)
+
+
+def resnet50(batch: int = 4, size: int = 64) -> Setup:
+    keras.utils.set_random_seed(3)
+    model = keras.applications.ResNet50(
+        weights=None, input_shape=(size, size, 3), classes=10, classifier_activation=None
+    )
+    return _classification("resnet50", model, batch, (size, size, 3), 10)
+
+
+def transformer() -> Setup:
+    keras.utils.set_random_seed(4)
+    L = keras.layers
+    seq, dim = 32, 64
+    inp = keras.Input((seq, dim))
+    h = L.MultiHeadAttention(num_heads=4, key_dim=16)(inp, inp)
+    h = L.LayerNormalization()(inp + L.Dropout(0.1)(h))
+    f = L.Dense(256, activation="gelu")(h)
+    f = L.Dense(dim)(f)
+    h = L.LayerNormalization()(h + f)
+    out = L.Dense(10)(L.GlobalAveragePooling1D()(h))
+    return _classification("transformer", keras.Model(inp, out), 16, (seq, dim), 10)
+
+
+def lstm() -> Setup:
+    keras.utils.set_random_seed(5)
+    L = keras.layers
+    model = keras.Sequential(
+        [
+            keras.Input((20, 16)),
+            L.Dense(64, activation="relu"),
+            L.LSTM(64, return_sequences=True),
+            L.LSTM(32),
+            L.Dense(5),
+        ]
+    )
+    return _classification("lstm", model, 32, (20, 16), 5)
+
+
+ZOO = {"mlp": mlp, "cnn": cnn, "resnet50": resnet50, "transformer": transformer, "lstm": lstm}

@@ -1,0 +1,163 @@
+"""Validated, frozen options of the LMS pass.
+
+Every knob of the planner lives here; nothing else decides. ``LMSConfig`` is
+immutable and hashable, so a plan can record exactly the options it was made
+with, and so a config can key caches.
+
+Example:
+    >>> from tflms import LMSConfig
+    >>> cfg = LMSConfig(swapout_threshold=40, swapin_ahead=8)
+    >>> cfg.swapin_groupby
+    5
+    >>> LMSConfig(swapout_threshold=-3)
+    Traceback (most recent call last):
+    ...
+    ValueError: swapout_threshold must be an integer >= 0. Received: swapout_threshold=-3
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = ["LMSConfig", "KNOWN_DEVICE_TYPES"]
+
+#: Device types a ``device``/``host`` string may name.
+KNOWN_DEVICE_TYPES = ("CPU", "GPU", "TPU")
+
+
+def _received(name: str, value: Any) -> str:
+    return f"Received: {name}={value!r}"
+
+
+def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        none = " or None" if allow_none else ""
+        raise ValueError(f"{name} must be an integer >= {minimum}{none}. {_received(name, value)}")
+
+
+def _check_device(name: str, value: Any, allow_none: bool) -> str | None:
+    """Return the canonical ``/device:TYPE:N`` form of a device string, or raise."""
+    if value is None and allow_none:
+        return None
+    import tensorflow as tf  # local: keeps `import tflms.config` light
+
+    hint = "Use a string such as '/device:GPU:0' or '/device:CPU:1'."
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name} must be a device string. {hint} {_received(name, value)}")
+    try:
+        spec = tf.DeviceSpec.from_string(value)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{name} is not a device string ({err}). {hint} {_received(name, value)}") from None
+    if spec.device_type is None or spec.device_type.upper() not in KNOWN_DEVICE_TYPES:
+        raise ValueError(
+            f"{name} names an unknown device type {spec.device_type!r}; known types are "
+            f"{', '.join(KNOWN_DEVICE_TYPES)}. {hint} {_received(name, value)}"
+        )
+    if spec.device_index is None:
+        raise ValueError(f"{name} must name one device, with an index. {hint} {_received(name, value)}")
+    return f"/device:{spec.device_type.upper()}:{spec.device_index}"
+
+
+def _check_names(name: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, Iterable) or not all(isinstance(v, str) and v for v in value):
+        raise ValueError(f"{name} must be a sequence of non-empty strings. {_received(name, value)}")
+    return tuple(sorted(set(value)))
+
+
+def _check_op_types(name: str, value: tuple[str, ...]) -> None:
+    from tensorflow.python.framework import op_def_registry
+
+    unknown = [t for t in value if op_def_registry.get(t) is None]
+    if unknown:
+        raise ValueError(
+            f"{name} names op types TensorFlow does not know: {', '.join(unknown)}. Use op type "
+            f"names as in `op.type`, e.g. 'Conv2D', 'Relu'. {_received(name, value)}"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class LMSConfig:
+    """Options of the LMS (large model support) pass.
+
+    Attributes:
+        device: compute device whose memory is relieved, e.g. ``'/device:GPU:0'``.
+            ``None`` picks the Horovod local-rank GPU under Horovod, else the first
+            GPU; with no GPU the plan is still made but the rewrite is skipped.
+        host: device that holds swapped tensors. Default ``'/device:CPU:0'``.
+        swapout_threshold: a tensor is swapped only for backward consumers more than
+            this many topological levels after its producer.
+        swapin_ahead: the swap-in is triggered by an op about this many levels
+            before the first consumer it serves (larger = earlier prefetch).
+        swapin_groupby: consumers whose levels lie within this many levels of the
+            first one in a group share one swap-in.
+        min_bytes: tensors smaller than this are never swapped.
+        n_tensors: swap at most this many tensors (the largest first); ``None`` = all.
+        incl_scopes / excl_scopes: op-name prefixes; a tensor is a candidate only if its
+            producer matches an include prefix (when any is given) and no exclude prefix.
+        incl_types / excl_types: the same for producer op types (``op.type``).
+        batch_size: size used for an unknown leading (batch) dimension when
+            estimating tensor bytes; ``None`` = 1. Other unknown dimensions count as 1.
+    """
+
+    device: str | None = None
+    host: str = "/device:CPU:0"
+    swapout_threshold: int = 10
+    swapin_ahead: int = 3
+    swapin_groupby: int = 5
+    min_bytes: int = 4096
+    n_tensors: int | None = None
+    incl_scopes: tuple[str, ...] = ()
+    excl_scopes: tuple[str, ...] = ()
+    incl_types: tuple[str, ...] = ()
+    excl_types: tuple[str, ...] = ()
+    batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "device", _check_device("device", self.device, allow_none=True))
+        set_(self, "host", _check_device("host", self.host, allow_none=False))
+        if self.device is not None and self.device == self.host:
+            raise ValueError(
+                "device and host must differ: tensors are swapped from device to host. "
+                f"Received: device={self.device!r}, host={self.host!r}"
+            )
+        _check_int("swapout_threshold", self.swapout_threshold, 0)
+        _check_int("swapin_ahead", self.swapin_ahead, 1)
+        _check_int("swapin_groupby", self.swapin_groupby, 0)
+        _check_int("min_bytes", self.min_bytes, 0)
+        _check_int("n_tensors", self.n_tensors, 0, allow_none=True)
+        _check_int("batch_size", self.batch_size, 1, allow_none=True)
+        for name in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):
+            set_(self, name, _check_names(name, getattr(self, name)))
+        _check_op_types("incl_types", self.incl_types)
+        _check_op_types("excl_types", self.excl_types)
+
+    @classmethod
+    def from_options(cls, config: LMSConfig | None = None, **options: Any) -> LMSConfig:
+        """Build a config from an optional base ``config`` and keyword overrides.
+
+        Unknown keyword names raise ``TypeError`` listing the valid ones.
+        """
+        if config is not None and not isinstance(config, LMSConfig):
+            raise TypeError(f"config must be a tflms.LMSConfig. Received: config={config!r}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"Unknown LMS option(s): {', '.join(unknown)}. Valid options: {', '.join(sorted(known))}.")
+        base = config if config is not None else cls()
+        return dataclasses.replace(base, **options) if options else base
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict of every option (tuples become lists)."""
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LMSConfig:
+        """Inverse of :meth:`to_dict`."""
+        return cls.from_options(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})

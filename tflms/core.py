@@ -1,0 +1,264 @@
+"""The one core call, :func:`optimize`, and the ``@tflms.function`` decorator over it."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any, overload
+
+import tensorflow as tf
+
+from . import _tf_internal as tfi
+from .config import LMSConfig
+from .errors import LMSWarning
+from .graph import GraphModel
+from .plan import SwapPlan
+from .planner import make_plan
+from .rewrite import apply_plan, is_rewritten
+from .simulator import _device_key
+
+__all__ = ["optimize", "function", "LMSFunction", "resolve_device"]
+
+log = logging.getLogger("tflms")
+
+# Rebuilt functions -> their plan, so that optimizing one again changes nothing.
+_REWRITTEN: weakref.WeakKeyDictionary[Any, SwapPlan] = weakref.WeakKeyDictionary()
+
+
+def resolve_device(config: LMSConfig) -> str | None:
+    """The compute device LMS targets: ``config.device``, else the Horovod
+    local-rank GPU when Horovod is initialised and several GPUs are visible, else
+    the first GPU, else ``None``.
+
+    An explicit device that does not exist raises ``ValueError``.
+    """
+    if config.device is not None:
+        present = {_device_key(d.name) for d in tf.config.list_logical_devices()}
+        if _device_key(config.device) not in present:
+            names = ", ".join(sorted(d.name.split("device:")[-1] for d in tf.config.list_logical_devices()))
+            raise ValueError(
+                f"device {config.device!r} does not exist on this machine (devices: {names}). "
+                f"Pass one of those, or device=None for the first GPU. Received: device={config.device!r}"
+            )
+        return config.device
+    gpus = tf.config.list_logical_devices("GPU")
+    if not gpus:
+        return None
+    index = 0
+    hvd_rank = _horovod_local_rank()
+    if hvd_rank is not None and hvd_rank < len(gpus) and len(gpus) > 1:
+        index = hvd_rank
+    return f"/device:GPU:{index}"
+
+
+def _horovod_local_rank() -> int | None:
+    import sys
+
+    hvd = sys.modules.get("horovod.tensorflow")
+    if hvd is None:
+        return None
+    try:
+        return hvd.local_rank() if hvd.is_initialized() else None
+    except Exception:  # noqa: BLE001 - horovod half-initialised: behave as without it
+        return None
+
+
+def _no_device_message() -> str:
+    return (
+        "tflms: no GPU found and no `device` given, so the step runs without swapping "
+        "(the plan was still made: see get_plan). Run on a GPU machine, or pass device= "
+        "e.g. '/device:CPU:1' after splitting the CPU into two logical devices for testing."
+    )
+
+
+def optimize(concrete_function: Any, config: LMSConfig | None = None, **options: Any) -> tuple[Any, SwapPlan]:
+    """Plan and apply LMS to a traced step: ``(new_concrete_function, plan)``.
+
+    The given function and its graph are not modified. When the plan is empty,
+    when no device is available (a warning says so), or when the function is
+    already rewritten, the given function is returned unchanged.
+
+    Example:
+        >>> step = tf.function(train_step)                          # doctest: +SKIP
+        >>> cf = step.get_concrete_function(x, y)                   # doctest: +SKIP
+        >>> new_cf, plan = tflms.optimize(cf, swapout_threshold=20)  # doctest: +SKIP
+        >>> loss = new_cf(x, y)                                     # doctest: +SKIP
+    """
+    config = LMSConfig.from_options(config, **options)
+    if not isinstance(concrete_function, tfi.ConcreteFunction):
+        raise TypeError(
+            "optimize expects a tf ConcreteFunction, e.g. tf.function(f).get_concrete_function(*args). "
+            f"Received: concrete_function={concrete_function!r}"
+        )
+    known = _REWRITTEN.get(concrete_function)
+    graph = concrete_function.graph
+    if known is not None:
+        return concrete_function, known
+    model = GraphModel.from_func_graph(graph, batch_size=config.batch_size)
+    if is_rewritten(graph):
+        plan = make_plan(model, config)
+        plan = SwapPlan(
+            function=plan.function,
+            options=plan.options,
+            swaps=(),
+            n_ops=plan.n_ops,
+            peak_bytes_before=plan.peak_bytes_before,
+            peak_bytes_after=plan.peak_bytes_before,
+            variable_bytes=plan.variable_bytes,
+            reason="the function is already rewritten by tflms; left unchanged",
+        )
+        return concrete_function, plan
+    plan = make_plan(model, config)
+    if not plan.swaps:
+        return concrete_function, plan
+    device = resolve_device(config)
+    if device is None:
+        warnings.warn(_no_device_message(), LMSWarning, stacklevel=2)
+        return concrete_function, plan
+    new_graph = tfi.copy_graph(concrete_function)
+    new_graph.name = f"{graph.name}_tflms"
+    counts = apply_plan(new_graph, plan, device=device, host=config.host)
+    new_cf = tfi.rebuild(concrete_function, new_graph)
+    _REWRITTEN[new_cf] = plan
+    log.info(
+        "tflms: %s: Identity +%d (swap-out %d, swap-in %d) on %s/%s",
+        graph.name,
+        counts["swap_out"] + counts["swap_in"],
+        counts["swap_out"],
+        counts["swap_in"],
+        device,
+        config.host,
+    )
+    return new_cf, plan
+
+
+class LMSFunction:
+    """A callable like ``tf.function`` whose traced steps are rewritten by tflms.
+
+    One rewritten ConcreteFunction per input signature, cached. Made by
+    :func:`tflms.function`.
+    """
+
+    def __init__(
+        self,
+        python_function: Callable[..., Any],
+        config: LMSConfig,
+        input_signature: Any = None,
+        reduce_retracing: bool = False,
+    ) -> None:
+        self._config = config
+        if isinstance(python_function, tf.types.experimental.PolymorphicFunction):
+            self._tf_function = python_function
+            self.python_function = python_function.python_function
+        else:
+            self._tf_function = tf.function(
+                python_function, input_signature=input_signature, reduce_retracing=reduce_retracing
+            )
+            self.python_function = python_function
+        self._cache: dict[Any, tuple[Any, SwapPlan, str | None]] = {}
+        self._lock = threading.Lock()
+        self._warned_eager = False
+        self._bound: weakref.WeakKeyDictionary[Any, LMSFunction] = weakref.WeakKeyDictionary()
+        functools.update_wrapper(self, self.python_function)
+
+    @property
+    def config(self) -> LMSConfig:
+        return self._config
+
+    def _entry(self, args: tuple, kwargs: dict) -> tuple[Any, SwapPlan, str | None]:
+        cf = self._tf_function.get_concrete_function(*args, **kwargs)
+        entry = self._cache.get(cf)
+        if entry is None:
+            with self._lock:
+                entry = self._cache.get(cf)
+                if entry is None:
+                    new_cf, plan = optimize(cf, self._config)
+                    device = resolve_device(self._config) if new_cf is not cf else None
+                    entry = (new_cf, plan, device)
+                    self._cache[cf] = entry
+        return entry
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if tf.config.functions_run_eagerly():
+            if not self._warned_eager:
+                self._warned_eager = True
+                warnings.warn(
+                    "tflms: tf.config.run_functions_eagerly(True) is set, so the step runs eagerly "
+                    "without LMS. Turn it off to swap tensors.",
+                    LMSWarning,
+                    stacklevel=2,
+                )
+            return self.python_function(*args, **kwargs)
+        new_cf, _, device = self._entry(args, kwargs)
+        if device is None:
+            return new_cf(*args, **kwargs)
+        with tf.device(device):
+            return new_cf(*args, **kwargs)
+
+    def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
+        """The rewritten ConcreteFunction for these arguments (traced and planned on first use)."""
+        return self._entry(args, kwargs)[0]
+
+    def get_plan(self, *args: Any, **kwargs: Any) -> SwapPlan:
+        """The :class:`~tflms.SwapPlan` for these arguments' input signature."""
+        return self._entry(args, kwargs)[1]
+
+    @property
+    def plans(self) -> list[SwapPlan]:
+        """Plans of every signature traced so far."""
+        return [plan for _, plan, _ in self._cache.values()]
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        bound = self._bound.get(instance)
+        if bound is None:
+            bound = LMSFunction(self._tf_function.__get__(instance, owner), self._config)
+            self._bound[instance] = bound
+        return bound
+
+    def __repr__(self) -> str:
+        return f"<tflms.LMSFunction {getattr(self.python_function, '__name__', '?')} {self._config}>"
+
+
+@overload
+def function(fn: Callable[..., Any], *, config: LMSConfig | None = None, **options: Any) -> LMSFunction: ...
+@overload
+def function(
+    fn: None = None, *, config: LMSConfig | None = None, **options: Any
+) -> Callable[[Callable[..., Any]], LMSFunction]: ...
+
+
+def function(
+    fn: Callable[..., Any] | None = None,
+    *,
+    config: LMSConfig | None = None,
+    input_signature: Any = None,
+    reduce_retracing: bool = False,
+    **options: Any,
+) -> Any:
+    """``tf.function`` with large model support.
+
+    Use as ``@tflms.function``, ``@tflms.function(swapout_threshold=40)`` or
+    ``tflms.function(fn, config=cfg)``. Keyword options are those of
+    :class:`tflms.LMSConfig`; ``input_signature`` and ``reduce_retracing`` go to
+    ``tf.function``. ``fn`` may itself be a ``tf.function``.
+
+    Example:
+        >>> @tflms.function(swapout_threshold=40, swapin_ahead=8)  # doctest: +SKIP
+        ... def train_step(x, y): ...
+        >>> loss = train_step(x, y)                                 # doctest: +SKIP
+        >>> print(train_step.get_plan(x, y).summary())              # doctest: +SKIP
+    """
+    cfg = LMSConfig.from_options(config, **options)
+
+    def wrap(f: Callable[..., Any]) -> LMSFunction:
+        if not callable(f):
+            raise TypeError(f"tflms.function expects a callable. Received: fn={f!r}")
+        return LMSFunction(f, cfg, input_signature=input_signature, reduce_retracing=reduce_retracing)
+
+    return wrap if fn is None else wrap(fn)

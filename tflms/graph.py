@@ -1,0 +1,245 @@
+"""The graph model: a traced step as a ``networkx.DiGraph`` of ops.
+
+Nodes are op names with attributes ``type``, ``device``, ``phase`` (``'forward'``,
+``'backward'`` or ``'update'``) and ``level`` (topological generation, data and
+control edges both counted). An edge ``u -> v`` carries ``tensors`` (names of the
+tensors of ``u`` that ``v`` reads, possibly empty) and ``control`` (``True`` when
+``v`` has a control input on ``u``). Tensor facts live in :attr:`GraphModel.tensors`.
+
+The model is plain data built once per traced graph; the planner and simulator
+never look at TensorFlow objects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import networkx as nx
+
+__all__ = ["TensorInfo", "GraphModel", "BACKWARD_SCOPES", "UPDATE_OP_TYPES", "ALIAS_OP_TYPES"]
+
+#: Name-scope components under which TensorFlow builds gradient ops.
+BACKWARD_SCOPES = ("gradient_tape", "gradients")
+
+#: Op types that write variables: the optimizer update.
+UPDATE_OP_TYPES = frozenset({"AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp"})
+
+#: Op types whose output shares its first input's buffer (no new allocation).
+ALIAS_OP_TYPES = frozenset(
+    {
+        "Identity",
+        "IdentityN",
+        "Reshape",
+        "Squeeze",
+        "ExpandDims",
+        "StopGradient",
+        "Snapshot",
+        "ReadVariableOp",
+        "EnsureShape",
+        "PreventGradient",
+    }
+)
+
+#: Functional control-flow ops: their bodies are separate functions that tflms never edits.
+CONTROL_FLOW_OP_TYPES = frozenset(
+    {
+        "While",
+        "StatelessWhile",
+        "If",
+        "StatelessIf",
+        "Case",
+        "StatelessCase",
+        "PartitionedCall",
+        "StatefulPartitionedCall",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """Static facts about one tensor of the graph.
+
+    ``shape`` holds ``None`` for unknown dimensions and is ``None`` for unknown rank;
+    ``bytes`` is then an estimate (see :func:`estimate_bytes`) and ``estimated`` is set.
+    ``consumers`` lists ``(op_name, input_index)`` pairs in graph order.
+    """
+
+    name: str
+    op: str
+    index: int
+    dtype: str
+    shape: tuple[int | None, ...] | None
+    bytes: int
+    estimated: bool
+    consumers: tuple[tuple[str, int], ...]
+
+    @property
+    def rank(self) -> int | None:
+        return None if self.shape is None else len(self.shape)
+
+
+def estimate_bytes(shape: tuple[int | None, ...] | None, itemsize: int, batch_size: int | None) -> tuple[int, bool]:
+    """Bytes of a tensor from its static shape: ``(bytes, estimated)``.
+
+    Rule for unknown sizes: an unknown leading dimension counts as ``batch_size``
+    (1 when not given), any other unknown dimension as 1, and an unknown rank as a
+    scalar. ``estimated`` tells whether any of that was needed.
+
+    >>> estimate_bytes((None, 128), 4, batch_size=32)
+    (16384, True)
+    >>> estimate_bytes((8, 8), 2, None)
+    (128, False)
+    """
+    if shape is None:
+        return itemsize, True
+    n, estimated = 1, False
+    for i, d in enumerate(shape):
+        if d is None:
+            estimated = True
+            d = (batch_size or 1) if i == 0 else 1
+        n *= d
+    return n * itemsize, estimated
+
+
+def _phase_of_name(name: str) -> bool:
+    return any(part in BACKWARD_SCOPES for part in name.split("/")[:-1])
+
+
+@dataclasses.dataclass
+class GraphModel:
+    """A traced step as data: op DAG, tensors, phases, levels and variable bytes."""
+
+    dag: nx.DiGraph
+    tensors: dict[str, TensorInfo]
+    variable_bytes: int
+    inputs_of: dict[str, list[str]]
+    outputs_of: dict[str, list[str]]
+    name: str = ""
+
+    @property
+    def levels(self) -> Mapping[str, int]:
+        return nx.get_node_attributes(self.dag, "level")
+
+    def phase(self, op: str) -> str:
+        return self.dag.nodes[op]["phase"]
+
+    def level(self, op: str) -> int:
+        return self.dag.nodes[op]["level"]
+
+    def has_backward(self) -> bool:
+        return any(p == "backward" for _, p in self.dag.nodes(data="phase"))
+
+    def schedule(self) -> list[str]:
+        """The simulated execution order: by level, then by name (deterministic)."""
+        return sorted(self.dag.nodes, key=lambda n: (self.dag.nodes[n]["level"], n))
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def from_ops(
+        cls,
+        ops: Iterable[Mapping[str, Any]],
+        variable_bytes: int = 0,
+        name: str = "",
+    ) -> GraphModel:
+        """Build from plain records, one per op in graph order.
+
+        Each record has ``name``, ``type``, ``inputs`` (tensor names ``op:i``),
+        ``outputs`` (list of ``(dtype, shape, bytes, estimated)``) and optionally
+        ``control_inputs`` (op names) and ``device``. This is what
+        :meth:`from_func_graph` produces from TensorFlow, and what unit tests write by hand.
+        """
+        records = list(ops)
+        consumers: dict[str, list[tuple[str, int]]] = {
+            f"{rec['name']}:{i}": [] for rec in records for i in range(len(rec["outputs"]))
+        }
+        edges: dict[tuple[str, str], dict[str, Any]] = {}
+        for rec in records:
+            v = rec["name"]
+            for i, tname in enumerate(rec["inputs"]):
+                consumers[tname].append((v, i))
+                key = (tname.rsplit(":", 1)[0], v)
+                attrs = edges.get(key)
+                if attrs is None:
+                    edges[key] = {"tensors": (tname,), "control": False}
+                else:
+                    attrs["tensors"] += (tname,)
+            for u in rec.get("control_inputs", ()):
+                attrs = edges.get((u, v))
+                if attrs is None:
+                    edges[(u, v)] = {"tensors": (), "control": True}
+                else:
+                    attrs["control"] = True
+        tensors = {
+            tname: TensorInfo(tname, rec["name"], i, dtype, shape, nbytes, est, tuple(consumers[tname]))
+            for rec in records
+            for i, (dtype, shape, nbytes, est) in enumerate(rec["outputs"])
+            for tname in (f"{rec['name']}:{i}",)
+        }
+        dag = nx.DiGraph()
+        dag.add_nodes_from((rec["name"], {"type": rec["type"], "device": rec.get("device", "")}) for rec in records)
+        dag.add_edges_from((u, v, d) for (u, v), d in edges.items())
+        model = cls(
+            dag=dag,
+            tensors=tensors,
+            variable_bytes=variable_bytes,
+            inputs_of={r["name"]: list(r["inputs"]) for r in records},
+            outputs_of={r["name"]: [f"{r['name']}:{i}" for i in range(len(r["outputs"]))] for r in records},
+            name=name,
+        )
+        model._annotate()
+        return model
+
+    @classmethod
+    def from_func_graph(cls, graph: Any, batch_size: int | None = None) -> GraphModel:
+        """Build from a TensorFlow ``FuncGraph`` (or any ``tf.Graph``)."""
+        records = []
+        for op in graph.get_operations():
+            outs = []
+            for t in op.outputs:
+                dims = t.shape.as_list() if t.shape.rank is not None else None
+                shape = tuple(dims) if dims is not None else None
+                itemsize = t.dtype.size if t.dtype.is_numpy_compatible else 0
+                nbytes, est = estimate_bytes(shape, itemsize, batch_size)
+                outs.append((t.dtype.name, shape, nbytes, est))
+            records.append(
+                {
+                    "name": op.name,
+                    "type": op.type,
+                    "device": op.device,
+                    "inputs": [t.name for t in op.inputs],
+                    "outputs": outs,
+                    "control_inputs": [c.name for c in op.control_inputs],
+                }
+            )
+        var_bytes = 0
+        for v in getattr(graph, "variables", ()):
+            if v.shape.is_fully_defined():
+                var_bytes += v.shape.num_elements() * v.dtype.size
+        return cls.from_ops(records, variable_bytes=var_bytes, name=getattr(graph, "name", ""))
+
+    def _annotate(self) -> None:
+        """Set ``level`` and ``phase`` on every node."""
+        dag = self.dag
+        for level, generation in enumerate(nx.topological_generations(dag)):
+            for n in generation:
+                dag.nodes[n]["level"] = level
+        backward = {n for n in dag if _phase_of_name(n)}
+        # Update: ops fed (transitively) by backward ops without being backward
+        # themselves, plus every variable write that is not backward.
+        after = set()
+        frontier = [s for n in backward for s in dag.successors(n) if s not in backward]
+        while frontier:
+            n = frontier.pop()
+            if n in after or n in backward:
+                continue
+            after.add(n)
+            frontier.extend(dag.successors(n))
+        for n, data in dag.nodes(data=True):
+            if n in backward:
+                data["phase"] = "backward"
+            elif n in after or data["type"] in UPDATE_OP_TYPES or data["type"].startswith("ResourceApply"):
+                data["phase"] = "update"
+            else:
+                data["phase"] = "forward"

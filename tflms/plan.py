@@ -1,0 +1,216 @@
+"""``SwapPlan``: the frozen, JSON-serialisable result of planning.
+
+The planner and the rewriter meet only here. A plan can be printed
+(:meth:`SwapPlan.summary`), saved and loaded (:meth:`SwapPlan.to_json`,
+:meth:`SwapPlan.from_json`), edited by hand, compared against a golden, and
+broadcast so that every Horovod rank applies the same plan.
+
+JSON format (``format_version`` 1), a top-level object::
+
+    {"format_version": 1, "function": "...", "options": {...LMSConfig...},
+     "n_ops": 1234, "peak_bytes_before": ..., "peak_bytes_after": ...,
+     "variable_bytes": ..., "reason": "",
+     "swaps": [{"tensor": "conv1/Relu:0", "producer": "conv1/Relu",
+                "producer_type": "Relu", "dtype": "float32", "shape": [8, 32, 32, 64],
+                "bytes": 2097152, "level": 12, "distance": 57,
+                "swap_ins": [{"consumers": [["gradient_tape/conv1/ReluGrad", 1]],
+                              "trigger": "gradient_tape/conv2/...", "level": 69,
+                              "trigger_level": 66}]}]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["SwapIn", "Swap", "SwapPlan", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable binary size: ``format_bytes(3 * 2**20) == '3.0 MiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+@dataclasses.dataclass(frozen=True)
+class SwapIn:
+    """One swap-in: the consumers it feeds and the op that triggers it.
+
+    ``consumers`` are ``(op_name, input_index)`` pairs; ``level`` is the level of the
+    first consumer; ``trigger`` is ``None`` when no suitable op exists (then the
+    swap-in may run as soon as the swap-out has finished).
+    """
+
+    consumers: tuple[tuple[str, int], ...]
+    trigger: str | None
+    level: int
+    trigger_level: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Swap:
+    """One swapped tensor: a swap-out to the host and one or more swap-ins."""
+
+    tensor: str
+    producer: str
+    producer_type: str
+    dtype: str
+    shape: tuple[int | None, ...] | None
+    bytes: int
+    level: int
+    distance: int
+    swap_ins: tuple[SwapIn, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class SwapPlan:
+    """Which tensors to swap, where their copies come back, and what that buys.
+
+    ``peak_bytes_before``/``peak_bytes_after`` are the simulator's predicted device
+    peaks (see :mod:`tflms.simulator`), variables included. ``reason`` explains an
+    empty plan.
+    """
+
+    function: str
+    options: Mapping[str, Any]
+    swaps: tuple[Swap, ...]
+    n_ops: int
+    peak_bytes_before: int
+    peak_bytes_after: int
+    variable_bytes: int
+    reason: str = ""
+    format_version: int = FORMAT_VERSION
+
+    # ------------------------------------------------------------- derived facts
+    @property
+    def swapped_bytes(self) -> int:
+        """Bytes moved to the host per step (each swap-out once)."""
+        return sum(s.bytes for s in self.swaps)
+
+    @property
+    def n_swap_ins(self) -> int:
+        return sum(len(s.swap_ins) for s in self.swaps)
+
+    def __len__(self) -> int:
+        return len(self.swaps)
+
+    # ------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["options"] = dict(self.options)
+        return _jsonable(d)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """Deterministic JSON: same plan, same bytes."""
+        return json.dumps(self.to_dict(), sort_keys=True, indent=indent)
+
+    def fingerprint(self) -> str:
+        """SHA-256 of the compact JSON; equal on every rank that planned the same."""
+        return hashlib.sha256(self.to_json(indent=None).encode()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SwapPlan:
+        version = d.get("format_version")
+        if version != FORMAT_VERSION:
+            raise ValueError(
+                f"Unsupported plan format_version; this tflms reads {FORMAT_VERSION}. "
+                f"Received: format_version={version!r}"
+            )
+        missing = [k for k in ("swaps", "peak_bytes_before", "peak_bytes_after", "options") if k not in d]
+        if missing:
+            raise ValueError(f"Plan JSON lacks required keys: {', '.join(missing)}.")
+        swaps = tuple(
+            Swap(
+                tensor=s["tensor"],
+                producer=s["producer"],
+                producer_type=s["producer_type"],
+                dtype=s["dtype"],
+                shape=None if s["shape"] is None else tuple(s["shape"]),
+                bytes=s["bytes"],
+                level=s["level"],
+                distance=s["distance"],
+                swap_ins=tuple(
+                    SwapIn(
+                        consumers=tuple((c[0], c[1]) for c in si["consumers"]),
+                        trigger=si["trigger"],
+                        level=si["level"],
+                        trigger_level=si["trigger_level"],
+                    )
+                    for si in s["swap_ins"]
+                ),
+            )
+            for s in d["swaps"]
+        )
+        return cls(
+            function=d.get("function", ""),
+            options=dict(d["options"]),
+            swaps=swaps,
+            n_ops=d.get("n_ops", 0),
+            peak_bytes_before=d["peak_bytes_before"],
+            peak_bytes_after=d["peak_bytes_after"],
+            variable_bytes=d.get("variable_bytes", 0),
+            reason=d.get("reason", ""),
+            format_version=version,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> SwapPlan:
+        return cls.from_dict(json.loads(text))
+
+    # ---------------------------------------------------------------- printing
+    def summary(self, max_rows: int | None = 50) -> str:
+        """A table of the swaps plus the predicted peaks."""
+        before, after = self.peak_bytes_before, self.peak_bytes_after
+        saved = (1 - after / before) * 100 if before else 0.0
+        lines = [
+            f"tflms plan for {self.function or '<function>'}: {len(self.swaps)} tensors swapped "
+            f"({format_bytes(self.swapped_bytes)} out, {self.n_swap_ins} swap-ins), {self.n_ops} ops",
+            f"predicted device peak (simulator): {format_bytes(before)} -> {format_bytes(after)} "
+            f"({saved:.1f}% less; variables {format_bytes(self.variable_bytes)})",
+        ]
+        if self.reason:
+            lines.append(f"note: {self.reason}")
+        if not self.swaps:
+            return "\n".join(lines)
+        rows = [("tensor", "bytes", "distance", "consumers", "trigger")]
+        shown = self.swaps if max_rows is None else self.swaps[:max_rows]
+        for s in shown:
+            for k, si in enumerate(s.swap_ins):
+                rows.append(
+                    (
+                        s.tensor if k == 0 else "  ...",
+                        format_bytes(s.bytes) if k == 0 else "",
+                        str(si.level - s.level),
+                        ", ".join(f"{c}:{i}" for c, i in si.consumers),
+                        si.trigger or "-",
+                    )
+                )
+        widths = [min(max(len(r[i]) for r in rows), 60) for i in range(5)]
+        for r in rows:
+            lines.append("  ".join(_clip(c, w).ljust(w) for c, w in zip(r, widths)).rstrip())
+        if len(shown) < len(self.swaps):
+            lines.append(f"... {len(self.swaps) - len(shown)} more swaps")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else "..." + text[-(width - 3) :]
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x

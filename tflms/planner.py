@@ -1,0 +1,191 @@
+"""The planner: which tensors to swap, where they come back, and what triggers them.
+
+Rules (DESIGN.md section 3; every knob comes from :class:`tflms.LMSConfig`):
+
+* Candidates are outputs of *forward* ops that have at least one *backward*
+  consumer more than ``swapout_threshold`` levels after the producer ("far"
+  consumers). Excluded: tensors smaller than ``min_bytes``, of rank < 2 or unknown
+  rank, of dtype resource/variant/string/int32; outputs of ``Const``,
+  ``Placeholder`` (the caller holds function arguments anyway), variable reads
+  (they alias the variable), Horovod collectives and functional control flow
+  (their bodies are never edited); ops already on the host; scope and type filters.
+* One swap-out per tensor. Far consumers, sorted by level, are grouped: each
+  consumer within ``swapin_groupby`` levels of its group's first consumer shares
+  that group's swap-in. Near consumers keep reading the device tensor.
+* Each swap-in's trigger is a backward op on a path into the group's first
+  consumer, at level >= (first consumer's level - ``swapin_ahead``) and above the
+  producer; the lowest such level wins, ties broken by name. No such op: no
+  trigger.
+* ``n_tensors`` keeps the largest candidates (bytes, then distance, then name).
+
+Deterministic: the same graph and options give the same plan, byte for byte.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .config import LMSConfig
+from .graph import CONTROL_FLOW_OP_TYPES, GraphModel, TensorInfo
+from .plan import Swap, SwapIn, SwapPlan
+from .simulator import _device_key, simulate
+
+__all__ = ["make_plan", "is_collective", "EXCLUDED_PRODUCER_TYPES", "EXCLUDED_DTYPES"]
+
+EXCLUDED_PRODUCER_TYPES = (
+    frozenset({"Const", "Placeholder", "ReadVariableOp", "VarHandleOp", "VariableV2", "_Arg", "Identity", "IdentityN"})
+    | CONTROL_FLOW_OP_TYPES
+)
+EXCLUDED_DTYPES = frozenset({"resource", "variant", "string", "int32"})
+
+
+def is_collective(op_type: str) -> bool:
+    """Horovod / TF collective ops: never swapped, never triggers."""
+    return op_type.startswith(("Horovod", "Collective", "NcclAllReduce"))
+
+
+def make_plan(model: GraphModel, config: LMSConfig) -> SwapPlan:
+    """Plan swaps for ``model`` under ``config``; predicted peaks included."""
+    before = simulate(model, host=config.host)
+
+    def empty(reason: str) -> SwapPlan:
+        return SwapPlan(
+            function=model.name,
+            options=config.to_dict(),
+            swaps=(),
+            n_ops=model.dag.number_of_nodes(),
+            peak_bytes_before=before.peak_bytes,
+            peak_bytes_after=before.peak_bytes,
+            variable_bytes=model.variable_bytes,
+            reason=reason,
+        )
+
+    if not model.has_backward():
+        return empty(
+            "the step has no backward ops (no gradient_tape/ or gradients/ scope): nothing to swap; "
+            "the function runs unchanged"
+        )
+    swaps = [s for t in model.tensors.values() if (s := _plan_tensor(model, t, config)) is not None]
+    swaps.sort(key=lambda s: (-s.bytes, -s.distance, s.tensor))
+    if config.n_tensors is not None:
+        swaps = swaps[: config.n_tensors]
+    swaps.sort(key=lambda s: (s.level, s.tensor))
+    if not swaps:
+        return empty(
+            f"no tensor qualifies (forward output >= min_bytes={config.min_bytes} with a backward "
+            f"consumer more than swapout_threshold={config.swapout_threshold} levels later)"
+        )
+    after = simulate(model, swaps, host=config.host)
+    return SwapPlan(
+        function=model.name,
+        options=config.to_dict(),
+        swaps=tuple(swaps),
+        n_ops=model.dag.number_of_nodes(),
+        peak_bytes_before=before.peak_bytes,
+        peak_bytes_after=after.peak_bytes,
+        variable_bytes=model.variable_bytes,
+    )
+
+
+def _is_candidate(model: GraphModel, t: TensorInfo, config: LMSConfig) -> bool:
+    node = model.dag.nodes[t.op]
+    op_type = node["type"]
+    if node["phase"] != "forward" or op_type in EXCLUDED_PRODUCER_TYPES or is_collective(op_type):
+        return False
+    if t.dtype in EXCLUDED_DTYPES or t.rank is None or t.rank < 2 or t.bytes < config.min_bytes:
+        return False
+    if node["device"] and _device_key(node["device"]) == _device_key(config.host):
+        return False
+    if config.incl_types and op_type not in config.incl_types:
+        return False
+    if op_type in config.excl_types:
+        return False
+    if config.incl_scopes and not t.op.startswith(config.incl_scopes):
+        return False
+    return not (config.excl_scopes and t.op.startswith(config.excl_scopes))
+
+
+def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig) -> Swap | None:
+    if not t.consumers or not _is_candidate(model, t, config):
+        return None
+    nodes = model.dag.nodes
+    level = nodes[t.op]["level"]
+    far = sorted(
+        (nodes[c]["level"], c, i)
+        for c, i in t.consumers
+        if nodes[c]["phase"] == "backward" and nodes[c]["level"] - level > config.swapout_threshold
+    )
+    if not far:
+        return None
+    groups: list[list[tuple[int, str, int]]] = []
+    for item in far:
+        if groups and item[0] - groups[-1][0][0] <= config.swapin_groupby:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    swap_ins = []
+    for group in groups:
+        first_level, first_op, _ = group[0]
+        trigger = _find_trigger(model, first_op, first_level - config.swapin_ahead, level, config)
+        swap_ins.append(
+            SwapIn(
+                consumers=tuple((c, i) for _, c, i in group),
+                trigger=trigger,
+                level=first_level,
+                trigger_level=None if trigger is None else nodes[trigger]["level"],
+            )
+        )
+    return Swap(
+        tensor=t.name,
+        producer=t.op,
+        producer_type=nodes[t.op]["type"],
+        dtype=t.dtype,
+        shape=t.shape,
+        bytes=t.bytes,
+        level=level,
+        distance=far[0][0] - level,
+        swap_ins=tuple(swap_ins),
+    )
+
+
+def _find_trigger(
+    model: GraphModel, consumer: str, target_level: int, producer_level: int, config: LMSConfig
+) -> str | None:
+    """Lowest-level backward ancestor of ``consumer`` with level >= ``target_level``.
+
+    Levels strictly grow along edges, so only ancestors at or above the target
+    level are walked.
+    """
+    dag = model.dag
+    host = _device_key(config.host)
+    best: tuple[int, str] | None = None
+    seen = {consumer}
+    stack = [consumer]
+    while stack:
+        n = stack.pop()
+        for u in dag.predecessors(n):
+            if u in seen:
+                continue
+            seen.add(u)
+            data = dag.nodes[u]
+            lu = data["level"]
+            if lu < target_level:
+                continue
+            stack.append(u)
+            if (
+                lu > producer_level
+                and data["phase"] == "backward"
+                and not is_collective(data["type"])
+                and data["type"] not in CONTROL_FLOW_OP_TYPES
+                and not (data["device"] and _device_key(data["device"]) == host)
+                and (best is None or (lu, u) < best)
+            ):
+                best = (lu, u)
+    return None if best is None else best[1]
+
+
+def plan_consumers(plan: SwapPlan) -> Iterable[tuple[str, int]]:
+    """Every (consumer op, input index) the plan rewires."""
+    for s in plan.swaps:
+        for si in s.swap_ins:
+            yield from si.consumers
