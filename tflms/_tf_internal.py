@@ -3,9 +3,11 @@
 A TensorFlow upgrade that breaks tflms should break only this module, and
 ``tests/test_tf_internals.py`` pins each fact used here.
 
-* ``function_def_to_graph`` turns the step's FunctionDef into a *new* FuncGraph:
-  the user's ConcreteFunction and its graph are never edited.
-* ``FuncGraph.add_capture`` re-binds the captured variables in order.
+* ``importer.import_graph_def_for_function`` imports the step's GraphDef into a
+  *new* FuncGraph: the user's ConcreteFunction and its graph are never edited.
+* ``FuncGraph.add_capture`` re-binds the captured variables in order;
+  ``handle_data_util.copy_handle_data`` keeps their resource shapes/dtypes;
+  ``FuncGraph._add_function_recursive`` carries nested (while/cond) functions.
 * ``ConcreteFunction.from_func_graph(graph, function_type, attrs)`` builds a new
   callable with the original signature.
 * ``Operation._update_input`` rewires a consumer; ``Operation._set_attr`` marks
@@ -20,7 +22,9 @@ from typing import Any
 import tensorflow as tf
 from tensorflow.core.framework import attr_value_pb2
 from tensorflow.python.eager.polymorphic_function.concrete_function import ConcreteFunction
-from tensorflow.python.framework import function_def_to_graph
+from tensorflow.python.framework import func_graph as func_graph_module
+from tensorflow.python.framework import importer
+from tensorflow.python.ops import handle_data_util
 from tensorflow.python.util import nest
 
 __all__ = [
@@ -34,27 +38,33 @@ __all__ = [
 
 
 def copy_graph(cf: ConcreteFunction) -> Any:
-    """A fresh, editable FuncGraph equal to ``cf.graph`` (same op names, captures, outputs)."""
+    """A fresh, editable FuncGraph equal to ``cf.graph`` (same op names, captures, outputs).
+
+    The GraphDef of ``cf.graph`` (library functions included) is imported into a
+    new FuncGraph; inputs, captures (with their resource handle data), outputs,
+    control outputs, variables and nested functions are carried over.
+    """
     src = cf.graph
-    graph = function_def_to_graph.function_def_to_graph(
-        cf.function_def,
-        structured_input_signature=src.structured_input_signature,
-        propagate_device_spec=True,
-        include_library_functions=True,
-    )
-    n_captures = len(src.captures)
-    inputs = list(graph.inputs)
-    n_args = len(inputs) - n_captures
-    graph.inputs = inputs[:n_args]
-    for (external, _), placeholder in zip(src.captures, inputs[n_args:]):
+    graph = func_graph_module.FuncGraph(src.name, structured_input_signature=src.structured_input_signature)
+    with graph.as_default():
+        importer.import_graph_def_for_function(src.as_graph_def(), name="")
+    by_name = graph.get_tensor_by_name
+    n_args = len(src.inputs) - len(src.captures)
+    graph.inputs = [by_name(t.name) for t in src.inputs[:n_args]]
+    for external, internal in src.captures:
+        placeholder = by_name(internal.name)
+        if internal.dtype == tf.resource:
+            handle_data_util.copy_handle_data(internal, placeholder)
         graph.add_capture(external, placeholder)
+    graph.outputs = [by_name(t.name) for t in src.outputs]
+    graph.control_outputs = [graph.get_operation_by_name(op.name) for op in src.control_outputs]
     graph.variables = src.variables
-    # Outputs correspond by position; rebuild the structured outputs from them.
-    by_id = {id(t): graph.outputs[i] for i, t in enumerate(src.outputs)}
+    for f in src._functions.values():  # noqa: SLF001 - nested functions (while/cond bodies)
+        graph._add_function_recursive(f)  # noqa: SLF001
     flat = nest.flatten(src.structured_outputs, expand_composites=True)
     graph.structured_outputs = nest.pack_sequence_as(
         src.structured_outputs,
-        [by_id.get(id(t), t) if isinstance(t, tf.Tensor) else t for t in flat],
+        [by_name(t.name) if isinstance(t, tf.Tensor) else t for t in flat],
         expand_composites=True,
     )
     return graph
