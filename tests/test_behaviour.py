@@ -240,3 +240,17 @@ def test_method_decoration_binds_per_instance():
     assert t1.step is t1.step and t1.step is not t2.step
     assert float(t1.step(x)) > 0
     assert len(t1.step.get_plan(x).swaps) >= 1
+
+
+def test_optimize_in_place_edits_the_given_graph_only_when_asked(mlp):
+    fn = mlp.step_fn()
+    cf = tf.function(fn).get_concrete_function(mlp.x, mlp.y)
+    new_cf, plan = tflms.optimize(cf, device=DEVICE, copy=False)
+    assert new_cf is not cf and new_cf.graph is cf.graph
+    check_structure(new_cf, plan, DEVICE, HOST)
+    # The given function keeps running the plain step it was built from.
+    plain_losses, plain_vars = zoo.run_steps(mlp, cf, n=2)
+    lms_losses, lms_vars = zoo.run_steps(mlp, new_cf, n=2)
+    np.testing.assert_array_equal(lms_losses, plain_losses)
+    for a, b in zip(lms_vars, plain_vars):
+        np.testing.assert_array_equal(a, b)

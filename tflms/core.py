@@ -93,12 +93,18 @@ def _no_device_message() -> str:
     )
 
 
-def optimize(concrete_function: Any, config: LMSConfig | None = None, **options: Any) -> tuple[Any, SwapPlan]:
+def optimize(
+    concrete_function: Any, config: LMSConfig | None = None, *, copy: bool = True, **options: Any
+) -> tuple[Any, SwapPlan]:
     """Plan and apply LMS to a traced step: ``(new_concrete_function, plan)``.
 
-    The given function and its graph are not modified. When the plan is empty,
-    when no device is available (a warning says so), or when the function is
-    already rewritten, the given function is returned unchanged.
+    The given function and its graph are not modified: the rewrite works on a
+    copy of the graph. ``copy=False`` edits ``concrete_function.graph`` itself,
+    which saves the copy (the slowest part of the pass on large graphs); the given
+    function still runs the plain step, but its ``.graph`` then shows the swap ops.
+    ``tflms.function`` does this on the traces it makes itself. When the plan is
+    empty, when no device is available (a warning says so), or when the function
+    is already rewritten, the given function is returned unchanged.
 
     Example:
         >>> step = tf.function(train_step)                          # doctest: +SKIP
@@ -116,10 +122,10 @@ def optimize(concrete_function: Any, config: LMSConfig | None = None, **options:
     if known is not None:
         return concrete_function, known
     with paused_gc():
-        return _optimize(concrete_function, config)
+        return _optimize(concrete_function, config, copy)
 
 
-def _optimize(concrete_function: Any, config: LMSConfig) -> tuple[Any, SwapPlan]:
+def _optimize(concrete_function: Any, config: LMSConfig, copy: bool) -> tuple[Any, SwapPlan]:
     graph = concrete_function.graph
     model = GraphModel.from_func_graph(graph, batch_size=config.batch_size)
     if is_rewritten(graph):
@@ -142,7 +148,7 @@ def _optimize(concrete_function: Any, config: LMSConfig) -> tuple[Any, SwapPlan]
     if device is None:
         warnings.warn(_no_device_message(), LMSWarning, stacklevel=4)
         return concrete_function, plan
-    new_graph = tfi.copy_graph(concrete_function)
+    new_graph = tfi.copy_graph(concrete_function) if copy else graph
     new_graph.name = f"{graph.name}_tflms"
     counts = apply_plan(new_graph, plan, device=device, host=config.host)
     new_cf = tfi.rebuild(concrete_function, new_graph)
@@ -172,12 +178,16 @@ class LMSFunction:
         config: LMSConfig,
         input_signature: Any = None,
         reduce_retracing: bool = False,
+        _owns_traces: bool | None = None,
     ) -> None:
         self._config = config
         if isinstance(python_function, tf.types.experimental.PolymorphicFunction):
+            # The user's tf.function: its traces are theirs, so rewrite copies.
             self._tf_function = python_function
             self.python_function = python_function.python_function
+            self._owns_traces = bool(_owns_traces)
         else:
+            self._owns_traces = True
             self._tf_function = tf.function(
                 python_function, input_signature=input_signature, reduce_retracing=reduce_retracing
             )
@@ -199,7 +209,7 @@ class LMSFunction:
             with self._lock:
                 entry = self._cache.get(cf)
                 if entry is None:
-                    new_cf, plan = optimize(cf, self._config)
+                    new_cf, plan = optimize(cf, self._config, copy=not self._owns_traces)
                     device = resolve_device(self._config) if new_cf is not cf else None
                     entry = (new_cf, plan, device)
                     self._cache[cf] = entry
@@ -240,7 +250,9 @@ class LMSFunction:
             return self
         bound = self._bound.get(instance)
         if bound is None:
-            bound = LMSFunction(self._tf_function.__get__(instance, owner), self._config)
+            bound = LMSFunction(
+                self._tf_function.__get__(instance, owner), self._config, _owns_traces=self._owns_traces
+            )
             self._bound[instance] = bound
         return bound
 

@@ -2,9 +2,11 @@
 
 Nodes are op names with attributes ``type``, ``device``, ``phase`` (``'forward'``,
 ``'backward'`` or ``'update'``) and ``level`` (topological generation, data and
-control edges both counted). An edge ``u -> v`` carries ``tensors`` (names of the
-tensors of ``u`` that ``v`` reads, possibly empty) and ``control`` (``True`` when
-``v`` has a control input on ``u``). Tensor facts live in :attr:`GraphModel.tensors`.
+control edges both counted). An edge ``u -> v`` carries ``tensors`` (the
+:class:`TensorInfo` of each tensor of ``u`` that ``v`` reads: name, dtype, static
+shape, bytes; empty for a pure control edge) and ``control`` (``True`` when ``v``
+has a control input on ``u``). :attr:`GraphModel.tensors` indexes the same
+records by tensor name.
 
 The model is plain data built once per traced graph; the planner and simulator
 never look at TensorFlow objects.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import networkx as nx
 
@@ -57,8 +59,7 @@ CONTROL_FLOW_OP_TYPES = frozenset(
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class TensorInfo:
+class TensorInfo(NamedTuple):
     """Static facts about one tensor of the graph.
 
     ``shape`` holds ``None`` for unknown dimensions and is ``None`` for unknown rank;
@@ -151,32 +152,36 @@ class GraphModel:
         :meth:`from_func_graph` produces from TensorFlow, and what unit tests write by hand.
         """
         records = list(ops)
-        consumers: dict[str, list[tuple[str, int]]] = {
-            f"{rec['name']}:{i}": [] for rec in records for i in range(len(rec["outputs"]))
-        }
-        edges: dict[tuple[str, str], dict[str, Any]] = {}
+        consumers: dict[str, list[tuple[str, int]]] = {}
         for rec in records:
             v = rec["name"]
             for i, tname in enumerate(rec["inputs"]):
-                consumers[tname].append((v, i))
-                key = (tname.rsplit(":", 1)[0], v)
-                attrs = edges.get(key)
+                consumers.setdefault(tname, []).append((v, i))
+        tensors: dict[str, TensorInfo] = {}
+        outputs_of: dict[str, list[str]] = {}
+        for rec in records:
+            names = outputs_of[rec["name"]] = []
+            for i, (dtype, shape, nbytes, est) in enumerate(rec["outputs"]):
+                tname = f"{rec['name']}:{i}"
+                names.append(tname)
+                cons = tuple(consumers.get(tname, ()))
+                tensors[tname] = TensorInfo(tname, rec["name"], i, dtype, shape, nbytes, est, cons)
+        edges: dict[tuple[str, str], dict[str, Any]] = {}
+        for rec in records:
+            v = rec["name"]
+            for tname in rec["inputs"]:
+                t = tensors[tname]
+                attrs = edges.get((t.op, v))
                 if attrs is None:
-                    edges[key] = {"tensors": (tname,), "control": False}
+                    edges[(t.op, v)] = {"tensors": (t,), "control": False}
                 else:
-                    attrs["tensors"] += (tname,)
+                    attrs["tensors"] += (t,)
             for u in rec.get("control_inputs", ()):
                 attrs = edges.get((u, v))
                 if attrs is None:
                     edges[(u, v)] = {"tensors": (), "control": True}
                 else:
                     attrs["control"] = True
-        tensors = {
-            tname: TensorInfo(tname, rec["name"], i, dtype, shape, nbytes, est, tuple(consumers[tname]))
-            for rec in records
-            for i, (dtype, shape, nbytes, est) in enumerate(rec["outputs"])
-            for tname in (f"{rec['name']}:{i}",)
-        }
         dag = nx.DiGraph()
         dag.add_nodes_from((rec["name"], {"type": rec["type"], "device": rec.get("device", "")}) for rec in records)
         dag.add_edges_from((u, v, d) for (u, v), d in edges.items())
@@ -185,7 +190,7 @@ class GraphModel:
             tensors=tensors,
             variable_bytes=variable_bytes,
             inputs_of={r["name"]: list(r["inputs"]) for r in records},
-            outputs_of={r["name"]: [f"{r['name']}:{i}" for i in range(len(r["outputs"]))] for r in records},
+            outputs_of=outputs_of,
             name=name,
         )
         model._annotate()
@@ -198,11 +203,10 @@ class GraphModel:
         for op in graph.get_operations():
             outs = []
             for t in op.outputs:
-                dims = t.shape.as_list() if t.shape.rank is not None else None
-                shape = tuple(dims) if dims is not None else None
-                itemsize = t.dtype.size if t.dtype.is_numpy_compatible else 0
-                nbytes, est = estimate_bytes(shape, itemsize, batch_size)
-                outs.append((t.dtype.name, shape, nbytes, est))
+                shape, dtype = t.shape, t.dtype
+                dims = tuple(shape.as_list()) if shape.rank is not None else None
+                nbytes, est = estimate_bytes(dims, dtype.size if dtype.is_numpy_compatible else 0, batch_size)
+                outs.append((dtype.name, dims, nbytes, est))
             records.append(
                 {
                     "name": op.name,
