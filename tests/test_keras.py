@@ -1,0 +1,468 @@
+"""tflms.LMSCallback in Keras 3 ``model.fit``: bit-identical training, structure, lifecycle.
+
+Plain and LMS runs are compared on the same model object, its variables and the
+optimizer's (Keras seed-generator state included) restored between runs (see
+``zoo.Setup.reset``). Both run under ``tf.device(DEVICE)``: the rewritten step is
+called on ``device`` anyway, and the plain one then sees the same default device.
+``shuffle=False``, because Keras shuffles without a seed.
+"""
+
+import inspect
+import warnings
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tflms
+import tflms.core
+from tflms import LMSConfig, LMSWarning
+from tflms.keras import LMSCallback
+
+import zoo
+from conftest import DEVICE, HOST
+from helpers import check_structure, check_survives_grappler, swap_ops
+
+
+def _data(setup, batches=2):
+    """``batches`` different batches of the setup's batch size."""
+    x, y = setup.x.numpy(), setup.y.numpy()
+    xs = [np.roll(x, k, axis=0) if k else x for k in range(batches)]
+    ys = [np.roll(y, k, axis=0) if k else y for k in range(batches)]
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def _fit(setup, callbacks=(), epochs=2, batches=2, reset=True, **kwargs):
+    """Fit from the initial state: (history, variables as numpy)."""
+    if reset:
+        setup.reset()
+    x, y = kwargs.pop("data", None) or _data(setup, batches)
+    with tf.device(DEVICE):
+        history = setup.model.fit(
+            x,
+            y,
+            batch_size=setup.x.shape[0],
+            epochs=epochs,
+            verbose=0,
+            shuffle=False,
+            callbacks=list(callbacks),
+            **kwargs,
+        )
+    return history.history, [v.numpy() for v in setup.state()]
+
+
+def _assert_same(a, b):
+    hist_a, vars_a = a
+    hist_b, vars_b = b
+    assert hist_a == hist_b
+    assert len(vars_a) == len(vars_b)
+    for u, v in zip(vars_a, vars_b):
+        np.testing.assert_array_equal(u, v)
+
+
+def _compile(setup, **kwargs):
+    setup.model.compile(optimizer=setup.optimizer, loss=setup.loss, jit_compile=False, **kwargs)
+    return setup
+
+
+def _rewritten(cb, setup):
+    """The rewritten ConcreteFunction of the callback's step for one batch."""
+    n = setup.x.shape[0]
+    x, y = _data(setup, 1)
+    return cb.step.get_concrete_function((tf.constant(x[:n]), tf.constant(y[:n])))
+
+
+@pytest.fixture
+def mlp():
+    return _compile(zoo.mlp())
+
+
+# -- the Keras internals LMSCallback relies on -----------------------------------------
+
+
+def test_keras_internals_are_as_pinned(mlp, monkeypatch):
+    """If this fails after a Keras upgrade, tflms/keras.py needs a look."""
+    model = mlp.model
+    assert keras.__version__.split(".")[0] == "3" and keras.backend.backend() == "tensorflow"
+    # make_train_function() is _make_function(self.train_step), stored as train_function.
+    assert list(inspect.signature(type(model)._make_function).parameters) == ["self", "step_function"]
+    given = []
+    original = model._make_function
+    monkeypatch.setattr(model, "_make_function", lambda step: given.append(step) or original(step))
+    model.make_train_function(force=True)
+    assert given == [model.train_step] and callable(model.train_function)
+    monkeypatch.undo()
+
+    # _make_function(step) returns function(iterator) that runs step(data) per batch
+    # (data as the dataset yields it) and returns the step's logs.
+    seen = []
+
+    def step(data):
+        seen.append(data)
+        return {"n": tf.shape(data[0])[0]}
+
+    x, y = _data(mlp, 3)
+    it = iter(tf.data.Dataset.from_tensor_slices((x, y)).batch(mlp.x.shape[0]))
+    logs = model._make_function(step)(it)
+    assert int(logs["n"]) == mlp.x.shape[0]
+    assert len(seen) == 1 and isinstance(seen[0], tuple) and len(seen[0]) == 2
+
+    # fit: make_train_function before on_train_begin, then train_function(iterator) once per
+    # execution (steps_per_execution batches), on_train_end at the end.
+    events = []
+
+    class Recorder(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            inner = self.model.train_function
+            events.append(("begin", inner is not None))
+
+            def counted(iterator):
+                events.append("step")
+                return inner(iterator)
+
+            self.model.train_function = counted
+
+        def on_train_end(self, logs=None):
+            events.append("end")
+
+    for spe, calls_per_epoch in ((1, 3), (2, 2)):
+        _compile(mlp, steps_per_execution=spe)
+        assert model.train_function is None  # compile drops the train function
+        events.clear()
+        _fit(mlp, [Recorder()], epochs=2, batches=3)
+        assert events == [("begin", True)] + ["step"] * (2 * calls_per_epoch) + ["end"]
+    # Keras picks jit_compile / run_eagerly attributes we check at train begin.
+    assert model.jit_compile is False and model.run_eagerly is False
+
+
+# -- numbers and structure on the model zoo --------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(zoo.ZOO))
+def test_fit_is_bit_identical_and_rewritten(name):
+    setup = _compile(zoo.ZOO[name]())
+    plain = _fit(setup)
+    keras_function = setup.model.train_function
+    cb = LMSCallback(device=DEVICE)
+    lms = _fit(setup, [cb])
+    _assert_same(lms, plain)
+    setup.reset()  # training really moved the weights
+    assert any(not np.array_equal(a, b.numpy()) for a, b in zip(plain[1], setup.state()))
+
+    assert isinstance(cb.plan, tflms.SwapPlan) and len(cb.plan.swaps) >= 1
+    assert cb.plans == [cb.plan]  # one trace for all batches and epochs
+    cf = _rewritten(cb, setup)
+    assert cb.plans == [cb.plan]  # the fit's own trace, not a new one
+    n_out, n_in = check_structure(cf, cb.plan, DEVICE, HOST)
+    assert n_out >= 1 and n_in >= n_out
+    check_survives_grappler(cf, DEVICE)
+    # Keras's own function is back after fit.
+    assert setup.model.train_function is keras_function
+
+
+# -- lifecycle -------------------------------------------------------------------------
+
+
+def test_fit_twice_rewrites_once_and_continues_like_plain(mlp, monkeypatch):
+    calls = []
+    optimize = tflms.core.optimize
+    monkeypatch.setattr(tflms.core, "optimize", lambda *a, **k: calls.append(1) or optimize(*a, **k))
+    plain = _fit(mlp, epochs=1)
+    plain_again = _fit(mlp, epochs=1, reset=False)
+
+    cb = LMSCallback(device=DEVICE)
+    first = _fit(mlp, [cb], epochs=1)
+    installed, plan = mlp.model.train_function, cb.plan
+    second = _fit(mlp, [cb], epochs=1, reset=False)
+    assert len(calls) == 1 and cb.plan is plan and cb.plans == [plan]
+    _assert_same(first, plain)
+    _assert_same(second, plain_again)
+    assert mlp.model.train_function is installed  # Keras's function, restored both times
+
+
+def test_without_the_callback_fit_is_plain_again(mlp):
+    class Spy(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            self.installed = self.model.train_function
+
+    before = Spy()
+    plain = _fit(mlp, [before])
+    keras_function = before.installed
+    cb = LMSCallback(device=DEVICE)
+    during = Spy()
+    _fit(mlp, [cb, during])
+    assert during.installed is not keras_function  # the LMS function ran during fit
+    assert mlp.model.train_function is keras_function
+
+    # A later fit without the callback runs Keras's own function, with plain results.
+    after = Spy()
+    _assert_same(_fit(mlp, [after]), plain)
+    assert after.installed is keras_function
+
+    # uninstall() after an interrupted fit (on_train_end never ran).
+    cb.set_model(mlp.model)
+    cb.on_train_begin()
+    assert mlp.model.train_function is not keras_function
+    cb.uninstall()
+    assert mlp.model.train_function is keras_function
+
+
+def test_recompile_rebuilds_the_step(mlp):
+    cb = LMSCallback(device=DEVICE)
+    _fit(mlp, [cb], epochs=1)
+    step = cb.step
+    _compile(mlp, steps_per_execution=2)
+    _fit(mlp, [cb], epochs=1)
+    assert cb.step is not step and len(cb.plan.swaps) >= 1
+
+
+def test_evaluate_and_predict_are_unchanged(mlp):
+    x, y = _data(mlp)
+    cb = LMSCallback(device=DEVICE)
+    _fit(mlp, [cb])
+    with tf.device(DEVICE):
+        test_fn, predict_fn = mlp.model.test_function, mlp.model.predict_function
+        loss = mlp.model.evaluate(x, y, batch_size=16, verbose=0, callbacks=[cb])
+        pred = mlp.model.predict(x, batch_size=16, verbose=0, callbacks=[cb])
+        loss_plain = mlp.model.evaluate(x, y, batch_size=16, verbose=0)
+        pred_plain = mlp.model.predict(x, batch_size=16, verbose=0)
+    assert loss == loss_plain
+    np.testing.assert_array_equal(pred, pred_plain)
+    assert test_fn is None and predict_fn is None  # the callback built nothing for them
+    assert cb.plans == [cb.plan]
+
+
+def test_verbose_prints_the_summary_once(mlp, capsys):
+    quiet = LMSCallback(device=DEVICE)
+    _fit(mlp, [quiet], epochs=1)
+    assert capsys.readouterr().out == ""
+
+    _compile(mlp)
+    loud = LMSCallback(device=DEVICE, verbose=True)
+    _fit(mlp, [loud])
+    _fit(mlp, [loud])
+    out = capsys.readouterr().out
+    assert out.count(loud.plan.summary()) == 1
+    assert out.count("tflms plan for") == 1
+
+
+# -- fit options -----------------------------------------------------------------------
+
+
+def test_steps_per_execution_3():
+    setup = _compile(zoo.mlp(), steps_per_execution=3)
+    # 4 batches: one execution of 3 and one of 1 per epoch.
+    plain = _fit(setup, batches=4)
+    cb = LMSCallback(device=DEVICE)
+    _assert_same(_fit(setup, [cb], batches=4), plain)
+    assert len(cb.plan.swaps) >= 1 and cb.plans == [cb.plan]
+
+
+def test_validation_class_weight_and_sample_weight():
+    setup = _compile(zoo.cnn(), weighted_metrics=["accuracy"])
+    x, y = _data(setup)
+    val = (x[::-1].copy(), y[::-1].copy())
+    weights = np.linspace(0.5, 1.5, len(y)).astype("float32")
+    runs = {
+        "validation_data": {"validation_data": val},
+        "class_weight": {"class_weight": {k: 1.0 + 0.1 * k for k in range(10)}},
+        "sample_weight": {"sample_weight": weights, "validation_data": val},
+    }
+    for kwargs in runs.values():
+        plain = _fit(setup, **kwargs)
+        cb = LMSCallback(device=DEVICE)
+        lms = _fit(setup, [cb], **kwargs)
+        _assert_same(lms, plain)
+        assert len(cb.plan.swaps) >= 1
+    assert "val_loss" in lms[0] and "accuracy" in lms[0]
+
+
+class SubclassedMLP(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden = [keras.layers.Dense(256, activation="relu") for _ in range(5)]
+        self.drop = keras.layers.Dropout(0.1)
+        self.out = keras.layers.Dense(10)
+
+    def call(self, x, training=False):
+        for layer in self.hidden:
+            x = layer(x)
+        return self.out(self.drop(x, training=training))
+
+
+class OwnTrainStep(keras.Model):
+    """Functional model with its own train_step: an L2 term and its own log."""
+
+    def train_step(self, data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            y_pred = self(x, training=True)
+            l2 = tf.add_n([tf.reduce_sum(tf.square(w)) for w in self.trainable_weights])
+            loss = self.compute_loss(x=x, y=y, y_pred=y_pred) + 1e-4 * l2
+        grads = tape.gradient(loss, self.trainable_weights)
+        self.optimizer.apply_gradients(zip(grads, self.trainable_weights))
+        return {"my_loss": loss, "l2": l2}
+
+
+def _setup(name, model, seed):
+    keras.utils.set_random_seed(seed)
+    rng = np.random.default_rng(seed)
+    x = tf.constant(rng.normal(size=(32, 64)).astype("float32"))
+    y = tf.constant(rng.integers(0, 10, size=(32,)).astype("int32"))
+    model(x)  # build
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    return _compile(zoo.Setup(name, model, loss, keras.optimizers.Adam(1e-3), x, y))
+
+
+def _own_train_step_model():
+    inp = keras.Input((64,))
+    h = inp
+    for _ in range(5):
+        h = keras.layers.Dense(256, activation="relu")(h)
+    return OwnTrainStep(inp, keras.layers.Dense(10)(h))
+
+
+@pytest.mark.parametrize("kind", ["subclassed", "own_train_step"])
+def test_subclassed_and_own_train_step(kind):
+    keras.utils.set_random_seed(7)
+    model = SubclassedMLP() if kind == "subclassed" else _own_train_step_model()
+    setup = _setup(kind, model, 7)
+    plain = _fit(setup)
+    cb = LMSCallback(device=DEVICE)
+    lms = _fit(setup, [cb])
+    _assert_same(lms, plain)
+    assert len(cb.plan.swaps) >= 1
+    check_structure(_rewritten(cb, setup), cb.plan, DEVICE, HOST)
+    if kind == "own_train_step":
+        assert set(lms[0]) == {"my_loss", "l2"}
+
+
+def test_train_step_hook_runs_inside_the_rewritten_step(mlp):
+    traced = []
+
+    def train_step(model, data):  # e.g. where Horovod will average gradients
+        traced.append(tf.inside_function())
+        logs = model.train_step(data)
+        return {**logs, "batch": tf.cast(tf.shape(data[0])[0], "float32")}
+
+    cb = LMSCallback(device=DEVICE, train_step=train_step)
+    hist, _ = _fit(mlp, [cb])
+    assert traced == [True] and hist["batch"] == [64.0, 64.0]
+    assert len(cb.plan.swaps) >= 1
+    assert swap_ops(_rewritten(cb, mlp).graph)[0]
+
+    class Sub(LMSCallback):
+        def make_train_step(self, model):
+            inner = super().make_train_step(model)
+            return lambda data: {**inner(data), "sub": tf.constant(1.0)}
+
+    _compile(mlp)
+    hist, _ = _fit(mlp, [Sub(device=DEVICE)], epochs=1)
+    assert hist["sub"] == [1.0]
+
+
+# -- bad input and unsupported setups --------------------------------------------------
+
+
+def test_bad_options():
+    with pytest.raises(TypeError, match="swapout_treshold.*Valid options: .*swapout_threshold"):
+        LMSCallback(swapout_treshold=3)
+    with pytest.raises(ValueError, match="swapin_ahead=0"):
+        LMSCallback(swapin_ahead=0)
+    with pytest.raises(TypeError, match="config must be a tflms.LMSConfig"):
+        LMSCallback({"device": DEVICE})
+    with pytest.raises(ValueError, match="verbose=-1"):
+        LMSCallback(verbose=-1)
+    with pytest.raises(TypeError, match="train_step="):
+        LMSCallback(train_step="mine")
+    cfg = LMSConfig(device=DEVICE, swapout_threshold=5)
+    assert LMSCallback(cfg, swapin_ahead=4).config == LMSConfig(device=DEVICE, swapout_threshold=5, swapin_ahead=4)
+    assert tflms.LMSCallback is LMSCallback and "LMSCallback" in tflms.__all__
+
+
+def test_run_eagerly_warns_and_runs_plain():
+    setup = _compile(zoo.mlp(), run_eagerly=True)
+    plain = _fit(setup, epochs=1)
+    cb = LMSCallback(device=DEVICE)
+    with pytest.warns(LMSWarning, match="run_eagerly=True"):
+        lms = _fit(setup, [cb], epochs=1)
+    _assert_same(lms, plain)
+    assert cb.plan is None and cb.step is None
+
+
+def test_jit_compile_is_refused(mlp):
+    keras_function = (mlp.model.make_train_function(), mlp.model.train_function)[1]
+    # Keras turns jit_compile off itself while op determinism is on; force it for the check.
+    mlp.model._jit_compile = True
+    with pytest.raises(ValueError, match="jit_compile=False.*Received: model.jit_compile=True"):
+        _fit(mlp, [LMSCallback(device=DEVICE)], epochs=1)
+    assert mlp.model.train_function is keras_function
+
+
+def test_without_a_device_it_warns_and_trains_plain(mlp):
+    if tf.config.list_logical_devices("GPU"):
+        pytest.skip("a GPU is present: the default device is the GPU")
+    plain = _fit(mlp, epochs=1)
+    cb = LMSCallback()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lms = _fit(mlp, [cb], epochs=1)
+    assert any(issubclass(w.category, LMSWarning) and "no GPU found" in str(w.message) for w in caught)
+    _assert_same(lms, plain)
+    assert len(cb.plan.swaps) >= 1  # planned, not applied
+    assert swap_ops(_rewritten(cb, mlp).graph) == ([], [])
+
+
+def test_several_replicas_warn_and_run_plain():
+    keras.utils.set_random_seed(8)
+    strategy = tf.distribute.MirroredStrategy([HOST, DEVICE])
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32), keras.layers.Dense(10)])
+        setup = _setup("mirrored", model, 8)
+    plain = _fit(setup, epochs=1)
+    cb = LMSCallback(device=DEVICE)
+    with pytest.warns(LMSWarning, match="2 replicas"):
+        lms = _fit(setup, [cb], epochs=1)
+    _assert_same(lms, plain)
+    assert cb.step is None
+
+
+def test_unknown_batch_dimension_warns_and_batch_size_fixes_it(mlp):
+    # 96 samples in batches of 64: the last batch is partial, so fit's batches have shape (None, 64).
+    x, y = _data(mlp, 2)
+    data = (x[:96], y[:96])
+    plain = _fit(mlp, data=data)
+    cb = LMSCallback(device=DEVICE)
+    with pytest.warns(LMSWarning, match="unknown batch dimension.*batch_size"):
+        _fit(mlp, [cb], data=data)
+    assert cb.plan.swaps == ()  # sized as batch 1: every activation is under min_bytes
+    _compile(mlp)
+    cb = LMSCallback(device=DEVICE, batch_size=64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LMSWarning)
+        lms = _fit(mlp, [cb], data=data)
+    _assert_same(lms, plain)
+    assert len(cb.plan.swaps) >= 1 and cb.plan.swaps[0].shape[0] is None
+    cf = cb.step.get_concrete_function((tf.constant(x[:64]), tf.constant(y[:64])))
+    assert cb.plans == [cb.plan]  # the (None, 64) trace that fit made
+    check_structure(cf, cb.plan, DEVICE, HOST)
+
+
+class PythonIfStep(keras.Sequential):
+    def train_step(self, data):
+        x, y = data
+        if tf.reduce_mean(x) > 0:  # Keras does not AutoGraph train_step: a graph tensor is no bool
+            return {}
+        return super().train_step(data)
+
+
+def test_train_step_is_traced_like_keras_without_autograph():
+    model = PythonIfStep([keras.Input((64,)), keras.layers.Dense(10)])
+    setup = _setup("python_if", model, 9)
+    errors = []
+    for callbacks in ([], [LMSCallback(device=DEVICE)]):
+        with pytest.raises(Exception) as info:
+            _fit(setup, callbacks, epochs=1)
+        errors.append(type(info.value))
+    assert errors[0] is errors[1] and issubclass(errors[0], TypeError)
