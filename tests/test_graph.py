@@ -66,3 +66,21 @@ def test_from_tf_graph_tags_phases_and_shapes():
     assert all(phases[n] == "update" for n in m.dag if m.dag.nodes[n]["type"] == "AssignSubVariableOp")
     # kernel (8x16) + bias (16) + kernel (16x1) + bias (1) floats, SGD iteration (int64) + lr (float)
     assert m.variable_bytes == (8 * 16 + 16 + 16 + 1) * 4 + 8 + 4
+
+
+def test_ops_between_gradient_ops_are_backward_even_outside_the_scope():
+    # TensorFlow sums gradients with an AddN named outside gradient_tape/.
+    ops = [
+        op("x", "Placeholder", outputs=[f32(4, 4)]),
+        op("f", "Relu", ["x:0"], [f32(4, 4)]),
+        op("gradient_tape/g1", "Mul", ["f:0"], [f32(4, 4)]),
+        op("gradient_tape/g2", "Mul", ["f:0"], [f32(4, 4)]),
+        op("AddN_3", "AddN", ["gradient_tape/g1:0", "gradient_tape/g2:0"], [f32(4, 4)]),
+        op("gradient_tape/g3", "Mul", ["AddN_3:0", "f:0"], [f32(4, 4)]),
+        op("apply", "Mul", ["gradient_tape/g3:0"], [f32(4, 4)]),
+        op("assign", "AssignSubVariableOp", ["apply:0"], []),
+    ]
+    m = GraphModel.from_ops(ops)
+    assert m.phase("AddN_3") == "backward"
+    assert m.phase("apply") == "update" and m.phase("assign") == "update"
+    assert m.phase("f") == "forward"

@@ -126,3 +126,23 @@ def test_summary_lists_every_swap_and_the_peaks():
     for s in plan.swaps:
         assert s.tensor in text
         assert all(si.trigger in text for si in s.swap_ins)
+
+
+def test_trigger_falls_back_below_an_empty_window():
+    # The consumer's only recent input comes from a forward op; the nearest backward
+    # ancestor lies below the window and is used rather than no trigger.
+    ops = [op("x", "Placeholder", outputs=[f32(64, 64)]), op("a", "Relu", ["x:0"], [f32(64, 64)])]
+    prev = "a:0"
+    for i in range(8):
+        ops.append(op(f"f{i}", "Relu", [prev], [f32(2, 2)]))
+        prev = f"f{i}:0"
+    ops.append(op("gradient_tape/g0", "Mul", [prev], [f32(2, 2)]))  # level 10
+    prev = "gradient_tape/g0:0"
+    for i in range(6):  # forward-phase side chain f7 -> s0..s5, levels 10..15
+        ops.append(op(f"s{i}", "Relu", ["f7:0" if i == 0 else f"s{i - 1}:0"], [f32(2, 2)]))
+    ops.append(op("gradient_tape/g1", "Mul", ["s5:0", "a:0", prev], [f32(2, 2)]))  # level 16
+    m = GraphModel.from_ops(ops)
+    plan = make_plan(m, LMSConfig(swapout_threshold=5, swapin_ahead=2, min_bytes=0))
+    (swap,) = [s for s in plan.swaps if s.tensor == "a:0"]
+    assert swap.swap_ins[0].consumers == (("gradient_tape/g1", 1),)
+    assert swap.swap_ins[0].trigger == "gradient_tape/g0"

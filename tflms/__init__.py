@@ -9,31 +9,37 @@ Public API::
     tflms.SwapPlan      # the plan: summary(), to_json(), from_json()
     tflms.simulate      # predicted device memory of a GraphModel (+ plan)
     tflms.GraphModel    # a traced step as a networkx DiGraph
+    tflms.max_batch_size  # largest batch whose predicted peak fits a budget
 """
 
+from .autotune import BatchSizeResult, max_batch_size
 from .config import LMSConfig
 from .core import LMSFunction, function, optimize, resolve_device
-from .errors import LMSWarning
+from .errors import BudgetError, LMSWarning
 from .graph import GraphModel
 from .keras import LMSCallback
 from .plan import Swap, SwapIn, SwapPlan
 from .planner import make_plan
-from .simulator import MemoryProfile, simulate
+from .simulator import MemoryProfile, Simulator, simulate
 
 __version__ = "0.1.0"
 
 __all__ = [
     "LMSCallback",
+    "BatchSizeResult",
+    "BudgetError",
     "LMSConfig",
     "LMSFunction",
     "LMSWarning",
     "GraphModel",
     "MemoryProfile",
+    "Simulator",
     "Swap",
     "SwapIn",
     "SwapPlan",
     "function",
     "make_plan",
+    "max_batch_size",
     "optimize",
     "resolve_device",
     "simulate",

@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["LMSConfig", "KNOWN_DEVICE_TYPES"]
+__all__ = ["LMSConfig", "KNOWN_DEVICE_TYPES", "parse_bytes"]
 
 #: Device types a ``device``/``host`` string may name.
 KNOWN_DEVICE_TYPES = ("CPU", "GPU", "TPU")
@@ -29,6 +29,41 @@ KNOWN_DEVICE_TYPES = ("CPU", "GPU", "TPU")
 
 def _received(name: str, value: Any) -> str:
     return f"Received: {name}={value!r}"
+
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}  # fmt: skip
+
+
+def parse_bytes(value: Any, name: str = "size") -> int:
+    """Bytes from an int or a size string: ``parse_bytes("16GiB") == 16 * 2**30``.
+
+    Units: B, KB/MB/GB/TB (powers of 10), KiB/MiB/GiB/TiB and K/M/G/T (powers of 2);
+    case and spaces do not matter; fractions are allowed (``"1.5GiB"``).
+
+    >>> parse_bytes("1.5 GiB"), parse_bytes("500MB"), parse_bytes(4096)
+    (1610612736, 500000000, 4096)
+    """
+    hint = "Use a positive number of bytes or a size such as '16GiB' or '500MB'."
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a size. {hint} {_received(name, value)}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"{name} must be positive. {hint} {_received(name, value)}")
+        return value
+    if isinstance(value, str):
+        import re
+
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+        if m and m.group(2).lower() in _UNITS:
+            n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+            if n > 0:
+                return n
+    raise ValueError(f"{name} is not a valid size. {hint} {_received(name, value)}")
 
 
 def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
@@ -103,6 +138,11 @@ class LMSConfig:
         incl_types / excl_types: the same for producer op types (``op.type``).
         batch_size: size used for an unknown leading (batch) dimension when
             estimating tensor bytes; ``None`` = 1. Other unknown dimensions count as 1.
+        budget: device memory budget in bytes (an int, or a string such as
+            ``"16GiB"``/``"500MB"``). When set, the planner chooses
+            ``swapout_threshold``, ``swapin_ahead``, ``swapin_groupby`` and ``n_tensors``
+            itself (:mod:`tflms.autotune`); an unreachable budget raises
+            :class:`tflms.BudgetError` carrying the best achievable predicted peak.
     """
 
     device: str | None = None
@@ -117,6 +157,7 @@ class LMSConfig:
     incl_types: tuple[str, ...] = ()
     excl_types: tuple[str, ...] = ()
     batch_size: int | None = None
+    budget: int | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -133,6 +174,8 @@ class LMSConfig:
         _check_int("min_bytes", self.min_bytes, 0)
         _check_int("n_tensors", self.n_tensors, 0, allow_none=True)
         _check_int("batch_size", self.batch_size, 1, allow_none=True)
+        if self.budget is not None:
+            set_(self, "budget", parse_bytes(self.budget, "budget"))
         for name in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):
             set_(self, name, _check_names(name, getattr(self, name)))
         _check_op_types("incl_types", self.incl_types)

@@ -229,17 +229,13 @@ class GraphModel:
         for level, generation in enumerate(nx.topological_generations(dag)):
             for n in generation:
                 dag.nodes[n]["level"] = level
-        backward = {n for n in dag if _phase_of_name(n)}
-        # Update: ops fed (transitively) by backward ops without being backward
-        # themselves, plus every variable write that is not backward.
-        after = set()
-        frontier = [s for n in backward for s in dag.successors(n) if s not in backward]
-        while frontier:
-            n = frontier.pop()
-            if n in after or n in backward:
-                continue
-            after.add(n)
-            frontier.extend(dag.successors(n))
+        scoped = {n for n in dag if _phase_of_name(n)}
+        after = _reach(dag.successors, scoped)  # fed by gradient ops
+        before = _reach(dag.predecessors, scoped)  # feeding gradient ops
+        # Ops between gradient ops (e.g. TensorFlow's gradient AddN, outside the
+        # gradient_tape/ scope) are backward too; what only follows them is the update.
+        backward = scoped | (after & before)
+        after -= backward
         for n, data in dag.nodes(data=True):
             if n in backward:
                 data["phase"] = "backward"
@@ -247,3 +243,15 @@ class GraphModel:
                 data["phase"] = "update"
             else:
                 data["phase"] = "forward"
+
+
+def _reach(neighbours: Any, sources: set[str]) -> set[str]:
+    """Nodes reachable from ``sources`` (excluded) through ``neighbours``."""
+    seen: set[str] = set()
+    frontier = [m for n in sources for m in neighbours(n)]
+    while frontier:
+        n = frontier.pop()
+        if n not in seen:
+            seen.add(n)
+            frontier.extend(neighbours(n))
+    return seen - sources

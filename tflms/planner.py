@@ -6,34 +6,39 @@ Rules (DESIGN.md section 3; every knob comes from :class:`tflms.LMSConfig`):
   consumer more than ``swapout_threshold`` levels after the producer ("far"
   consumers). Excluded: tensors smaller than ``min_bytes``, of rank < 2 or unknown
   rank, of dtype resource/variant/string/int32; outputs of ``Const``,
-  ``Placeholder`` (the caller holds function arguments anyway), variable reads
-  (they alias the variable), Horovod collectives and functional control flow
+  ``Placeholder`` (the caller holds function arguments anyway), constant fills
+  (``Fill``/``ZerosLike``/``OnesLike``: cheaper to keep than to move), variable
+  reads (they alias the variable), Horovod collectives and functional control flow
   (their bodies are never edited); ops already on the host; scope and type filters.
 * One swap-out per tensor. Far consumers, sorted by level, are grouped: each
   consumer within ``swapin_groupby`` levels of its group's first consumer shares
   that group's swap-in. Near consumers keep reading the device tensor.
 * Each swap-in's trigger is a backward op on a path into the group's first
   consumer, at level >= (first consumer's level - ``swapin_ahead``) and above the
-  producer; the lowest such level wins, ties broken by name. No such op: no
-  trigger.
+  producer; the lowest such level wins, ties broken by name. When that window
+  holds none, the highest-level backward ancestor below it is used; with no
+  backward ancestor at all, there is no trigger.
 * ``n_tensors`` keeps the largest candidates (bytes, then distance, then name).
+* ``budget`` (bytes) hands the choice of ``swapout_threshold``, ``swapin_ahead``,
+  ``swapin_groupby`` and ``n_tensors`` to :mod:`tflms.autotune`.
 
 Deterministic: the same graph and options give the same plan, byte for byte.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from .config import LMSConfig
 from .graph import CONTROL_FLOW_OP_TYPES, GraphModel, TensorInfo
 from .plan import Swap, SwapIn, SwapPlan
-from .simulator import _device_key, simulate
+from .simulator import Simulator, _device_key
 
-__all__ = ["make_plan", "is_collective", "EXCLUDED_PRODUCER_TYPES", "EXCLUDED_DTYPES"]
+__all__ = ["make_plan", "candidate_swaps", "is_collective", "EXCLUDED_PRODUCER_TYPES", "EXCLUDED_DTYPES"]
 
 EXCLUDED_PRODUCER_TYPES = (
-    frozenset({"Const", "Placeholder", "ReadVariableOp", "VarHandleOp", "VariableV2", "_Arg", "Identity", "IdentityN"})
+    frozenset(
+        {"Const", "Placeholder", "ReadVariableOp", "VarHandleOp", "VariableV2", "_Arg", "Identity", "IdentityN"}
+        | {"Fill", "ZerosLike", "OnesLike"}
+    )
     | CONTROL_FLOW_OP_TYPES
 )
 EXCLUDED_DTYPES = frozenset({"resource", "variant", "string", "int32"})
@@ -44,18 +49,23 @@ def is_collective(op_type: str) -> bool:
     return op_type.startswith(("Horovod", "Collective", "NcclAllReduce"))
 
 
-def make_plan(model: GraphModel, config: LMSConfig) -> SwapPlan:
-    """Plan swaps for ``model`` under ``config``; predicted peaks included."""
-    before = simulate(model, host=config.host)
+def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None = None) -> SwapPlan:
+    """Plan swaps for ``model`` under ``config``; predicted peaks included.
 
-    def empty(reason: str) -> SwapPlan:
+    With ``config.budget`` set, the swap knobs are chosen by
+    :func:`tflms.autotune.tune` and recorded in the plan's options.
+    """
+    sim = simulator or Simulator(model, config.host)
+    before = sim.peak()
+
+    def empty(reason: str, cfg: LMSConfig = config) -> SwapPlan:
         return SwapPlan(
             function=model.name,
-            options=config.to_dict(),
+            options=cfg.to_dict(),
             swaps=(),
             n_ops=model.dag.number_of_nodes(),
-            peak_bytes_before=before.peak_bytes,
-            peak_bytes_after=before.peak_bytes,
+            peak_bytes_before=before,
+            peak_bytes_after=before,
             variable_bytes=model.variable_bytes,
             reason=reason,
         )
@@ -65,8 +75,13 @@ def make_plan(model: GraphModel, config: LMSConfig) -> SwapPlan:
             "the step has no backward ops (no gradient_tape/ or gradients/ scope): nothing to swap; "
             "the function runs unchanged"
         )
-    swaps = [s for t in model.tensors.values() if (s := _plan_tensor(model, t, config)) is not None]
-    swaps.sort(key=lambda s: (-s.bytes, -s.distance, s.tensor))
+    if config.budget is not None:
+        from .autotune import tune
+
+        config = tune(model, config, sim)
+        if config.n_tensors == 0:
+            return empty(f"the predicted peak fits budget={config.budget} bytes without swapping", config)
+    swaps = candidate_swaps(model, config)
     if config.n_tensors is not None:
         swaps = swaps[: config.n_tensors]
     swaps.sort(key=lambda s: (s.level, s.tensor))
@@ -75,16 +90,23 @@ def make_plan(model: GraphModel, config: LMSConfig) -> SwapPlan:
             f"no tensor qualifies (forward output >= min_bytes={config.min_bytes} with a backward "
             f"consumer more than swapout_threshold={config.swapout_threshold} levels later)"
         )
-    after = simulate(model, swaps, host=config.host)
     return SwapPlan(
         function=model.name,
         options=config.to_dict(),
         swaps=tuple(swaps),
         n_ops=model.dag.number_of_nodes(),
-        peak_bytes_before=before.peak_bytes,
-        peak_bytes_after=after.peak_bytes,
+        peak_bytes_before=before,
+        peak_bytes_after=sim.peak(swaps),
         variable_bytes=model.variable_bytes,
     )
+
+
+def candidate_swaps(model: GraphModel, config: LMSConfig) -> list[Swap]:
+    """Every swap ``config`` allows, in the order ``n_tensors`` keeps them:
+    bytes descending, then distance descending, then tensor name."""
+    swaps = [s for t in model.tensors.values() if (s := _plan_tensor(model, t, config)) is not None]
+    swaps.sort(key=lambda s: (-s.bytes, -s.distance, s.tensor))
+    return swaps
 
 
 def _is_candidate(model: GraphModel, t: TensorInfo, config: LMSConfig) -> bool:
@@ -151,41 +173,46 @@ def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig) -> Swap | 
 def _find_trigger(
     model: GraphModel, consumer: str, target_level: int, producer_level: int, config: LMSConfig
 ) -> str | None:
-    """Lowest-level backward ancestor of ``consumer`` with level >= ``target_level``.
+    """The swap-in trigger for a group whose first consumer is ``consumer``.
 
-    Levels strictly grow along edges, so only ancestors at or above the target
-    level are walked.
+    The lowest-level backward ancestor of ``consumer`` with level >= ``target_level``
+    (and above the producer); when there is none in that window, the highest-level
+    backward ancestor below it. Levels strictly grow along edges, so only
+    ancestors above the relevant level are walked.
     """
-    dag = model.dag
     host = _device_key(config.host)
-    best: tuple[int, str] | None = None
-    seen = {consumer}
-    stack = [consumer]
+
+    def eligible(data: dict) -> bool:
+        return (
+            data["phase"] == "backward"
+            and not is_collective(data["type"])
+            and data["type"] not in CONTROL_FLOW_OP_TYPES
+            and not (data["device"] and _device_key(data["device"]) == host)
+        )
+
+    window = _ancestors_down_to(model, consumer, max(target_level, producer_level + 1))
+    in_window = [(lu, u) for u, lu in window if eligible(model.dag.nodes[u])]
+    if in_window:
+        return min(in_window)[1]
+    below = _ancestors_down_to(model, consumer, producer_level + 1)
+    earlier = [(-lu, u) for u, lu in below if lu < target_level and eligible(model.dag.nodes[u])]
+    return min(earlier)[1] if earlier else None
+
+
+def _ancestors_down_to(model: GraphModel, op: str, min_level: int) -> list[tuple[str, int]]:
+    """Ancestors of ``op`` with level >= ``min_level``, as (name, level)."""
+    dag = model.dag
+    found = []
+    seen = {op}
+    stack = [op]
     while stack:
         n = stack.pop()
         for u in dag.predecessors(n):
             if u in seen:
                 continue
             seen.add(u)
-            data = dag.nodes[u]
-            lu = data["level"]
-            if lu < target_level:
-                continue
-            stack.append(u)
-            if (
-                lu > producer_level
-                and data["phase"] == "backward"
-                and not is_collective(data["type"])
-                and data["type"] not in CONTROL_FLOW_OP_TYPES
-                and not (data["device"] and _device_key(data["device"]) == host)
-                and (best is None or (lu, u) < best)
-            ):
-                best = (lu, u)
-    return None if best is None else best[1]
-
-
-def plan_consumers(plan: SwapPlan) -> Iterable[tuple[str, int]]:
-    """Every (consumer op, input index) the plan rewires."""
-    for s in plan.swaps:
-        for si in s.swap_ins:
-            yield from si.consumers
+            lu = dag.nodes[u]["level"]
+            if lu >= min_level:
+                stack.append(u)
+                found.append((u, lu))
+    return found
