@@ -142,8 +142,12 @@ class BatchSizeResult:
         )
 
 
-def _largest(fits: Callable[[int], bool], limit: int) -> int:
-    """Largest b in [1, limit] with fits(b), for a monotone predicate; 0 if none."""
+def _largest(fits: Callable[[int], bool], limit: int, rel_tol: float = 0.0) -> int:
+    """Largest b in [1, limit] with fits(b), for a monotone predicate; 0 if none.
+
+    With ``rel_tol`` > 0 the bisection stops once the bracket is within that
+    fraction of the lower end (the result is then a lower bound, that close).
+    """
     if not fits(1):
         return 0
     lo = 1
@@ -154,7 +158,7 @@ def _largest(fits: Callable[[int], bool], limit: int) -> int:
         if fits(limit):
             return limit
         hi = limit
-    while hi - lo > 1:  # lo fits, hi does not
+    while hi - lo > max(1, int(lo * rel_tol)):  # lo fits, hi does not
         mid = (lo + hi) // 2
         if fits(mid):
             lo = mid
@@ -169,6 +173,7 @@ def max_batch_size(
     *,
     config: LMSConfig | None = None,
     limit: int = 1 << 16,
+    rel_tol: float = 0.0,
     **options: Any,
 ) -> BatchSizeResult:
     """Largest batch whose predicted device peak fits ``budget``, without and with LMS.
@@ -182,6 +187,8 @@ def max_batch_size(
     * a callable ``factory(batch_size) -> ConcreteFunction`` (retraced per size).
 
     "With LMS" means the autotuner (:func:`tune`) finds a plan that fits.
+    ``rel_tol`` > 0 trades exactness for fewer evaluations: each result is then a
+    size that fits, within that fraction below the true largest one.
 
     Example:
         >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")  # doctest: +SKIP
@@ -208,8 +215,8 @@ def max_batch_size(
 
     return BatchSizeResult(
         budget=budget,
-        without_lms=_largest(lambda b: fits(b)[0], limit),
-        with_lms=_largest(lambda b: fits(b)[1], limit),
+        without_lms=_largest(lambda b: fits(b)[0], limit, rel_tol),
+        with_lms=_largest(lambda b: fits(b)[1], limit, rel_tol),
         limit=limit,
     )
 

@@ -1,0 +1,188 @@
+"""Capacity benchmark (simulator): how much larger a batch or input fits with LMS.
+
+For each model and device memory budget it reports the largest batch (for the
+3D U-Net: the largest cubic input side at batch 1) whose *predicted* device peak
+fits, without LMS and with the autotuned LMS plan. All figures are predictions of
+the tflms simulator (tflms/simulator.py), not measurements on a GPU.
+
+Models (Adam, float32, ``weights=None``):
+
+* ResNet-50, ResNet-152, DenseNet-121 (keras.applications, 224x224x3, 1000 classes)
+* a BERT-base-sized encoder from Keras layers (12 layers, hidden 768, 12 heads,
+  FFN 3072, sequence 512, vocabulary 30522)
+* a 3D U-Net-like model (Conv3D 32-64-128-256 encoder/decoder with skips, 1 channel)
+
+Usage::
+
+    python benchmarks/capacity.py                          # all models, 16 and 80 GiB
+    python benchmarks/capacity.py --models resnet50 --budgets 16GiB
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import keras
+import tensorflow as tf
+
+import tflms
+from tflms.autotune import keras_train_step
+from tflms.config import parse_bytes
+
+
+def _compile(model: keras.Model) -> keras.Model:
+    model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="sparse_categorical_crossentropy")
+    return model
+
+
+def resnet50() -> keras.Model:
+    return _compile(keras.applications.ResNet50(weights=None))
+
+
+def resnet152() -> keras.Model:
+    return _compile(keras.applications.ResNet152(weights=None))
+
+
+def densenet121() -> keras.Model:
+    return _compile(keras.applications.DenseNet121(weights=None))
+
+
+def bert_base(seq: int = 512, vocab: int = 30522, dim: int = 768, layers: int = 12, heads: int = 12) -> keras.Model:
+    L = keras.layers
+    tokens = keras.Input((seq,), dtype="int32")
+    h = L.Embedding(vocab, dim)(tokens) + L.Embedding(seq, dim)(tf.range(seq))
+    h = L.LayerNormalization()(h)
+    for _ in range(layers):
+        a = L.MultiHeadAttention(num_heads=heads, key_dim=dim // heads)(h, h)
+        h = L.LayerNormalization()(h + L.Dropout(0.1)(a))
+        f = L.Dense(dim * 4, activation="gelu")(h)
+        h = L.LayerNormalization()(h + L.Dropout(0.1)(L.Dense(dim)(f)))
+    out = L.Dense(2)(L.Dense(dim, activation="tanh")(h[:, 0]))
+    model = keras.Model(tokens, out)
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-4), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    return model
+
+
+def unet3d(side: int, base: int = 32, depth: int = 4) -> keras.Model:
+    L = keras.layers
+    inp = keras.Input((side, side, side, 1))
+    h, skips = inp, []
+    for d in range(depth):
+        f = base * 2**d
+        h = L.Conv3D(f, 3, padding="same", activation="relu")(h)
+        h = L.Conv3D(f, 3, padding="same", activation="relu")(h)
+        if d < depth - 1:
+            skips.append(h)
+            h = L.MaxPooling3D()(h)
+    for d in reversed(range(depth - 1)):
+        f = base * 2**d
+        h = L.Conv3DTranspose(f, 2, strides=2)(h)
+        h = L.Concatenate()([h, skips[d]])
+        h = L.Conv3D(f, 3, padding="same", activation="relu")(h)
+        h = L.Conv3D(f, 3, padding="same", activation="relu")(h)
+    out = L.Conv3D(2, 1)(h)
+    model = keras.Model(inp, out)
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-4), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    return model
+
+
+BATCH_MODELS = {"resnet50": resnet50, "resnet152": resnet152, "densenet121": densenet121, "bert_base": bert_base}
+
+
+def unet_side_step(side: int):
+    """Training step of the 3D U-Net at one cubic side (batch unknown, sized 1)."""
+    model = unet3d(side)
+    return keras_train_step(model, label_shape=(side, side, side), label_dtype="int32"), model
+
+
+def largest_side(budget: int, lms: bool, step: int = 16, limit: int = 1024, rel_tol: float = 0.02) -> int:
+    """Largest multiple of ``step`` for the 3D U-Net side that fits ``budget`` at batch 1."""
+    from tflms.autotune import _largest, _search
+
+    def fits(k: int) -> bool:
+        cf, _keep = unet_side_step(k * step)
+        model = tflms.GraphModel.from_func_graph(cf.graph, batch_size=1)
+        sim = tflms.Simulator(model, "/device:CPU:0")
+        if sim.peak() <= budget:
+            return True
+        return lms and _search(model, tflms.LMSConfig(), sim, budget)[0] is not None
+
+    return step * _largest(fits, limit // step, rel_tol)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=[*BATCH_MODELS, "unet3d"], help="which models")
+    parser.add_argument("--budgets", nargs="+", default=["16GiB", "80GiB"], help="device memory budgets")
+    parser.add_argument("--rel-tol", type=float, default=0.02, help="search precision (default 2%%)")
+    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/capacity.json"))
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.models) - set(BATCH_MODELS) - {"unet3d"})
+    if unknown:
+        parser.error(f"unknown models: {', '.join(unknown)}; choose from {', '.join([*BATCH_MODELS, 'unet3d'])}")
+    budgets = [parse_bytes(b, "budget") for b in args.budgets]
+
+    rows = []
+    print("all figures: tflms simulator predictions (not measured)")
+    print(f"{'model':<12} {'budget':>7} {'what':<10} {'no LMS':>7} {'LMS':>7} {'ratio':>6} {'seconds':>8}")
+    for name in args.models:
+        keras.utils.set_random_seed(0)
+        if name != "unet3d":
+            model = BATCH_MODELS[name]()
+            step = keras_train_step(model)
+        for budget, label in zip(budgets, args.budgets):
+            t0 = time.perf_counter()
+            if name == "unet3d":
+                what = "side (b=1)"
+                base, lms = (
+                    largest_side(budget, False, rel_tol=args.rel_tol),
+                    largest_side(budget, True, rel_tol=args.rel_tol),
+                )
+            else:
+                what = "batch"
+                result = tflms.max_batch_size(step, budget, rel_tol=args.rel_tol, limit=1 << 15)
+                base, lms = result.without_lms, result.with_lms
+            seconds = time.perf_counter() - t0
+            ratio = lms / base if base else None
+            rows.append(
+                {
+                    "model": name,
+                    "budget": label,
+                    "budget_bytes": budget,
+                    "measure": what,
+                    "without_lms": base,
+                    "with_lms": lms,
+                    "ratio": round(ratio, 2) if ratio else None,
+                    "seconds": round(seconds, 1),
+                }
+            )
+            ratio_text = f"x{ratio:.1f}" if ratio else "-"
+            print(f"{name:<12} {label:>7} {what:<10} {base:>7} {lms:>7} {ratio_text:>6} {seconds:>8.0f}", flush=True)
+    result = {
+        "benchmark": "capacity",
+        "source": "tflms simulator (predicted device peak), not a GPU measurement",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPUs",
+        "tensorflow": tf.__version__,
+        "tflms": tflms.__version__,
+        "rel_tol": args.rel_tol,
+        "rows": rows,
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    raise SystemExit(main())
