@@ -104,8 +104,13 @@ def estimate_bytes(shape: tuple[int | None, ...] | None, itemsize: int, batch_si
     return n * itemsize, estimated
 
 
+_BACKWARD_MARKS = tuple(f"/{scope}/" for scope in BACKWARD_SCOPES)
+
+
 def _phase_of_name(name: str) -> bool:
-    return any(part in BACKWARD_SCOPES for part in name.split("/")[:-1])
+    """True if a name-scope component (not the op's own name) is a backward scope."""
+    scoped = "/" + name
+    return any(mark in scoped for mark in _BACKWARD_MARKS)
 
 
 @dataclasses.dataclass

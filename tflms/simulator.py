@@ -123,10 +123,13 @@ class Simulator:
             p = pos[t.op]
             reads = self.reads.setdefault(r, [])
             reads.extend((pos[c], (c, i)) for c, i in t.consumers)
-            self.free[r] = max(self.free.get(r, p), p, max((q for q, _ in reads), default=p))
+            self.free[r] = max(self.free.get(r, p), p)  # an alias op's own position counts
             on_device = host_key is None or _device_key(dag.nodes[t.op]["device"]) != host_key
             if r == name and t.bytes and on_device:
                 self.alloc[r] = (p, t.bytes)
+        for r, reads in self.reads.items():
+            if reads:
+                self.free[r] = max(self.free[r], max(q for q, _ in reads))
         self.base = np.zeros(n + 1, dtype=np.int64)
         for r, (p, nbytes) in self.alloc.items():
             self.base[p] += nbytes

@@ -1,0 +1,97 @@
+"""Markdown tables of the benchmark results in benchmarks/results/*.json.
+
+The README's result tables are pasted from this script's output, and
+``tests/test_readme.py`` checks that they still match the JSON.
+
+Usage::
+
+    python benchmarks/report.py            # print every table
+    python benchmarks/report.py capacity   # one of: pass_speed, capacity, cpu_overhead
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _header(data: dict) -> str:
+    return f"{data['date']}, {data['machine']}, TensorFlow {data['tensorflow']}, tflms {data['tflms']}"
+
+
+def pass_speed(data: dict) -> str:
+    lines = [
+        f"_{_header(data)}; seconds, best of the runs; transformer-block Adam steps_",
+        "",
+        "| ops | swaps | graph model | plan | rewrite (in place) | **total** | + graph copy (`optimize(cf)`) |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["rows"]:
+        s = r["seconds"]
+        lines.append(
+            f"| {r['ops']:,} | {r['swaps']} | {s['model']:.2f} | {s['plan']:.2f} | {s['rewrite']:.2f} "
+            f"| **{s['total']:.2f}** | {s['copy']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def capacity(data: dict) -> str:
+    lines = [
+        f"_{_header(data)}; **simulator predictions**, search precision {data['rel_tol']:.0%}_",
+        "",
+        "| model | budget | largest | without LMS | with LMS | ratio |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for r in data["rows"]:
+        ratio = f"x{r['ratio']:.1f}" if r["ratio"] else "-"
+        lines.append(
+            f"| {r['model']} | {r['budget']} | {r['measure']} | {r['without_lms']} | {r['with_lms']} | {ratio} |"
+        )
+    return "\n".join(lines)
+
+
+def cpu_overhead(data: dict) -> str:
+    lines = [
+        f"_{_header(data)}; median of {data['runs']}x{data['steps']} steps each, plain and LMS alternating_",
+        "",
+        "| model | batch | swaps | swapped per step | plain ms | LMS ms | ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["rows"]:
+        mib = r["swapped_bytes"] / 2**20
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {r['swaps']} | {mib:.1f} MiB | {r['plain_ms_median']:.1f} "
+            f"| {r['lms_ms_median']:.1f} | {r['ratio']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+TABLES: dict[str, Callable[[dict], str]] = {
+    "pass_speed": pass_speed,
+    "capacity": capacity,
+    "cpu_overhead": cpu_overhead,
+}
+
+
+def table(name: str, results: Path = RESULTS) -> str | None:
+    """The markdown table of ``results/<name>.json``, or None if it was not run."""
+    path = results / f"{name}.json"
+    return TABLES[name](json.loads(path.read_text())) if path.exists() else None
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(TABLES)
+    for name in names:
+        if name not in TABLES:
+            print(f"unknown table {name!r}; choose from {', '.join(TABLES)}", file=sys.stderr)
+            return 2
+        print(f"### {name}\n\n{table(name) or '(not run)'}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
