@@ -10,7 +10,8 @@ A TensorFlow upgrade that breaks tflms should break only this module, and
   ``FuncGraph._add_function_recursive`` carries nested (while/cond) functions.
 * ``ConcreteFunction.from_func_graph(graph, function_type, attrs)`` builds a new
   callable with the original signature.
-* ``Operation._update_input`` rewires a consumer; ``Operation._set_attr`` marks
+* ``Operation._update_input`` rewires a consumer; ``Operation._add_control_input``
+  attaches a swap-in's trigger; ``Operation._set_attr`` marks
   swap ops with ``_grappler_do_not_remove`` (otherwise Grappler deletes swap-ins
   and merges swap-outs).
 """
@@ -33,6 +34,7 @@ __all__ = [
     "rebuild",
     "set_attr",
     "update_input",
+    "add_control_input",
     "grappler_optimize",
 ]
 
@@ -82,6 +84,10 @@ def set_attr(op: Any, name: str, value: bool | str) -> None:
 
 def update_input(op: Any, index: int, tensor: Any) -> None:
     op._update_input(index, tensor)  # noqa: SLF001
+
+
+def add_control_input(op: Any, control: Any) -> None:
+    op._add_control_input(control)  # noqa: SLF001
 
 
 def grappler_optimize(cf: ConcreteFunction, device: str, config: Any = None) -> Any:

@@ -37,37 +37,39 @@ def _plan_error(plan: SwapPlan, what: str) -> ValueError:
 
 def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str) -> dict[str, int]:
     """Edit ``graph`` in place; return op-count changes, e.g. ``{'swap_out': 3, 'swap_in': 4}``."""
-    n_out = n_in = 0
-    for swap in plan.swaps:
+
+    def lookup(kind: str, get: Any, name: str) -> Any:
         try:
-            tensor = graph.get_tensor_by_name(swap.tensor)
+            return get(name)
         except (KeyError, ValueError):
-            raise _plan_error(plan, f"no tensor {swap.tensor!r}") from None
-        safe = swap.tensor.replace(":", "_")
-        with graph.as_default():
-            with tf.device(host), tf.control_dependencies(None):
-                out = tf.identity(tensor, name=f"{SWAP_OUT_SCOPE}/{safe}")
-            tfi.set_attr(out.op, "_grappler_do_not_remove", True)
-            tfi.set_attr(out.op, SWAP_ATTR, "out")
-            n_out += 1
-            for k, swap_in in enumerate(swap.swap_ins):
-                deps = []
-                if swap_in.trigger is not None:
-                    try:
-                        deps.append(graph.get_operation_by_name(swap_in.trigger))
-                    except (KeyError, ValueError):
-                        raise _plan_error(plan, f"no trigger op {swap_in.trigger!r}") from None
-                with tf.device(device), tf.control_dependencies(None), tf.control_dependencies(deps):
-                    back = tf.identity(out, name=f"{SWAP_IN_SCOPE}/{safe}/{k}")
-                tfi.set_attr(back.op, "_grappler_do_not_remove", True)
-                tfi.set_attr(back.op, SWAP_ATTR, "in")
-                n_in += 1
-                for op_name, index in swap_in.consumers:
-                    try:
-                        op = graph.get_operation_by_name(op_name)
-                    except (KeyError, ValueError):
-                        raise _plan_error(plan, f"no consumer op {op_name!r}") from None
-                    if index >= len(op.inputs) or op.inputs[index].name != tensor.name:
-                        raise _plan_error(plan, f"input {index} of {op_name!r} is not {swap.tensor!r}")
-                    tfi.update_input(op, index, back)
-    return {"swap_out": n_out, "swap_in": n_in}
+            raise _plan_error(plan, f"no {kind} {name!r}") from None
+
+    tensors = [lookup("tensor", graph.get_tensor_by_name, s.tensor) for s in plan.swaps]
+    with graph.as_default(), tf.control_dependencies(None):
+        with tf.device(host):
+            outs = [
+                tf.identity(t, name=f"{SWAP_OUT_SCOPE}/{s.tensor.replace(':', '_')}")
+                for s, t in zip(plan.swaps, tensors)
+            ]
+        with tf.device(device):
+            backs = [
+                [
+                    tf.identity(out, name=f"{SWAP_IN_SCOPE}/{s.tensor.replace(':', '_')}/{k}")
+                    for k in range(len(s.swap_ins))
+                ]
+                for s, out in zip(plan.swaps, outs)
+            ]
+    for swap, tensor, out, group in zip(plan.swaps, tensors, outs, backs):
+        tfi.set_attr(out.op, "_grappler_do_not_remove", True)
+        tfi.set_attr(out.op, SWAP_ATTR, "out")
+        for swap_in, back in zip(swap.swap_ins, group):
+            tfi.set_attr(back.op, "_grappler_do_not_remove", True)
+            tfi.set_attr(back.op, SWAP_ATTR, "in")
+            if swap_in.trigger is not None:
+                tfi.add_control_input(back.op, lookup("trigger op", graph.get_operation_by_name, swap_in.trigger))
+            for op_name, index in swap_in.consumers:
+                op = lookup("consumer op", graph.get_operation_by_name, op_name)
+                if index >= len(op.inputs) or op.inputs[index].name != tensor.name:
+                    raise _plan_error(plan, f"input {index} of {op_name!r} is not {swap.tensor!r}")
+                tfi.update_input(op, index, back)
+    return {"swap_out": len(outs), "swap_in": sum(len(g) for g in backs)}
