@@ -21,14 +21,13 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import time
 from pathlib import Path
 
 import keras
 import tensorflow as tf
+from report import save_result
 
 import tflms
 from tflms.autotune import keras_train_step
@@ -167,19 +166,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             ratio_text = f"x{ratio:.1f}" if ratio else "-"
             print(f"{name:<12} {label:>7} {what:<10} {base:>7} {lms:>7} {ratio_text:>6} {seconds:>8.0f}", flush=True)
-    result = {
-        "benchmark": "capacity",
-        "source": "tflms simulator (predicted device peak), not a GPU measurement",
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPUs",
-        "tensorflow": tf.__version__,
-        "tflms": tflms.__version__,
-        "rel_tol": args.rel_tol,
-        "rows": rows,
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    save_result(
+        args.json, "capacity", rows,
+        source="tflms simulator (predicted device peak), not a GPU measurement", rel_tol=args.rel_tol,
+    )  # fmt: skip
     return 0
 
 

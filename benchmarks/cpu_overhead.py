@@ -16,9 +16,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -26,6 +24,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import tensorflow as tf
+from report import save_result
 
 import tflms
 
@@ -127,20 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{name:<12} {len(plan.swaps):>5} {mib:>7.1f}Mi {p_ms:>9.1f} {l_ms:>8.1f} {l_ms / p_ms:>6.3f}", flush=True
         )
-    result = {
-        "benchmark": "cpu_overhead",
-        "source": "wall-clock step times on the CPU 'device' (two logical CPU devices)",
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPUs",
-        "tensorflow": tf.__version__,
-        "tflms": tflms.__version__,
-        "runs": args.runs,
-        "steps": args.steps,
-        "rows": rows,
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    save_result(
+        args.json, "cpu_overhead", rows,
+        source="wall-clock step times on the CPU 'device' (two logical CPU devices)", runs=args.runs, steps=args.steps,
+    )  # fmt: skip
     return 0
 
 

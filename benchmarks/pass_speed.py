@@ -21,13 +21,12 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import time
 from pathlib import Path
 
 import keras
 import tensorflow as tf
+from report import save_result
 
 import tflms
 from tflms import _tf_internal as tfi
@@ -120,18 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         rows.append(row)
-    result = {
-        "benchmark": "pass_speed",
-        "date": time.strftime("%Y-%m-%d"),
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-        "cpus": len(__import__("os").sched_getaffinity(0)),
-        "tensorflow": tf.__version__,
-        "tflms": tflms.__version__,
-        "rows": rows,
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    save_result(args.json, "pass_speed", rows)
     return 0
 
 

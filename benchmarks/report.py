@@ -19,6 +19,30 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def save_result(path: Path, benchmark: str, rows: list[dict], **fields: object) -> None:
+    """Write a benchmark's JSON with the common header (date, machine, versions) and say so."""
+    import os
+    import platform
+    import time
+
+    import tensorflow as tf
+
+    import tflms
+
+    result = {
+        "benchmark": benchmark,
+        **fields,
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPUs",
+        "tensorflow": tf.__version__,
+        "tflms": tflms.__version__,
+        "rows": rows,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
 def _header(data: dict) -> str:
     return f"{data['date']}, {data['machine']}, TensorFlow {data['tensorflow']}, tflms {data['tflms']}"
 
