@@ -21,7 +21,7 @@ from .graph import GraphModel
 from .plan import SwapPlan
 from .planner import make_plan
 from .rewrite import apply_plan, is_rewritten
-from .simulator import _device_key
+from .simulator import Simulator, _device_key
 
 __all__ = ["optimize", "function", "LMSFunction", "resolve_device", "paused_gc"]
 
@@ -129,15 +129,15 @@ def _optimize(concrete_function: Any, config: LMSConfig, copy: bool) -> tuple[An
     graph = concrete_function.graph
     model = GraphModel.from_func_graph(graph, batch_size=config.batch_size)
     if is_rewritten(graph):
-        plan = make_plan(model, config)
+        peak = Simulator(model, config.host).peak()
         plan = SwapPlan(
-            function=plan.function,
-            options=plan.options,
+            function=model.name,
+            options=config.to_dict(),
             swaps=(),
-            n_ops=plan.n_ops,
-            peak_bytes_before=plan.peak_bytes_before,
-            peak_bytes_after=plan.peak_bytes_before,
-            variable_bytes=plan.variable_bytes,
+            n_ops=model.dag.number_of_nodes(),
+            peak_bytes_before=peak,
+            peak_bytes_after=peak,
+            variable_bytes=model.variable_bytes,
             reason="the function is already rewritten by tflms; left unchanged",
         )
         return concrete_function, plan
