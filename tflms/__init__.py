@@ -10,6 +10,7 @@ Public API::
     tflms.simulate      # predicted device memory of a GraphModel (+ plan)
     tflms.GraphModel    # a traced step as a networkx DiGraph
     tflms.max_batch_size  # largest batch whose predicted peak fits a budget
+    tflms.plot_memory   # PNG of the predicted memory timeline before/after a plan (plan.plot(path))
 """
 
 from .autotune import BatchSizeResult, max_batch_size
@@ -20,6 +21,7 @@ from .graph import GraphModel
 from .keras import LMSCallback
 from .plan import Swap, SwapIn, SwapPlan
 from .planner import make_plan
+from .plot import plot_memory
 from .simulator import MemoryProfile, Simulator, simulate
 
 __version__ = "0.1.0"
@@ -41,6 +43,7 @@ __all__ = [
     "make_plan",
     "max_batch_size",
     "optimize",
+    "plot_memory",
     "resolve_device",
     "simulate",
     "__version__",

@@ -24,7 +24,12 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from .graph import GraphModel
 
 __all__ = ["SwapIn", "Swap", "SwapPlan", "FORMAT_VERSION"]
 
@@ -77,6 +82,12 @@ class SwapPlan:
     ``peak_bytes_before``/``peak_bytes_after`` are the simulator's predicted device
     peaks (see :mod:`tflms.simulator`), variables included. ``reason`` explains an
     empty plan.
+
+    A plan made in this process (:func:`tflms.make_plan`, :func:`tflms.optimize`,
+    ``tflms.function``, ``LMSCallback``) also holds the :class:`~tflms.GraphModel` it
+    was made from, for :meth:`plot`. That reference is not a field: it is not in the
+    JSON, equality or the fingerprint; a plan loaded from JSON or copied with
+    ``dataclasses.replace`` has none.
     """
 
     function: str
@@ -101,6 +112,38 @@ class SwapPlan:
 
     def __len__(self) -> int:
         return len(self.swaps)
+
+    # ---------------------------------------------------------------- plotting
+    def _with_model(self, model: GraphModel) -> SwapPlan:
+        """Attach the graph model the plan was made from (not a field; see :meth:`plot`)."""
+        object.__setattr__(self, "_model", model)
+        return self
+
+    def plot(self, path: str | Path, model: GraphModel | None = None, **kwargs: Any) -> Path:
+        """Save the predicted memory timeline, before and after this plan, as a PNG.
+
+        ``model`` defaults to the graph model the plan was made from; a plan loaded
+        from JSON has none, so pass ``model=tflms.GraphModel.from_func_graph(cf.graph)``
+        of the (not rewritten) traced step. ``kwargs`` go to :func:`tflms.plot_memory`.
+
+        Example:
+            >>> new_cf, plan = tflms.optimize(cf, device="/device:GPU:0")  # doctest: +SKIP
+            >>> plan.plot("memory.png")                                   # doctest: +SKIP
+            PosixPath('memory.png')
+        """
+        from .plot import plot_memory
+
+        model = model if model is not None else getattr(self, "_model", None)
+        if model is None:
+            raise ValueError(
+                "This plan holds no graph model (it was loaded from JSON, built by hand, or made "
+                "by tflms.optimize for an already rewritten function), so it "
+                "cannot be simulated for plotting. Pass the traced step's graph model, e.g. "
+                "plan.plot(path, model=tflms.GraphModel.from_func_graph(cf.graph, "
+                f"batch_size={self.options.get('batch_size')!r})) where cf is the step's "
+                "ConcreteFunction before tflms rewrote it. Received: model=None"
+            )
+        return plot_memory(model, self, path, **kwargs)
 
     # ------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:

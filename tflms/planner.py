@@ -68,7 +68,7 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
             peak_bytes_after=before,
             variable_bytes=model.variable_bytes,
             reason=reason,
-        )
+        )._with_model(model)
 
     if not model.has_backward():
         return empty(
@@ -98,7 +98,7 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         peak_bytes_before=before,
         peak_bytes_after=sim.peak(swaps),
         variable_bytes=model.variable_bytes,
-    )
+    )._with_model(model)
 
 
 def candidate_swaps(model: GraphModel, config: LMSConfig) -> list[Swap]:
