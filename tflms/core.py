@@ -139,7 +139,7 @@ def _optimize(concrete_function: Any, config: LMSConfig, copy: bool) -> tuple[An
             peak_bytes_after=peak,
             variable_bytes=model.variable_bytes,
             reason="the function is already rewritten by tflms; left unchanged",
-        )
+        )._with_model(model)
         return concrete_function, plan
     plan = make_plan(model, config)
     if not plan.swaps:
