@@ -19,7 +19,7 @@ from .config import LMSConfig
 from .errors import LMSWarning
 from .graph import GraphModel
 from .plan import SwapPlan
-from .planner import make_plan
+from .planner import empty_plan, make_plan
 from .rewrite import apply_plan, is_rewritten
 from .simulator import Simulator, _device_key
 
@@ -129,18 +129,8 @@ def _optimize(concrete_function: Any, config: LMSConfig, copy: bool) -> tuple[An
     graph = concrete_function.graph
     model = GraphModel.from_func_graph(graph, batch_size=config.batch_size)
     if is_rewritten(graph):
-        peak = Simulator(model, config.host).peak()
-        plan = SwapPlan(
-            function=model.name,
-            options=config.to_dict(),
-            swaps=(),
-            n_ops=model.dag.number_of_nodes(),
-            peak_bytes_before=peak,
-            peak_bytes_after=peak,
-            variable_bytes=model.variable_bytes,
-            reason="the function is already rewritten by tflms; left unchanged",
-        )._with_model(model)
-        return concrete_function, plan
+        reason = "the function is already rewritten by tflms; left unchanged"
+        return concrete_function, empty_plan(model, config, Simulator(model, config.host).peak(), reason)
     plan = make_plan(model, config)
     if not plan.swaps:
         return concrete_function, plan

@@ -32,7 +32,7 @@ from .graph import CONTROL_FLOW_OP_TYPES, GraphModel, TensorInfo
 from .plan import Swap, SwapIn, SwapPlan
 from .simulator import Simulator, _device_key
 
-__all__ = ["make_plan", "candidate_swaps", "is_collective", "EXCLUDED_PRODUCER_TYPES", "EXCLUDED_DTYPES"]
+__all__ = ["make_plan", "empty_plan", "candidate_swaps", "is_collective", "EXCLUDED_PRODUCER_TYPES", "EXCLUDED_DTYPES"]
 
 EXCLUDED_PRODUCER_TYPES = (
     frozenset(
@@ -59,16 +59,7 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
     before = sim.peak()
 
     def empty(reason: str, cfg: LMSConfig = config) -> SwapPlan:
-        return SwapPlan(
-            function=model.name,
-            options=cfg.to_dict(),
-            swaps=(),
-            n_ops=model.dag.number_of_nodes(),
-            peak_bytes_before=before,
-            peak_bytes_after=before,
-            variable_bytes=model.variable_bytes,
-            reason=reason,
-        )._with_model(model)
+        return empty_plan(model, cfg, before, reason)
 
     if not model.has_backward():
         return empty(
@@ -98,6 +89,20 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         peak_bytes_before=before,
         peak_bytes_after=sim.peak(swaps),
         variable_bytes=model.variable_bytes,
+    )._with_model(model)
+
+
+def empty_plan(model: GraphModel, config: LMSConfig, peak_bytes: int, reason: str) -> SwapPlan:
+    """A plan that swaps nothing, saying why."""
+    return SwapPlan(
+        function=model.name,
+        options=config.to_dict(),
+        swaps=(),
+        n_ops=model.dag.number_of_nodes(),
+        peak_bytes_before=peak_bytes,
+        peak_bytes_after=peak_bytes,
+        variable_bytes=model.variable_bytes,
+        reason=reason,
     )._with_model(model)
 
 
