@@ -362,6 +362,14 @@ def apply_patch(root: Path, patch: Patch) -> bool:
     return True
 
 
+def _download_cmd(dest: Path, version: str) -> list[str]:
+    """The pip command that downloads the horovod sdist into ``dest``."""
+    return [
+        sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps",
+        "--disable-pip-version-check", "-q", "-d", str(dest), f"horovod=={version}",
+    ]  # fmt: skip
+
+
 def download_sdist(cache_dir: Path, version: str = HOROVOD_VERSION) -> Path:
     """Download (or reuse) the horovod sdist into ``cache_dir/sdist``."""
     dest = cache_dir / "sdist"
@@ -370,20 +378,7 @@ def download_sdist(cache_dir: Path, version: str = HOROVOD_VERSION) -> Path:
         log(f"using cached sdist {existing[0]}")
         return existing[0]
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-binary",
-        ":all:",
-        "--no-deps",
-        "--disable-pip-version-check",
-        "-q",
-        "-d",
-        str(dest),
-        f"horovod=={version}",
-    ]
+    cmd = _download_cmd(dest, version)
     log(f"downloading sdist: {_fmt_cmd(cmd)}")
     _run(cmd)
     found = sorted(dest.glob(f"horovod-{version}.tar.gz"))
@@ -563,20 +558,7 @@ def _print_plan(cfg: BuildConfig, jobs: int) -> None:
     py = sys.executable
     src = f"<tmpdir>/src/horovod-{cfg.horovod_version}"
     steps = [
-        _fmt_cmd(
-            [
-                py,
-                "-m",
-                "pip",
-                "download",
-                "--no-binary",
-                ":all:",
-                "--no-deps",
-                "-d",
-                str(cfg.cache_dir / "sdist"),
-                f"horovod=={cfg.horovod_version}",
-            ]
-        ),
+        _fmt_cmd(_download_cmd(cfg.cache_dir / "sdist", cfg.horovod_version)),
         "tar xzf <sdist> -C <tmpdir>/src",
         *(f"patch {p.path}: {p.reason}" for p in PATCHES),
         _fmt_cmd(
