@@ -34,22 +34,21 @@ def test_aliases_share_buffers_and_host_ops_allocate_nothing():
     assert simulate(GraphModel.from_ops(ops)).peak_bytes == 600
 
 
+def _f0_swap(trigger, trigger_level):
+    """Swap f0 of chain_model(n_fwd=3) out, back in for its backward consumer b0 (level 7)."""
+    swap_in = SwapIn(consumers=(("gradient_tape/b0", 1),), trigger=trigger, level=7, trigger_level=trigger_level)
+    return Swap(
+        tensor="f0:0", producer="f0", producer_type="Relu", dtype="float32", shape=(8, 128),
+        bytes=KB4, level=1, distance=6, swap_ins=(swap_in,),
+    )  # fmt: skip
+
+
 def test_chain_peak_before_and_after_a_hand_made_swap():
     m = chain_model(n_fwd=3)  # levels: x0 f0:1 f1:2 f2:3 loss4 b2:5 b1:6 b0:7 update8
     before = simulate(m)
     # f0, f1, f2 live until their backward op; peak at b2: f0, f1, f2, loss, b2.
     assert before.peak_bytes == 5 * KB4
-    swap = Swap(
-        tensor="f0:0",
-        producer="f0",
-        producer_type="Relu",
-        dtype="float32",
-        shape=(8, 128),
-        bytes=KB4,
-        level=1,
-        distance=6,
-        swap_ins=(SwapIn(consumers=(("gradient_tape/b0", 1),), trigger="gradient_tape/b1", level=7, trigger_level=6),),
-    )
+    swap = _f0_swap(trigger="gradient_tape/b1", trigger_level=6)
     after = simulate(m, [swap])
     # f0 freed after f1 reads it (step 2); swap-in allocated at b1 (step 6), freed after b0.
     timeline = list(after.timeline)
@@ -61,17 +60,7 @@ def test_chain_peak_before_and_after_a_hand_made_swap():
 
 def test_swap_in_without_trigger_counts_from_the_producer():
     m = chain_model(n_fwd=3)
-    swap = Swap(
-        tensor="f0:0",
-        producer="f0",
-        producer_type="Relu",
-        dtype="float32",
-        shape=(8, 128),
-        bytes=KB4,
-        level=1,
-        distance=6,
-        swap_ins=(SwapIn(consumers=(("gradient_tape/b0", 1),), trigger=None, level=7, trigger_level=None),),
-    )
+    swap = _f0_swap(trigger=None, trigger_level=None)
     # The device copy is freed early but the swap-in holds the same bytes from step 1: no gain.
     assert simulate(m, [swap]).peak_bytes == simulate(m).peak_bytes
 
