@@ -25,13 +25,16 @@ def check_structure(cf, plan, device, host):
         out = by_tensor[swap.tensor]
         for k, si in enumerate(swap.swap_ins):
             back = graph.get_operation_by_name(f"{SWAP_IN_SCOPE}/{swap.tensor.replace(':', '_')}/{k}")
-            assert back.type == "Identity" and back.device == device
+            # Gated on the host: the copy to the device can only start after the trigger.
+            assert back.type == "Identity" and back.device == host
             assert back.inputs[0].op is out
             assert back.get_attr("_grappler_do_not_remove") is True
             controls = [c.name for c in back.control_inputs]
             assert controls == ([si.trigger] if si.trigger else [])
             for consumer, index in si.consumers:
-                assert graph.get_operation_by_name(consumer).inputs[index] is back.outputs[0]
+                op = graph.get_operation_by_name(consumer)
+                assert op.inputs[index] is back.outputs[0]
+                assert op.device != host
     return len(outs), len(ins)
 
 

@@ -21,10 +21,10 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["LMSConfig", "KNOWN_DEVICE_TYPES", "parse_bytes"]
+from . import devices
+from .devices import KNOWN_DEVICE_TYPES
 
-#: Device types a ``device``/``host`` string may name.
-KNOWN_DEVICE_TYPES = ("CPU", "GPU", "TPU")
+__all__ = ["LMSConfig", "KNOWN_DEVICE_TYPES", "parse_bytes"]
 
 
 def _received(name: str, value: Any) -> str:
@@ -75,26 +75,28 @@ def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) ->
 
 
 def _check_device(name: str, value: Any, allow_none: bool) -> str | None:
-    """Return the canonical ``/device:TYPE:N`` form of a device string, or raise."""
+    """Return the canonical form of a device string (:func:`tflms.devices.canonical`), or raise.
+
+    Job, replica and task are kept: ``/job:worker/replica:0/task:0/device:CPU:0`` names a
+    CPU in another process and is never taken for this process's ``/device:CPU:0``.
+    """
     if value is None and allow_none:
         return None
-    import tensorflow as tf  # local: keeps `import tflms.config` light
-
-    hint = "Use a string such as '/device:GPU:0' or '/device:CPU:1'."
+    hint = "Use a string such as '/device:GPU:0', '/device:CPU:1' or '/job:worker/replica:0/task:0/device:CPU:0'."
     if not isinstance(value, str) or not value:
         raise ValueError(f"{name} must be a device string. {hint} {_received(name, value)}")
     try:
-        spec = tf.DeviceSpec.from_string(value)
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"{name} is not a device string ({err}). {hint} {_received(name, value)}") from None
-    if spec.device_type is None or spec.device_type.upper() not in KNOWN_DEVICE_TYPES:
+        spec = devices.parse(value)
+    except ValueError:
+        raise ValueError(f"{name} is not a device string. {hint} {_received(name, value)}") from None
+    if spec.type is None or spec.type not in KNOWN_DEVICE_TYPES:
         raise ValueError(
-            f"{name} names an unknown device type {spec.device_type!r}; known types are "
+            f"{name} names an unknown device type {spec.type!r}; known types are "
             f"{', '.join(KNOWN_DEVICE_TYPES)}. {hint} {_received(name, value)}"
         )
-    if spec.device_index is None:
+    if spec.index is None:
         raise ValueError(f"{name} must name one device, with an index. {hint} {_received(name, value)}")
-    return f"/device:{spec.device_type.upper()}:{spec.device_index}"
+    return spec.to_string()
 
 
 def _check_names(name: str, value: Any) -> tuple[str, ...]:
@@ -163,7 +165,7 @@ class LMSConfig:
         set_ = object.__setattr__
         set_(self, "device", _check_device("device", self.device, allow_none=True))
         set_(self, "host", _check_device("host", self.host, allow_none=False))
-        if self.device is not None and self.device == self.host:
+        if self.device is not None and devices.same_device(self.device, self.host):
             raise ValueError(
                 "device and host must differ: tensors are swapped from device to host. "
                 f"Received: device={self.device!r}, host={self.host!r}"

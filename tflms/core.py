@@ -16,14 +16,15 @@ import tensorflow as tf
 
 from . import _tf_internal as tfi
 from .config import LMSConfig
+from .devices import device_key
 from .errors import LMSWarning
 from .graph import GraphModel
 from .plan import SwapPlan
 from .planner import empty_plan, make_plan
 from .rewrite import apply_plan, is_rewritten
-from .simulator import Simulator, _device_key
+from .simulator import Simulator
 
-__all__ = ["optimize", "function", "LMSFunction", "resolve_device", "paused_gc"]
+__all__ = ["optimize", "function", "LMSFunction", "resolve_device", "check_host", "paused_gc"]
 
 log = logging.getLogger("tflms")
 
@@ -55,13 +56,9 @@ def resolve_device(config: LMSConfig) -> str | None:
     An explicit device that does not exist raises ``ValueError``.
     """
     if config.device is not None:
-        present = {_device_key(d.name) for d in tf.config.list_logical_devices()}
-        if _device_key(config.device) not in present:
-            names = ", ".join(sorted(d.name.split("device:")[-1] for d in tf.config.list_logical_devices()))
-            raise ValueError(
-                f"device {config.device!r} does not exist on this machine (devices: {names}). "
-                f"Pass one of those, or device=None for the first GPU. Received: device={config.device!r}"
-            )
+        logical = tf.config.list_logical_devices()
+        if device_key(config.device) not in {device_key(d.name) for d in logical}:
+            raise ValueError(_missing_device_message("device", config.device, logical))
         return config.device
     gpus = tf.config.list_logical_devices("GPU")
     if not gpus:
@@ -71,6 +68,34 @@ def resolve_device(config: LMSConfig) -> str | None:
     if hvd_rank is not None and hvd_rank < len(gpus) and len(gpus) > 1:
         index = hvd_rank
     return f"/device:GPU:{index}"
+
+
+def check_host(config: LMSConfig) -> None:
+    """Raise ``ValueError`` when ``config.host`` names no device TensorFlow knows."""
+    logical = tf.config.list_logical_devices()
+    if device_key(config.host) not in {device_key(d.name) for d in logical}:
+        raise ValueError(_missing_device_message("host", config.host, logical))
+
+
+def _missing_device_message(name: str, value: str, logical: list) -> str:
+    names = ", ".join(sorted(d.name for d in logical))
+    remote = not value.startswith(("/device:", "/job:localhost/"))
+    if remote:
+        hint = (
+            "A device of another process appears only after connecting to it, e.g. "
+            "tf.config.experimental_connect_to_cluster(cluster_spec, make_master_device_default=False) "
+            "or tflms.testbed.connect(worker)."
+        )
+    elif not tf.config.list_logical_devices("GPU"):
+        hint = (
+            "This machine has no GPU. To test on CPU, split the CPU into two logical devices before "
+            "TensorFlow starts: tf.config.set_logical_device_configuration(tf.config.list_physical_devices"
+            "('CPU')[0], [tf.config.LogicalDeviceConfiguration()] * 2), then pass device='/device:CPU:1'; "
+            "to measure real memory use tflms.testbed (see the README)."
+        )
+    else:
+        hint = "Pass one of those, or device=None for the first GPU."
+    return f"{name} {value!r} does not exist here (devices: {names}). {hint} Received: {name}={value!r}"
 
 
 def _horovod_local_rank() -> int | None:
@@ -138,6 +163,7 @@ def _optimize(concrete_function: Any, config: LMSConfig, copy: bool) -> tuple[An
     if device is None:
         warnings.warn(_no_device_message(), LMSWarning, stacklevel=4)
         return concrete_function, plan
+    check_host(config)
     new_graph = tfi.copy_graph(concrete_function) if copy else graph
     new_graph.name = f"{graph.name}_tflms"
     counts = apply_plan(new_graph, plan, device=device, host=config.host)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-__all__ = ["LMSWarning", "BudgetError"]
+__all__ = ["TflmsError", "LMSWarning", "BudgetError"]
+
+
+class TflmsError(Exception):
+    """Base class of the errors tflms raises itself (each also keeps its usual base, e.g. ``ValueError``)."""
 
 
 class LMSWarning(UserWarning):
     """tflms could not apply LMS as asked and ran the step without (part of) it."""
 
 
-class BudgetError(ValueError):
+class BudgetError(TflmsError, ValueError):
     """No plan of the autotuner's search brings the predicted device peak within the budget.
 
     ``best_peak_bytes`` is the lowest predicted peak the search saw;

@@ -28,9 +28,10 @@ Deterministic: the same graph and options give the same plan, byte for byte.
 from __future__ import annotations
 
 from .config import LMSConfig
+from .devices import same_device
 from .graph import CONTROL_FLOW_OP_TYPES, GraphModel, TensorInfo
 from .plan import Swap, SwapIn, SwapPlan
-from .simulator import Simulator, _device_key
+from .simulator import Simulator
 
 __all__ = ["make_plan", "empty_plan", "candidate_swaps", "is_collective", "EXCLUDED_PRODUCER_TYPES", "EXCLUDED_DTYPES"]
 
@@ -121,7 +122,7 @@ def _is_candidate(model: GraphModel, t: TensorInfo, config: LMSConfig) -> bool:
         return False
     if t.dtype in EXCLUDED_DTYPES or t.rank is None or t.rank < 2 or t.bytes < config.min_bytes:
         return False
-    if node["device"] and _device_key(node["device"]) == _device_key(config.host):
+    if same_device(node["device"], config.host):
         return False
     if config.incl_types and op_type not in config.incl_types:
         return False
@@ -185,14 +186,13 @@ def _find_trigger(
     backward ancestor below it. Levels strictly grow along edges, so only
     ancestors above the relevant level are walked.
     """
-    host = _device_key(config.host)
 
     def eligible(data: dict) -> bool:
         return (
             data["phase"] == "backward"
             and not is_collective(data["type"])
             and data["type"] not in CONTROL_FLOW_OP_TYPES
-            and not (data["device"] and _device_key(data["device"]) == host)
+            and not same_device(data["device"], config.host)
         )
 
     window = _ancestors_down_to(model, consumer, max(target_level, producer_level + 1))

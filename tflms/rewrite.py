@@ -1,10 +1,22 @@
 """Apply a :class:`~tflms.SwapPlan` to a (copied) FuncGraph.
 
 For each swap: one ``Identity`` on ``host`` (the swap-out) reading the device
-tensor; for each swap-in an ``Identity`` on ``device`` reading the swap-out, with
-a control input from its trigger; the consumers of the group rewired to it. Every
-swap op carries ``_grappler_do_not_remove=True`` and ``_tflms_swap`` ("out"/"in"),
-and is named under ``tflms_swapout/`` or ``tflms_swapin/``.
+tensor; for each swap-in a second ``Identity`` **on the host** reading the
+swap-out, with a control input from its trigger; the consumers of the group (on
+the device) rewired to it. Every swap op carries ``_grappler_do_not_remove=True``
+and ``_tflms_swap`` ("out"/"in"), and is named under ``tflms_swapout/`` or
+``tflms_swapin/``.
+
+Why the swap-in sits on the host: TensorFlow's partitioner turns each edge between
+devices into a send on the producing side and a receive on the consuming side,
+and a receive has no inputs. A swap-in on the device would therefore receive the
+tensor as soon as the swap-out holds it, and the trigger would delay only the
+``Identity`` after the copy: the tensor would be back on the device for the whole
+forward-to-backward gap, freeing nothing. Gated on the host, the send of each
+swap-in runs only after its trigger, so the device buffer exists only from the
+trigger to the group's last consumer. Each swap-in is its own host tensor, so
+each group gets its own transfer (TensorFlow makes one send/receive pair per
+tensor and destination device).
 """
 
 from __future__ import annotations
@@ -35,8 +47,17 @@ def _plan_error(plan: SwapPlan, what: str) -> ValueError:
     )
 
 
-def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str) -> dict[str, int]:
-    """Edit ``graph`` in place; return op-count changes, e.g. ``{'swap_out': 3, 'swap_in': 4}``."""
+def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on: str = "host") -> dict[str, int]:
+    """Edit ``graph`` in place; return op-count changes, e.g. ``{'swap_out': 3, 'swap_in': 4}``.
+
+    ``device`` is where the step runs (its unplaced ops and the consumers of swap-ins);
+    every swap op is placed on ``host``. ``swap_in_on='device'`` instead places the
+    swap-ins on ``device``, as tflms 0.1 did: the copy back then happens right after the
+    swap-out and frees nothing. It exists only so that a test can pin that TensorFlow
+    fact; never use it to train.
+    """
+    if swap_in_on not in ("host", "device"):
+        raise ValueError(f"swap_in_on must be 'host' or 'device'. Received: swap_in_on={swap_in_on!r}")
 
     def lookup(kind: str, get: Any, name: str) -> Any:
         try:
@@ -51,7 +72,7 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str) -> dict[str, 
                 tf.identity(t, name=f"{SWAP_OUT_SCOPE}/{s.tensor.replace(':', '_')}")
                 for s, t in zip(plan.swaps, tensors)
             ]
-        with tf.device(device):
+        with tf.device(host if swap_in_on == "host" else device):
             backs = [
                 [
                     tf.identity(out, name=f"{SWAP_IN_SCOPE}/{s.tensor.replace(':', '_')}/{k}")

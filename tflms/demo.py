@@ -1,0 +1,171 @@
+"""``tflms demo`` (what ``make run`` runs): the plain step runs out of memory, tflms trains.
+
+Without a GPU the demo uses the real-memory test bed (:mod:`tflms.testbed`): the
+device is a measured process's CPU, the host a second TensorFlow process.
+
+1. The plain step of ResNet50 (``--image-size``, ``--batch``) is measured without a cap.
+2. A real cap is set below that peak (``--cap``, default 70 % of it): the plain step
+   runs out of memory under it (its process is reported, not crashed into).
+3. Under the same cap, the step autotuned by tflms to a budget a little below the cap
+   (``budget = 0.9 * cap``) trains.
+
+Each measured peak is printed next to the simulator's prediction. On a GPU the demo
+trains at a batch whose predicted plain peak exceeds the GPU's memory and prints the
+GPU's measured peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+__all__ = ["run_demo", "CAP_FRACTION", "BUDGET_FRACTION"]
+
+#: Default cap on the test bed, as a fraction of the plain step's measured peak.
+CAP_FRACTION = 0.7
+#: The autotuner's budget as a fraction of the cap: room for the simulator's error.
+BUDGET_FRACTION = 0.9
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Run the demo with the CLI's arguments; return the exit code."""
+    from .testbed import TestBedError
+
+    if _has_gpu():
+        return _gpu_demo(args)
+    try:
+        return _testbed_demo(args)
+    except TestBedError as err:
+        raise ValueError(str(err)) from None
+
+
+def _has_gpu() -> bool:
+    import tensorflow as tf
+
+    return bool(tf.config.list_physical_devices("GPU"))
+
+
+def _testbed_demo(args: argparse.Namespace) -> int:
+    from .config import parse_bytes
+    from .measure import measure
+    from .testbed import MeasuredResult
+
+    batch = args.batch or 32
+    size = args.image_size
+    steps = args.steps
+    print(
+        "tflms demo without a GPU: real memory on the two-process test bed (this machine's CPU is the\n"
+        "device, measured by TensorFlow's BFC allocator; a second TensorFlow process is the host).\n"
+        f"ResNet50 {size}x{size}, batch {batch}, Adam, {steps} steps per run.\n"
+    )
+    common = {"size": size, "steps": steps}
+
+    def fail(what: str, r: MeasuredResult) -> ValueError:
+        return ValueError(f"{what} failed ({r.status}, exit code {r.returncode}): {r.error.strip()[-800:]}")
+
+    t0 = time.perf_counter()
+    free = measure("resnet50", batch, modes=["plain"], **common)
+    if not free.ok:
+        raise fail("measuring the plain step", free)
+    plain = free.value["plain"]
+    print(
+        f"1. plain step, no cap:     measured peak {_mib(plain['peak'])}, "
+        f"predicted {_mib(plain['predicted'])}  ({time.perf_counter() - t0:.0f} s)"
+    )
+    cap = parse_bytes(args.cap, "cap") if args.cap else int(plain["peak"] * CAP_FRACTION)
+    cap = cap // 2**20 * 2**20
+    budget = int(cap * BUDGET_FRACTION)
+    print(f"   real memory cap for the next runs: {_mib(cap)}; tflms budget: {_mib(budget)}")
+
+    t0 = time.perf_counter()
+    capped = measure("resnet50", batch, modes=["plain"], cap=cap, **common)
+    if capped.status == "oom":
+        how = "process killed by a signal" if capped.returncode < 0 else "ResourceExhaustedError"
+        print(f"2. plain step, capped:     OUT OF MEMORY ({how})  ({time.perf_counter() - t0:.0f} s)")
+    elif capped.ok:
+        print(
+            f"2. plain step, capped:     trained (measured peak {_mib(capped.value['plain']['peak'])}): "
+            "the cap is not below the plain step's need; pass a smaller --cap"
+        )
+    else:
+        raise fail("the capped plain step", capped)
+
+    t0 = time.perf_counter()
+    lms = measure("resnet50", batch, modes=["lms"], cap=cap, options={"budget": budget}, **common)
+    if not lms.ok:
+        raise fail(f"the tflms step under the {_mib(cap)} cap", lms)
+    swapped = lms.value["lms"]
+    losses = ", ".join(f"{v:.4f}" for v in swapped["losses"])
+    print(
+        f"3. tflms step, capped:     TRAINED, measured peak {_mib(swapped['peak'])}, "
+        f"predicted {_mib(swapped['predicted'])}  ({time.perf_counter() - t0:.0f} s)\n"
+        f"   {swapped['n_swaps']} tensors swapped ({_mib(swapped['swapped_bytes'])} per step), losses {losses}, "
+        f"step time {min(swapped['step_seconds'][1:] or swapped['step_seconds']):.1f} s "
+        f"(plain {min(plain['step_seconds'][1:] or plain['step_seconds']):.1f} s)"
+    )
+    saved = 1 - swapped["peak"] / plain["peak"]
+    print(f"\nmeasured: tflms needs {saved:.0%} less device memory than the plain step at the same batch.")
+    return 0
+
+
+def _gpu_demo(args: argparse.Namespace) -> int:
+    """On a GPU: a batch whose predicted plain peak exceeds the GPU's memory, trained with LMS."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tflms
+
+    from .cli import _gpu_memory_bytes, build_model
+    from .plan import format_bytes
+
+    budget = args.budget or _gpu_memory_bytes()
+    if budget is None:
+        raise ValueError("cannot read the GPU's memory size (nvidia-smi); pass --budget")
+    print(f"tflms {tflms.__version__}, TensorFlow {tf.__version__}: GPU found; budget {format_bytes(budget)}")
+    keras.utils.set_random_seed(0)
+    size = args.image_size
+    model = build_model("ResNet50", (size, size, 3), classes=10)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+    optimizer = model.optimizer
+    optimizer.build(model.trainable_variables)
+
+    def train_step(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    any_batch = tf.function(train_step).get_concrete_function(
+        tf.TensorSpec((None, size, size, 3)), tf.TensorSpec((None,), tf.int32)
+    )
+
+    def peak(batch: int) -> int:
+        return tflms.Simulator(tflms.GraphModel.from_func_graph(any_batch.graph, batch_size=batch)).peak()
+
+    batch = args.batch
+    if batch is None:  # smallest power of two whose predicted plain step would not fit
+        batch = 1
+        while peak(batch) <= budget and batch < 4096:
+            batch *= 2
+    print(f"ResNet50 {size}x{size}, batch {batch}; predicted plain peak {format_bytes(peak(batch))}")
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(batch, size, size, 3)).astype("float32"))
+    y = tf.constant(rng.integers(0, 10, size=(batch,)).astype("int32"))
+    step = tflms.function(train_step, budget=int(budget * BUDGET_FRACTION))
+    plan = step.get_plan(x, y)
+    print(plan.summary(max_rows=args.rows))
+    bar = keras.utils.Progbar(args.steps, stateful_metrics=["loss"])
+    tf.config.experimental.reset_memory_stats("GPU:0")
+    for i in range(args.steps):
+        loss = float(step(x, y))
+        bar.update(i + 1, values=[("loss", loss)])
+    measured = tf.config.experimental.get_memory_info("GPU:0")["peak"]
+    print(f"measured GPU peak {format_bytes(measured)}, predicted {format_bytes(plan.peak_bytes_after)}")
+    return 0

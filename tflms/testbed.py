@@ -1,0 +1,387 @@
+"""A real-memory test bed for machines without a GPU.
+
+One process on one machine cannot show what swapping frees: copies between two
+logical CPUs of one process share their buffer. Two processes can. The
+*measured* process plays the device: its CPU runs the step through TensorFlow's
+BFC allocator, whose peak :func:`memory` reads and :func:`reset_peak` resets,
+and which can be capped for real (``cap``). A second TensorFlow process, a
+:class:`HostWorker` (``tf.distribute.Server``), plays the host: swapped tensors
+travel to it over gRPC and back.
+
+The BFC allocator must be chosen before TensorFlow starts, so the measured
+process is usually a fresh one: :func:`run_measured` starts it with the right
+environment, starts the host worker inside it, calls your function and returns
+what it returned, and reports an out-of-memory death (a segfault, or oneDNN's
+abort in a conv backprop, are common under a BFC cap) as a result instead of
+a crash::
+
+    result = tflms.testbed.run_measured("mypkg.bench:measure", {"batch": 32}, cap="1GiB")
+    if result.ok: print(result.value)
+
+Inside the measured process (``measure`` above, or your own script started with
+:func:`device_environ`)::
+
+    with tflms.testbed.HostWorker() as worker:
+        tflms.testbed.connect(worker)
+        step = tflms.function(train_step, device=tflms.testbed.DEVICE, host=tflms.testbed.HOST)
+        tflms.testbed.reset_peak(); step(x, y); print(tflms.testbed.memory()["peak"])
+
+The link is gRPC on loopback (about 0.4-1.2 GiB/s one way), far slower than
+PCIe; a device buffer stays alive until it has been sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .config import parse_bytes
+from .errors import TflmsError
+
+__all__ = [
+    "DEVICE",
+    "HOST",
+    "TestBedError",
+    "HostWorker",
+    "MeasuredResult",
+    "connect",
+    "device_environ",
+    "is_measured_process",
+    "memory",
+    "reset_peak",
+    "run_measured",
+]
+
+#: The measured process's device (its CPU, through the BFC allocator).
+DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
+#: The host: the CPU of the :class:`HostWorker` process.
+HOST = "/job:worker/replica:0/task:0/device:CPU:0"
+
+_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
+_CAP = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+_RESULT_MARK = "TFLMS_TESTBED_RESULT "
+_READY_MARK = "TFLMS_HOST_READY"
+
+
+class TestBedError(TflmsError, RuntimeError):
+    """The test bed could not start, connect or measure."""
+
+    __test__ = False  # not a pytest test class
+
+
+def device_environ(cap: int | str | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment for a measured process: BFC allocator on the CPU, optional real cap.
+
+    ``cap`` (bytes or a size string such as ``"1GiB"``) is rounded down to whole MiB.
+
+    >>> env = device_environ("512MiB", base={})
+    >>> env["TF_CPU_ALLOCATOR_USE_BFC"], env["TF_CPU_BFC_MEM_LIMIT_IN_MB"]
+    ('true', '512')
+    """
+    env = dict(os.environ if base is None else base)
+    env[_BFC] = "true"
+    env.pop(_CAP, None)
+    if cap is not None:
+        mib = parse_bytes(cap, "cap") // 2**20
+        if mib < 1:
+            raise ValueError(f"cap must be at least 1 MiB. Received: cap={cap!r}")
+        env[_CAP] = str(mib)
+    return env
+
+
+def is_measured_process() -> bool:
+    """True when this process's CPU allocator is BFC (its memory can be measured)."""
+    return os.environ.get(_BFC, "").lower() == "true"
+
+
+def memory() -> dict[str, int]:
+    """``{'current': bytes, 'peak': bytes}`` of the measured device (``get_memory_info``)."""
+    import tensorflow as tf
+
+    _require_measured("memory")
+    return dict(tf.config.experimental.get_memory_info("CPU:0"))
+
+
+def reset_peak() -> None:
+    """Reset the measured device's peak to its current use."""
+    import tensorflow as tf
+
+    _require_measured("reset_peak")
+    tf.config.experimental.reset_memory_stats("CPU:0")
+
+
+def _require_measured(what: str) -> None:
+    if not is_measured_process():
+        raise TestBedError(
+            f"{what}: this process's CPU memory is not measured. Start it with "
+            f"{_BFC}=true set before TensorFlow is imported (tflms.testbed.device_environ() gives that "
+            f"environment; tflms.testbed.run_measured starts such a process for you). "
+            f"Received: {_BFC}={os.environ.get(_BFC)!r}"
+        )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Ask Linux to kill this (child) process when its parent dies."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class HostWorker:
+    """A TensorFlow server in a child process: the host of the test bed.
+
+    Takes a free loopback port, waits until the worker reports that its server
+    listens, and stops with
+    :meth:`stop` or at the end of a ``with`` block. It dies with its parent (Linux
+    parent-death signal, plus a watchdog on the parent's pid), so a crashed
+    measured process leaves no server behind. A server that does not start raises
+    :class:`TestBedError` with the end of its output.
+    """
+
+    def __init__(self, port: int | None = None, timeout: float = 60.0) -> None:
+        self.port = port
+        self.timeout = timeout
+        self._proc: subprocess.Popen | None = None
+        self._log: Any = None
+
+    @property
+    def address(self) -> str:
+        if self.port is None:
+            raise TestBedError("the host worker has not been started; call start() or use it in a with block")
+        return f"localhost:{self.port}"
+
+    @property
+    def cluster_spec(self) -> Any:
+        """The ``tf.train.ClusterSpec`` with the worker's one task (job ``worker``)."""
+        import tensorflow as tf
+
+        return tf.train.ClusterSpec({"worker": [self.address]})
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> HostWorker:
+        if self.running:
+            return self
+        self.port = self.port or _free_port()
+        env = dict(os.environ)
+        env.pop(_BFC, None)
+        env.pop(_CAP, None)
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        self._log = tempfile.TemporaryFile()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "tflms.testbed", "--port", str(self.port), "--parent", str(os.getpid())],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,  # noqa: PLW1509
+        )
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            rc = self._proc.poll()
+            if rc is not None:
+                output = self._output()
+                self._proc = None
+                raise TestBedError(
+                    f"the host worker exited with code {rc} before listening on "
+                    f"{self.address}. Its output ends: {output[-1500:]!r}"
+                )
+            if _READY_MARK in self._output():  # printed by the worker once its server listens
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise TestBedError(f"the host worker did not listen on {self.address} within timeout={self.timeout} s")
+
+    def _output(self) -> str:
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> HostWorker:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()
+
+
+def connect(worker: HostWorker) -> str:
+    """Make the worker's CPU usable from this process as :data:`HOST`; return that string.
+
+    The ClusterSpec itself is passed to ``experimental_connect_to_cluster`` (a
+    cluster resolver without a master makes that call a silent no-op), and local
+    ops stay local (``make_master_device_default=False``). Raises
+    :class:`TestBedError` when the host device does not appear.
+    """
+    import tensorflow as tf
+
+    if not worker.running:
+        raise TestBedError(f"connect needs a started HostWorker. Received: worker={worker!r} (not running)")
+    tf.config.experimental_connect_to_cluster(worker.cluster_spec, make_master_device_default=False)
+    names = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if HOST not in names:
+        raise TestBedError(
+            f"connected to {worker.address} but its CPU does not appear among the devices: {names}. "
+            f"Received: worker={worker.address!r}"
+        )
+    return HOST
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredResult:
+    """What :func:`run_measured` saw: the function's value, or how the process ended.
+
+    ``status`` is ``'ok'``; ``'oom'`` (``ResourceExhaustedError``, an out-of-memory
+    message, or death by a signal under a cap); or ``'error'`` (anything else:
+    ``error`` holds the last lines of its output).
+    """
+
+    status: str
+    value: Any = None
+    error: str = ""
+    returncode: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+_OOM_MARKS = ("ResourceExhaustedError", "OOM when allocating", "Out of memory", "out of memory")
+
+
+def run_measured(
+    target: str,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    cap: int | str | None = None,
+    timeout: float = 1800.0,
+    pythonpath: list[str] | None = None,
+) -> MeasuredResult:
+    """Call ``target`` (``'package.module:function'``) in a fresh measured process.
+
+    The process gets the BFC allocator (and the real memory ``cap``, if any), starts
+    a :class:`HostWorker` and connects to it before calling
+    ``function(**kwargs)``; the function's JSON-serialisable return value comes back
+    in :attr:`MeasuredResult.value`. A process that dies under a cap is reported as
+    ``status='oom'``, not raised. ``pythonpath`` entries are prepended to the
+    child's ``PYTHONPATH`` (for targets outside installed packages).
+    """
+    if not isinstance(target, str) or target.count(":") != 1:
+        raise ValueError(f"target must be 'package.module:function'. Received: target={target!r}")
+    env = device_environ(cap)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *filter(None, [env.get("PYTHONPATH")])])
+    payload = json.dumps({"target": target, "kwargs": dict(kwargs or {})})
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tflms.testbed", "--run"],
+            input=payload,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as err:
+        tail = (err.stderr or b"")[-2000:]
+        return MeasuredResult("error", error=f"timed out after {timeout} s: {tail!r}", returncode=-9)
+    seconds = time.monotonic() - start
+    for line in proc.stdout.splitlines():
+        if line.startswith(_RESULT_MARK):
+            return MeasuredResult(
+                "ok", json.loads(line[len(_RESULT_MARK) :]), returncode=proc.returncode, seconds=seconds
+            )
+    output = (proc.stdout + proc.stderr)[-4000:]
+    died = proc.returncode < 0 or proc.returncode in (134, 139)  # by a signal (abort, segfault)
+    oom = any(m in output for m in _OOM_MARKS) or (died and cap is not None)
+    return MeasuredResult("oom" if oom else "error", error=output, returncode=proc.returncode, seconds=seconds)
+
+
+def _run_child() -> None:
+    """Body of the measured process started by :func:`run_measured`."""
+    request = json.loads(sys.stdin.read())
+    module_name, _, attr = request["target"].partition(":")
+    sys.path.insert(0, os.getcwd())
+    fn = getattr(importlib.import_module(module_name), attr)
+    with HostWorker() as worker:
+        connect(worker)
+        value = fn(**request["kwargs"])
+        print(_RESULT_MARK + json.dumps(value), flush=True)
+        sys.stdout.flush()
+    os._exit(0)  # skip TensorFlow's teardown of the remote context
+
+
+def _serve(port: int, parent: int | None) -> None:
+    """Body of the host worker process."""
+    import tensorflow as tf
+
+    if parent:
+
+        def watchdog() -> None:
+            while True:
+                if os.getppid() != parent:
+                    os._exit(0)
+                time.sleep(1)
+
+        threading.Thread(target=watchdog, daemon=True).start()
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec({"worker": [f"localhost:{port}"]}), job_name="worker", task_index=0, start=True
+    )
+    print(_READY_MARK, flush=True)
+    server.join()
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tflms.testbed", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, help="serve as the host worker on this port")
+    parser.add_argument("--parent", type=int, help="exit when this process is no longer the parent")
+    parser.add_argument("--run", action="store_true", help="be a measured process (request on stdin)")
+    args = parser.parse_args(argv)
+    if args.run:
+        _run_child()
+    elif args.port:
+        _serve(args.port, args.parent)
+    else:
+        parser.error("give --port (host worker) or --run (measured process)")
+
+
+if __name__ == "__main__":
+    main()
