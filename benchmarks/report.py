@@ -6,7 +6,7 @@ The README's result tables are pasted from this script's output, and
 Usage::
 
     python benchmarks/report.py            # print every table
-    python benchmarks/report.py capacity   # one of: pass_speed, capacity, cpu_overhead
+    python benchmarks/report.py capacity   # one of the names in TABLES
 """
 
 from __future__ import annotations
@@ -94,10 +94,53 @@ def cpu_overhead(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.0f} MiB"
+
+
+def simulator_accuracy(data: dict) -> str:
+    lines = [
+        f"_{_header(data)}; **measured** on the two-process test bed vs **predicted** by the simulator_",
+        "",
+        "| model | batch | step | measured peak | predicted peak | measured / predicted |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for r in data["rows"]:
+        step = "tflms" if r.get("lms") else "plain"
+        if r.get("status", "ok") != "ok" or "measured" not in r:
+            lines.append(f"| {r['model']} | {r['batch']} | {step} | (run failed: {r.get('status')}) | | |")
+            continue
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {step} | {_mib(r['measured'])} | {_mib(r['predicted'])} "
+            f"| {r['measured'] / r['predicted']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def testbed_capacity(data: dict) -> str:
+    lines = [
+        f"_{_header(data)}; **measured** on the two-process test bed under a real cap of {_mib(data['cap'])}, "
+        f"tflms autotuned to budget = {data['fraction']:g} x cap; search precision {data['rel_tol']:.0%}; "
+        "predicted columns: the simulator (`tflms.max_batch_size`)_",
+        "",
+        "| model | size | largest batch, plain | largest batch, tflms | ratio | predicted plain | predicted tflms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["rows"]:
+        ratio = f"x{r['ratio']:.1f}" if r["ratio"] else "-"
+        lines.append(
+            f"| {r['model']} | {r['size']} | {r['plain']} | {r['lms']} | {ratio} | {r['predicted_plain']} "
+            f"| {r['predicted_lms']} |"
+        )
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "pass_speed": pass_speed,
     "capacity": capacity,
     "cpu_overhead": cpu_overhead,
+    "simulator_accuracy": simulator_accuracy,
+    "testbed_capacity": testbed_capacity,
 }
 
 

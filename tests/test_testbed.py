@@ -168,3 +168,32 @@ def test_under_a_real_cap_plain_runs_out_of_memory_and_tflms_trains():
     lms = measure("resnet50", 16, modes=["lms"], steps=2, cap=cap, options={"budget": int(cap * 0.95)}, timeout=900)
     assert lms.ok, lms.error[-2000:]
     assert lms.value["lms"]["peak"] <= cap
+
+
+def test_tflms_function_frees_memory_and_reports_its_measured_peak():
+    """The decorator path on the test bed, and its report next to the prediction."""
+    tests_dir = os.path.dirname(__file__)
+    r = testbed.run_measured("testbed_jobs:decorated_step_reports_memory", timeout=900, pythonpath=[tests_dir])
+    assert r.ok, r.error
+    plain, lms, report = r.value["plain"], r.value["lms"], r.value["report"]
+    _check_losses(plain, lms)
+    assert lms["peak"] <= 0.75 * plain["peak"], (lms["peak"], plain["peak"])
+    assert report["device"] == testbed.DEVICE
+    measured, predicted = report["measured_peak_bytes"], report["predicted_peak_bytes"]
+    assert report["predicted_plain_peak_bytes"] > predicted
+    # The report's measured peak is this step's; the prediction is within the simulator's
+    # measured accuracy on this model (see the README's table).
+    assert 0.5 * lms["peak"] <= measured <= 1.1 * lms["peak"]
+    assert 0.7 <= measured / predicted <= 1.3, (measured, predicted)
+
+
+def test_memory_report_without_a_measuring_allocator_says_none():
+    import zoo
+
+    setup = zoo.mlp()
+    step = tflms.function(setup.step_fn(), device=DEVICE)
+    with __import__("tensorflow").device(DEVICE):
+        step(setup.x, setup.y)
+    report = step.memory_report(setup.x, setup.y)
+    assert report["measured_peak_bytes"] is None and report["device"] == DEVICE
+    assert report["predicted_peak_bytes"] == step.get_plan(setup.x, setup.y).peak_bytes_after

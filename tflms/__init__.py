@@ -1,6 +1,20 @@
 """tflms: train TensorFlow models larger than GPU memory by swapping activations to the host.
 
-Public API::
+The data flow, one module a stage::
+
+    trace        tf.function tracing (TensorFlow's)           -> ConcreteFunction
+    graph        tflms.graph      GraphModel: networkx DAG of ops, levels, phases
+    simulate     tflms.simulator  predicted device memory of a step (+ plan)
+    plan         tflms.planner    SwapPlan (tflms.plan): what to swap, where it comes back
+                 tflms.autotune   the plan's knobs for a memory budget
+    rewrite      tflms.rewrite    apply a SwapPlan to a graph (swap-ins gated on the host)
+    rebuild      tflms._tf_internal  a new ConcreteFunction (all private TF use is here)
+    integrations tflms.core (optimize, @tflms.function), tflms.keras (LMSCallback),
+                 tflms.horovod (horovodrun)
+    measure      tflms.testbed, tflms.measure: real device memory without a GPU
+
+Public API (imported lazily: ``import tflms`` does not import TensorFlow until a
+name that needs it is used)::
 
     tflms.function      # tf.function with LMS: @tflms.function(swapout_threshold=40)
     tflms.optimize      # (concrete_function, config) -> (new_concrete_function, plan)
@@ -11,40 +25,51 @@ Public API::
     tflms.GraphModel    # a traced step as a networkx DiGraph
     tflms.max_batch_size  # largest batch whose predicted peak fits a budget
     tflms.plot_memory   # PNG of the predicted memory timeline before/after a plan (plan.plot(path))
+    tflms.testbed       # the real-memory test bed (two processes, no GPU needed)
 """
 
-from .autotune import BatchSizeResult, max_batch_size
-from .config import LMSConfig
-from .core import LMSFunction, function, optimize, resolve_device
-from .errors import BudgetError, LMSWarning
-from .graph import GraphModel
-from .keras import LMSCallback
-from .plan import Swap, SwapIn, SwapPlan
-from .planner import make_plan
-from .plot import plot_memory
-from .simulator import MemoryProfile, Simulator, simulate
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "LMSCallback",
-    "BatchSizeResult",
-    "BudgetError",
-    "LMSConfig",
-    "LMSFunction",
-    "LMSWarning",
-    "GraphModel",
-    "MemoryProfile",
-    "Simulator",
-    "Swap",
-    "SwapIn",
-    "SwapPlan",
-    "function",
-    "make_plan",
-    "max_batch_size",
-    "optimize",
-    "plot_memory",
-    "resolve_device",
-    "simulate",
-    "__version__",
-]
+# name -> submodule that defines it
+_EXPORTS = {
+    "BatchSizeResult": "autotune",
+    "max_batch_size": "autotune",
+    "LMSConfig": "config",
+    "LMSFunction": "core",
+    "function": "core",
+    "optimize": "core",
+    "resolve_device": "core",
+    "BudgetError": "errors",
+    "LMSWarning": "errors",
+    "TflmsError": "errors",
+    "GraphModel": "graph",
+    "LMSCallback": "keras",
+    "Swap": "plan",
+    "SwapIn": "plan",
+    "SwapPlan": "plan",
+    "make_plan": "planner",
+    "plot_memory": "plot",
+    "MemoryProfile": "simulator",
+    "Simulator": "simulator",
+    "simulate": "simulator",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tflms' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

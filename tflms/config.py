@@ -108,6 +108,8 @@ def _check_names(name: str, value: Any) -> tuple[str, ...]:
 
 
 def _check_op_types(name: str, value: tuple[str, ...]) -> None:
+    if not value:
+        return
     from tensorflow.python.framework import op_def_registry
 
     unknown = [t for t in value if op_def_registry.get(t) is None]

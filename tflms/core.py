@@ -6,6 +6,7 @@ import contextlib
 import functools
 import gc
 import logging
+import os
 import threading
 import warnings
 import weakref
@@ -24,7 +25,7 @@ from .planner import empty_plan, make_plan
 from .rewrite import apply_plan, is_rewritten
 from .simulator import Simulator
 
-__all__ = ["optimize", "function", "LMSFunction", "resolve_device", "check_host", "paused_gc"]
+__all__ = ["optimize", "function", "LMSFunction", "resolve_device", "check_host", "device_memory", "paused_gc"]
 
 log = logging.getLogger("tflms")
 
@@ -68,6 +69,21 @@ def resolve_device(config: LMSConfig) -> str | None:
     if hvd_rank is not None and hvd_rank < len(gpus) and len(gpus) > 1:
         index = hvd_rank
     return f"/device:GPU:{index}"
+
+
+def device_memory(device: str) -> dict[str, int] | None:
+    """``tf.config.experimental.get_memory_info(device)``, or ``None`` where the device
+    does not report memory: a CPU reports it only when its allocator is BFC
+    (``TF_CPU_ALLOCATOR_USE_BFC=true`` set before TensorFlow started); otherwise TensorFlow
+    answers zeros, which are not a measurement."""
+    from .devices import parse
+
+    if parse(device).type == "CPU" and os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() != "true":
+        return None
+    try:
+        return dict(tf.config.experimental.get_memory_info(device))
+    except (ValueError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
+        return None
 
 
 def check_host(config: LMSConfig) -> None:
@@ -255,6 +271,34 @@ class LMSFunction:
     def get_plan(self, *args: Any, **kwargs: Any) -> SwapPlan:
         """The :class:`~tflms.SwapPlan` for these arguments' input signature."""
         return self._entry(args, kwargs)[1]
+
+    def _measured_device(self, args: tuple, kwargs: dict) -> str | None:
+        device = self._entry(args, kwargs)[2] if args or kwargs else None
+        return device or self._config.device or resolve_device(self._config)
+
+    def reset_peak(self, *args: Any, **kwargs: Any) -> None:
+        """Reset the compute device's measured peak (where the device reports memory)."""
+        device = self._measured_device(args, kwargs)
+        if device is not None and device_memory(device) is not None:
+            tf.config.experimental.reset_memory_stats(device)
+
+    def memory_report(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The device's measured peak since :meth:`reset_peak`, next to the plan's predictions.
+
+        ``{'device', 'measured_peak_bytes', 'predicted_peak_bytes', 'predicted_plain_peak_bytes'}``
+        for these arguments' signature. ``measured_peak_bytes`` is ``None`` where the device
+        does not report memory: a CPU reports it only in a process started with
+        ``TF_CPU_ALLOCATOR_USE_BFC=true`` (see :mod:`tflms.testbed`); a GPU always does.
+        """
+        plan = self.get_plan(*args, **kwargs)
+        device = self._measured_device(args, kwargs)
+        info = device_memory(device) if device is not None else None
+        return {
+            "device": device,
+            "measured_peak_bytes": None if info is None else int(info["peak"]),
+            "predicted_peak_bytes": plan.peak_bytes_after,
+            "predicted_plain_peak_bytes": plan.peak_bytes_before,
+        }
 
     @property
     def plans(self) -> list[SwapPlan]:

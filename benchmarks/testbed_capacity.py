@@ -1,0 +1,105 @@
+"""Capacity under a real memory cap, measured on the two-process test bed.
+
+For each model: the largest batch whose training step runs under a real cap
+(``TF_CPU_BFC_MEM_LIMIT_IN_MB`` in the measured process; see tflms/testbed.py),
+plain and with tflms autotuned to ``budget = fraction * cap``, next to the
+simulator's prediction of the same two numbers (``tflms.max_batch_size``). Each
+probe is a fresh measured process that trains ``--steps`` steps; an out-of-memory
+death counts as "does not fit", and so does a budget the autotuner cannot meet.
+
+Usage::
+
+    python benchmarks/testbed_capacity.py --models resnet50 --cap 600MiB
+    python benchmarks/testbed_capacity.py --models transformer densenet121 --cap 400MiB --limit 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from report import save_result
+
+from tflms.autotune import _largest
+from tflms.config import parse_bytes
+from tflms.measure import MODELS, measure
+
+
+def predicted(model: str, size: int | None, cap: int, limit: int) -> tuple[int, int]:
+    """(plain, with LMS) largest batch whose *predicted* peak fits ``cap`` (simulator)."""
+    import tensorflow as tf
+
+    import tflms
+    from tflms.measure import build
+
+    _, x, y, step = build(model, 1, size)
+    spec = [tf.TensorSpec((None, *x.shape[1:]), x.dtype), tf.TensorSpec((None,), y.dtype)]
+    cf = tf.function(step).get_concrete_function(*spec)
+    r = tflms.max_batch_size(cf, cap, limit=limit, rel_tol=0.05)
+    return r.without_lms, r.with_lms
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["resnet50"], choices=sorted(MODELS))
+    parser.add_argument("--cap", default="600MiB", help="real memory cap of the measured process")
+    parser.add_argument("--fraction", type=float, default=0.9, help="tflms budget as a fraction of the cap")
+    parser.add_argument("--size", type=int, help="image side / sequence length (default: the model's)")
+    parser.add_argument("--steps", type=int, default=2, help="steps per probe (default 2)")
+    parser.add_argument("--limit", type=int, default=512, help="largest batch tried")
+    parser.add_argument("--rel-tol", type=float, default=0.1, help="bisection precision (default 10%%)")
+    args = parser.parse_args()
+    cap = parse_bytes(args.cap, "cap")
+    rows = []
+    for name in args.models:
+        t0 = time.perf_counter()
+        log: list[dict] = []
+
+        def fits(batch: int, lms: bool, name: str = name, log: list = log) -> bool:
+            kw = {"modes": ["lms"], "options": {"budget": int(cap * args.fraction)}} if lms else {"modes": ["plain"]}
+            r = measure(name, batch, size=args.size, steps=args.steps, cap=cap, timeout=1800, **kw)
+            ok = r.ok
+            log.append({"batch": batch, "lms": lms, "status": r.status, "seconds": round(r.seconds, 1)})
+            print(f"  {name} batch {batch} {'tflms' if lms else 'plain'}: {r.status} ({r.seconds:.0f} s)", flush=True)
+            return ok
+
+        plain = _largest(lambda b: fits(b, False), args.limit, args.rel_tol)
+        with_lms = _largest(lambda b: fits(b, True), args.limit, args.rel_tol)
+        pred_plain, pred_lms = predicted(name, args.size, cap, args.limit)
+        rows.append(
+            {
+                "model": name,
+                "size": args.size or MODELS[name][1],
+                "cap": cap,
+                "plain": plain,
+                "lms": with_lms,
+                "ratio": round(with_lms / plain, 2) if plain else None,
+                "predicted_plain": pred_plain,
+                "predicted_lms": pred_lms,
+                "probes": log,
+                "seconds": round(time.perf_counter() - t0),
+            }
+        )
+    print(f"\nlargest batch under a real cap of {cap / 2**20:.0f} MiB (measured, two-process test bed)")
+    print(f"{'model':<12} {'size':>5} {'plain':>6} {'tflms':>6} {'ratio':>6} {'pred. plain':>12} {'pred. tflms':>12}")
+    for r in rows:
+        ratio = f"x{r['ratio']:.1f}" if r["ratio"] else "-"
+        print(
+            f"{r['model']:<12} {r['size']:>5} {r['plain']:>6} {r['lms']:>6} {ratio:>6} "
+            f"{r['predicted_plain']:>12} {r['predicted_lms']:>12}"
+        )
+    save_result(
+        Path(__file__).parent / "results" / "testbed_capacity.json",
+        "testbed_capacity",
+        rows,
+        cap=cap,
+        fraction=args.fraction,
+        steps=args.steps,
+        rel_tol=args.rel_tol,
+        where="measured: two-process test bed (CPU device with BFC allocator and a real cap, host process over gRPC)",
+    )
+
+
+if __name__ == "__main__":
+    main()

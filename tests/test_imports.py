@@ -1,0 +1,39 @@
+"""``import tflms`` stays light: TensorFlow loads only when a name that needs it is used."""
+
+import subprocess
+import sys
+
+import pytest
+
+import tflms
+
+
+def _tf_loaded_after(code: str) -> bool:
+    out = subprocess.run(
+        [sys.executable, "-c", f"import sys\n{code}\nprint('tensorflow' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return out.strip().splitlines()[-1] == "True"
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import tflms",
+        "import tflms; tflms.LMSConfig(host='/job:worker/task:0/device:CPU:0', budget='1GiB')",
+        "import tflms.graph, tflms.planner, tflms.simulator, tflms.plan, tflms.autotune, tflms.testbed",
+        "from tflms.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass",
+    ],
+)
+def test_light_paths_do_not_import_tensorflow(code):
+    assert not _tf_loaded_after(code)
+
+
+def test_tensorflow_names_load_on_first_use():
+    assert _tf_loaded_after("import tflms; tflms.function")
+    assert tflms.SwapPlan is tflms.plan.SwapPlan
+    assert set(tflms.__all__) <= set(dir(tflms))
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = tflms.nope
