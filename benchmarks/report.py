@@ -119,17 +119,19 @@ def simulator_accuracy(data: dict) -> str:
 
 def testbed_capacity(data: dict) -> str:
     lines = [
-        f"_{_header(data)}; **measured** on the two-process test bed under a real cap of {_mib(data['cap'])}, "
-        f"tflms autotuned to budget = {data['fraction']:g} x cap; search precision {data['rel_tol']:.0%}; "
-        "predicted columns: the simulator (`tflms.max_batch_size`)_",
+        f"_{_header(data)}; **measured** on the two-process test bed under a real cap, tflms autotuned to "
+        f"budget = fraction x cap; search precision {data['rel_tol']:.0%}; predicted columns: the simulator "
+        "(`tflms.max_batch_size`) for the same cap_",
         "",
-        "| model | size | largest batch, plain | largest batch, tflms | ratio | predicted plain | predicted tflms |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| model | size | cap | budget | largest batch, plain | largest batch, tflms | ratio | predicted plain "
+        "| predicted tflms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in data["rows"]:
         ratio = f"x{r['ratio']:.1f}" if r["ratio"] else "-"
         lines.append(
-            f"| {r['model']} | {r['size']} | {r['plain']} | {r['lms']} | {ratio} | {r['predicted_plain']} "
+            f"| {r['model']} | {r['size']} | {_mib(r['cap'])} | {r.get('fraction', data.get('fraction')):g} x cap | {r['plain']} | {r['lms']} "
+            f"| {ratio} | {r['predicted_plain']} "
             f"| {r['predicted_lms']} |"
         )
     return "\n".join(lines)

@@ -10,20 +10,47 @@ death counts as "does not fit", and so does a budget the autotuner cannot meet.
 Usage::
 
     python benchmarks/testbed_capacity.py --models resnet50 --cap 600MiB
-    python benchmarks/testbed_capacity.py --models transformer densenet121 --cap 400MiB --limit 256
+    python benchmarks/testbed_capacity.py --models transformer --cap 400MiB --start 16
+
+Rows of earlier runs for other models are kept in the JSON (each row has its own cap).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
 from report import save_result
 
-from tflms.autotune import _largest
 from tflms.config import parse_bytes
 from tflms.measure import MODELS, measure
+
+
+def largest_from(fits, start: int, limit: int, rel_tol: float) -> int:
+    """Largest batch in [1, limit] with fits(batch), searching from ``start`` both ways; 0 if none."""
+    lo, hi = 0, limit + 1  # lo fits (0: nothing known), hi does not
+    b = max(1, min(start, limit))
+    if fits(b):
+        lo = b
+        while lo * 2 <= limit and fits(lo * 2):
+            lo *= 2
+        hi = min(lo * 2, limit + 1)
+    else:
+        hi = b
+        while hi > 1 and not fits(max(1, hi // 2)):
+            hi = max(1, hi // 2)
+        lo = max(1, hi // 2) if hi > 1 else 0
+        if lo == 0:
+            return 0
+    while hi - lo > max(1, int(lo * rel_tol)):
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def predicted(model: str, size: int | None, cap: int, limit: int) -> tuple[int, int]:
@@ -44,6 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["resnet50"], choices=sorted(MODELS))
     parser.add_argument("--cap", default="600MiB", help="real memory cap of the measured process")
+    parser.add_argument("--start", type=int, default=8, help="first batch tried (the search goes both ways)")
     parser.add_argument("--fraction", type=float, default=0.9, help="tflms budget as a fraction of the cap")
     parser.add_argument("--size", type=int, help="image side / sequence length (default: the model's)")
     parser.add_argument("--steps", type=int, default=2, help="steps per probe (default 2)")
@@ -64,14 +92,15 @@ def main() -> None:
             print(f"  {name} batch {batch} {'tflms' if lms else 'plain'}: {r.status} ({r.seconds:.0f} s)", flush=True)
             return ok
 
-        plain = _largest(lambda b: fits(b, False), args.limit, args.rel_tol)
-        with_lms = _largest(lambda b: fits(b, True), args.limit, args.rel_tol)
+        plain = largest_from(lambda b: fits(b, False), args.start, args.limit, args.rel_tol)
+        with_lms = largest_from(lambda b: fits(b, True), max(plain, 1) * 2, args.limit, args.rel_tol)
         pred_plain, pred_lms = predicted(name, args.size, cap, args.limit)
         rows.append(
             {
                 "model": name,
                 "size": args.size or MODELS[name][1],
                 "cap": cap,
+                "fraction": args.fraction,
                 "plain": plain,
                 "lms": with_lms,
                 "ratio": round(with_lms / plain, 2) if plain else None,
@@ -81,20 +110,23 @@ def main() -> None:
                 "seconds": round(time.perf_counter() - t0),
             }
         )
-    print(f"\nlargest batch under a real cap of {cap / 2**20:.0f} MiB (measured, two-process test bed)")
-    print(f"{'model':<12} {'size':>5} {'plain':>6} {'tflms':>6} {'ratio':>6} {'pred. plain':>12} {'pred. tflms':>12}")
+    path = Path(__file__).parent / "results" / "testbed_capacity.json"
+    if path.exists():  # keep the other models' rows: each model may have its own cap
+        done = {r["model"] for r in rows}
+        rows = [r for r in json.loads(path.read_text())["rows"] if r["model"] not in done] + rows
+    print("\nlargest batch under a real cap (measured, two-process test bed)")
+    head = ("model", "cap MiB", "size", "plain", "tflms", "ratio", "pred. plain", "pred. tflms")
+    print("{:<12} {:>8} {:>5} {:>6} {:>6} {:>6} {:>12} {:>12}".format(*head))
     for r in rows:
         ratio = f"x{r['ratio']:.1f}" if r["ratio"] else "-"
         print(
-            f"{r['model']:<12} {r['size']:>5} {r['plain']:>6} {r['lms']:>6} {ratio:>6} "
+            f"{r['model']:<12} {r['cap'] / 2**20:>8.0f} {r['size']:>5} {r['plain']:>6} {r['lms']:>6} {ratio:>6} "
             f"{r['predicted_plain']:>12} {r['predicted_lms']:>12}"
         )
     save_result(
-        Path(__file__).parent / "results" / "testbed_capacity.json",
+        path,
         "testbed_capacity",
         rows,
-        cap=cap,
-        fraction=args.fraction,
         steps=args.steps,
         rel_tol=args.rel_tol,
         where="measured: two-process test bed (CPU device with BFC allocator and a real cap, host process over gRPC)",
