@@ -129,8 +129,9 @@ def testbed_capacity(data: dict) -> str:
     ]
     for r in data["rows"]:
         ratio = f"x{r['ratio']:.1f}" if r["ratio"] else "-"
+        fraction = r.get("fraction", data.get("fraction"))
         lines.append(
-            f"| {r['model']} | {r['size']} | {_mib(r['cap'])} | {r.get('fraction', data.get('fraction')):g} x cap | {r['plain']} | {r['lms']} "
+            f"| {r['model']} | {r['size']} | {_mib(r['cap'])} | {fraction:g} x cap | {r['plain']} | {r['lms']} "
             f"| {ratio} | {r['predicted_plain']} "
             f"| {r['predicted_lms']} |"
         )
