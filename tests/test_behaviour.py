@@ -254,3 +254,17 @@ def test_optimize_in_place_edits_the_given_graph_only_when_asked(mlp):
     np.testing.assert_array_equal(lms_losses, plain_losses)
     for a, b in zip(lms_vars, plain_vars):
         np.testing.assert_array_equal(a, b)
+
+
+def test_no_device_warning_points_at_the_callers_line(mlp):
+    """Whichever entry point plans, the warning names the user's file, not tflms's."""
+    cf = tf.function(mlp.step_fn()).get_concrete_function(mlp.x, mlp.y)
+    calls = [
+        lambda: tflms.optimize(cf),
+        lambda: tflms.function(mlp.step_fn())(mlp.x, mlp.y),
+        lambda: tflms.function(mlp.step_fn()).get_plan(mlp.x, mlp.y),
+    ]
+    for call in calls:
+        with pytest.warns(LMSWarning, match="no GPU found") as record:
+            call()
+        assert [w.filename for w in record] == [__file__]

@@ -1,4 +1,13 @@
-"""The one core call, :func:`optimize`, and the ``@tflms.function`` decorator over it."""
+"""The one core call and the decorator over it.
+
+* :func:`optimize`: traced step -> graph model -> plan -> rewritten copy -> new
+  ConcreteFunction (the integrations all go through it);
+* :func:`function` / :class:`LMSFunction`: ``tf.function`` with LMS, one rewritten
+  function per input signature, with :meth:`LMSFunction.memory_report`;
+* device helpers: :func:`resolve_device` (which device LMS relieves), :func:`check_host`,
+  :func:`device_memory` (measured memory where the device reports it);
+* :func:`paused_gc`, used around every pass.
+"""
 
 from __future__ import annotations
 
@@ -163,22 +172,29 @@ def optimize(
     if known is not None:
         return concrete_function, known
     with paused_gc():
-        return _optimize(concrete_function, config, copy)
+        new_cf, plan, _ = _optimize(concrete_function, config, copy, stacklevel=3)
+    return new_cf, plan
 
 
-def _optimize(concrete_function: Any, config: LMSConfig, copy: bool) -> tuple[Any, SwapPlan]:
+def _optimize(
+    concrete_function: Any, config: LMSConfig, copy: bool, stacklevel: int
+) -> tuple[Any, SwapPlan, str | None]:
+    """:func:`optimize`'s work: ``(new_cf, plan, device the rewrite targets or None)``.
+
+    ``stacklevel`` makes a warning point at the user's frame (1 = this function).
+    """
     graph = concrete_function.graph
     model = GraphModel.from_func_graph(graph, batch_size=config.batch_size)
     if is_rewritten(graph):
         reason = "the function is already rewritten by tflms; left unchanged"
-        return concrete_function, empty_plan(model, config, Simulator(model, config.host).peak(), reason)
+        return concrete_function, empty_plan(model, config, Simulator(model, config.host).peak(), reason), None
     plan = make_plan(model, config)
     if not plan.swaps:
-        return concrete_function, plan
+        return concrete_function, plan, None
     device = resolve_device(config)
     if device is None:
-        warnings.warn(_no_device_message(), LMSWarning, stacklevel=4)
-        return concrete_function, plan
+        warnings.warn(_no_device_message(), LMSWarning, stacklevel=stacklevel)
+        return concrete_function, plan, None
     check_host(config)
     new_graph = tfi.copy_graph(concrete_function) if copy else graph
     new_graph.name = f"{graph.name}_tflms"
@@ -194,7 +210,7 @@ def _optimize(concrete_function: Any, config: LMSConfig, copy: bool) -> tuple[An
         device,
         config.host,
     )
-    return new_cf, plan
+    return new_cf, plan, device
 
 
 class LMSFunction:
@@ -241,9 +257,13 @@ class LMSFunction:
             with self._lock:
                 entry = self._cache.get(cf)
                 if entry is None:
-                    new_cf, plan = optimize(cf, self._config, copy=not self._owns_traces)
-                    device = resolve_device(self._config) if new_cf is not cf else None
-                    entry = (new_cf, plan, device)
+                    known = _REWRITTEN.get(cf)
+                    if known is not None:
+                        entry = (cf, known, None)
+                    else:
+                        with paused_gc():
+                            # user -> __call__ / get_plan / ... -> _entry -> _optimize
+                            entry = _optimize(cf, self._config, not self._owns_traces, stacklevel=4)
                     self._cache[cf] = entry
         return entry
 

@@ -1,6 +1,6 @@
 """The planner: which tensors to swap, where they come back, and what triggers them.
 
-Rules (DESIGN.md section 3; every knob comes from :class:`tflms.LMSConfig`):
+Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`tflms.LMSConfig`):
 
 * Candidates are outputs of *forward* ops that have at least one *backward*
   consumer more than ``swapout_threshold`` levels after the producer ("far"
