@@ -146,3 +146,15 @@ def test_trigger_falls_back_below_an_empty_window():
     (swap,) = [s for s in plan.swaps if s.tensor == "a:0"]
     assert swap.swap_ins[0].consumers == (("gradient_tape/g1", 1),)
     assert swap.swap_ins[0].trigger == "gradient_tape/g0"
+
+
+def test_plan_is_really_frozen_hashable_and_round_trips():
+    import pickle
+
+    plan = make_plan(chain_model(n_fwd=6), LMSConfig(swapout_threshold=6, swapin_ahead=1, **NOFILTER))
+    assert plan.swaps
+    with pytest.raises(TypeError):
+        plan.options["budget"] = 1  # read-only view
+    again = SwapPlan.from_json(plan.to_json())
+    assert again == plan and hash(again) == hash(plan) and len({plan, again}) == 1
+    assert pickle.loads(pickle.dumps(plan)) == plan

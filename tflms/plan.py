@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -100,6 +101,16 @@ class SwapPlan:
     reason: str = ""
     format_version: int = FORMAT_VERSION
 
+    def __post_init__(self) -> None:
+        # Frozen means frozen: the options are a read-only view of a private copy.
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint())
+
+    def __reduce__(self) -> tuple:
+        return (SwapPlan.from_dict, (self.to_dict(),))
+
     # ------------------------------------------------------------- derived facts
     @property
     def swapped_bytes(self) -> int:
@@ -147,7 +158,8 @@ class SwapPlan:
 
     # ------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["swaps"] = [dataclasses.asdict(s) for s in self.swaps]
         d["options"] = dict(self.options)
         return _jsonable(d)
 
