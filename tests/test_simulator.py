@@ -15,9 +15,11 @@ def test_peak_of_a_diamond_by_hand():
         op("c", "Add", ["a:0", "b:0"], [f32(1)]),
     ]
     prof = simulate(GraphModel.from_ops(ops, variable_bytes=1000))
-    # step a: 400; step b: 440; step c: 440 + 4 (c's output, read by nobody)
-    assert list(prof.timeline) == [400, 440, 444]
-    assert prof.peak_bytes == 1444 and prof.peak_op == "c"
+    # Requested: step a: 400; step b: 440; step c: 440 + 4 (c's output, read by nobody).
+    assert list(prof.requested) == [400, 440, 444]
+    # The allocator rounds each request up to 256 bytes: 512, +256, +256.
+    assert list(prof.timeline) == [512, 768, 1024]
+    assert prof.peak_bytes == 2024 and prof.peak_op == "c"
 
 
 def test_aliases_share_buffers_and_host_ops_allocate_nothing():
@@ -28,10 +30,75 @@ def test_aliases_share_buffers_and_host_ops_allocate_nothing():
         op("b", "Relu", ["r:0"], [f32(1)]),
     ]
     prof = simulate(GraphModel.from_ops(ops), host="/device:CPU:0")
-    # r aliases a (no new bytes) and keeps a alive until b; h is on the host.
-    assert list(prof.timeline) == [400, 400, 400, 404]
-    # Without a host, h's 200 bytes count at its own step (a is still live): 400 + 200.
-    assert simulate(GraphModel.from_ops(ops)).peak_bytes == 600
+    # Depth first: a makes r and h ready, r runs first and makes b ready, which runs next.
+    assert prof.schedule == ("a", "r", "b", "h")
+    # r aliases a (no new bytes); a lives until h reads it; b's 4 bytes (read by nobody)
+    # are freed right after b; h is on the host.
+    assert list(prof.requested) == [400, 400, 404, 400]
+    # Without a host, h's 200 bytes count at its own step (a is still live): 400 + 200,
+    # in chunks of 512 + 256.
+    assert simulate(GraphModel.from_ops(ops)).peak_bytes == 768
+
+
+def test_in_place_ops_reuse_the_buffer_they_read_last():
+    chain = [op("a", "Relu", outputs=[f32(100)]), op("b", "Neg", ["a:0"], [f32(100)])]
+    chain.append(op("c", "Neg", ["b:0"], [f32(100)]))
+    # Neg writes into its input's buffer when it is that buffer's last reader: one buffer.
+    assert list(simulate(GraphModel.from_ops(chain)).requested) == [400, 400, 400]
+    # The output takes over the input's chunk (512 bytes): still one chunk.
+    assert list(simulate(GraphModel.from_ops(chain)).timeline) == [512, 512, 512]
+    # Conv2D always allocates, and a read buffer is freed 1 + LAG (=1) steps after its
+    # last read (the next op may still run): a lives at steps 0-2, b at 1-3, c at 2.
+    convs = [dict(o, type="Conv2D") if o["name"] != "a" else o for o in chain]
+    assert list(simulate(GraphModel.from_ops(convs)).requested) == [400, 800, 1200]
+
+
+def test_no_reuse_while_an_earlier_reader_may_still_run():
+    ops = [
+        op("a", "Relu", outputs=[f32(100)]),
+        op("b", "Neg", ["a:0"], [f32(100)]),
+        op("c", "Neg", ["a:0"], [f32(100)]),
+    ]
+    # c reads a last, but b (the step before) may still hold it: c allocates.
+    # a: steps 0-3; b, c (read by nobody) only during their own step.
+    assert list(simulate(GraphModel.from_ops(ops)).requested) == [400, 800, 800]
+
+
+def test_allocator_best_fit_without_split():
+    ops = [
+        op("a", "Conv2D", outputs=[f32(262144)]),  # 1 MiB
+        op("b", "Conv2D", ["a:0"], [f32(64)]),  # 256 bytes, read by n and c
+        op("n", "NoOp", ["b:0"]),
+        op("c", "Conv2D", ["b:0"], [f32(153600)], control=["n"]),  # 614400 bytes
+    ]
+    prof = simulate(GraphModel.from_ops(ops))
+    # The first region is 2 MiB: a splits off its first 1 MiB (the region is 2x a), b the
+    # next 256 bytes. a is freed at step 3 (last read at 1, + 1 + LAG), before c allocates:
+    # free chunks are a's hole (1048576 bytes) and the region's tail (2 MiB - 1 MiB - 256 =
+    # 1048320). Best fit takes the tail, the smaller; it is less than 2x c's 614400 bytes,
+    # so c gets all of it.
+    assert list(prof.requested) == [1048576, 1048832, 1048832, 256 + 614400]
+    assert list(prof.timeline) == [1048576, 1048832, 1048832, 256 + 1048320]
+    assert prof.peak_bytes == 1048832
+
+
+def test_allocator_regions_double_to_fit():
+    # The variables' 100 bytes take the first region (2 MiB), so the next one is 4 MiB;
+    # a's 3 MiB fits in it, and 4 MiB is less than 2x the request: the whole region is the chunk.
+    prof = simulate(GraphModel.from_ops([op("a", "Conv2D", outputs=[f32(3 << 18)])], variable_bytes=100))
+    assert list(prof.requested) == [3 << 20] and list(prof.timeline) == [4 << 20]
+    assert prof.peak_bytes == (4 << 20) + 100
+
+
+def test_schedule_is_depth_first_like_the_executor():
+    ops = [
+        op("a", "Relu", outputs=[f32(1)]),
+        op("b", "Relu", ["a:0"], [f32(1)]),
+        op("d", "Relu", ["a:0"], [f32(1)]),
+        op("c", "Relu", ["b:0"], [f32(1)]),
+    ]
+    # Level order would be a, b, d, c; the executor goes on with what b made ready.
+    assert GraphModel.from_ops(ops).schedule() == ["a", "b", "c", "d"]
 
 
 def _f0_swap(trigger, trigger_level):
@@ -44,16 +111,19 @@ def _f0_swap(trigger, trigger_level):
 
 
 def test_chain_peak_before_and_after_a_hand_made_swap():
-    m = chain_model(n_fwd=3)  # levels: x0 f0:1 f1:2 f2:3 loss4 b2:5 b1:6 b0:7 update8
+    m = chain_model(n_fwd=3)  # order: x0 f0:1 f1:2 f2:3 loss4 b2:5 b1:6 b0:7 update8
     before = simulate(m)
-    # f0, f1, f2 live until their backward op; peak at b2: f0, f1, f2, loss, b2.
-    assert before.peak_bytes == 5 * KB4
+    # Each b_i (ReluGrad) writes into the gradient it reads last (loss, b2, b1), so the
+    # gradient is one buffer; f_i is freed 2 steps after b_i reads it, x 2 after f0.
+    # Peak at loss (f0, f1, f2, loss), b2 (f0, f1, f2, b2) and b1 (f0, f1, f2, b1).
+    assert [int(v) // KB4 for v in before.timeline] == [1, 2, 3, 3, 4, 4, 4, 3, 2]
+    assert before.peak_bytes == 4 * KB4
     swap = _f0_swap(trigger="gradient_tape/b1", trigger_level=6)
     after = simulate(m, [swap])
-    # f0 freed after f1 reads it (step 2); swap-in allocated at b1 (step 6), freed after b0.
-    timeline = list(after.timeline)
-    assert timeline[4] == 3 * KB4  # at loss: f1, f2, loss (x is dead, f0 is on the host)
-    assert timeline[5] == 4 * KB4  # at b2: f1, f2, loss, b2
+    # f0's device copy: last read by f1 (step 2), freed 2 steps later (f1 cannot reuse it:
+    # the swap-out reads it the step before). The swap-in: allocated at b1 (step 6),
+    # freed 2 steps after b0 reads it.
+    assert [int(v) // KB4 for v in after.timeline] == [1, 2, 3, 3, 3, 3, 4, 3, 2]
     assert after.peak_bytes == 4 * KB4
     assert after.swap_out_steps == (1,) and after.swap_in_steps == (6,)
 

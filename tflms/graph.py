@@ -138,8 +138,13 @@ class GraphModel:
         return any(p == "backward" for _, p in self.dag.nodes(data="phase"))
 
     def schedule(self) -> list[str]:
-        """The simulated execution order: by level, then by name (deterministic)."""
-        return sorted(self.dag.nodes, key=lambda n: (self.dag.nodes[n]["level"], n))
+        """The simulated execution order: TensorFlow's executor, run on one thread.
+
+        When an op finishes, the successors it makes ready run next, depth first:
+        the executor keeps the last ready op on its own thread (see
+        :func:`ready_order`). Deterministic: ties follow graph order.
+        """
+        return ready_order(self)
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -260,3 +265,33 @@ def _reach(neighbours: Any, sources: set[str]) -> set[str]:
             seen.add(n)
             frontier.extend(neighbours(n))
     return seen - sources
+
+
+def ready_order(model: GraphModel) -> list[str]:
+    """A topological order that follows TensorFlow's executor (depth first).
+
+    A stack of ready ops: after an op runs, the successors it made ready are
+    pushed, the first in graph order on top, so it runs next; ops that were
+    ready earlier wait below.
+    """
+    dag = model.dag
+    index = {n: i for i, n in enumerate(dag.nodes)}
+    succ: dict[str, list[str]] = {n: list(dag.successors(n)) for n in dag}
+    pending: dict[str, int] = dict.fromkeys(dag.nodes, 0)
+    for n in dag:
+        succ[n] = sorted(set(succ[n]), key=index.__getitem__)
+        for c in succ[n]:
+            pending[c] += 1
+    stack = sorted((n for n in dag if pending[n] == 0), key=index.__getitem__, reverse=True)
+    order: list[str] = []
+    while stack:
+        n = stack.pop()
+        order.append(n)
+        ready = [c for c in succ[n] if _done(pending, c)]
+        stack.extend(reversed(ready))
+    return order
+
+
+def _done(pending: dict[str, int], op: str) -> bool:
+    pending[op] -= 1
+    return pending[op] == 0

@@ -1,26 +1,49 @@
 """Predicted device memory of a step, before and after a swap plan.
 
 Execution model (documented in the README; every number the simulator reports
-follows from it):
+follows from it). It follows what TensorFlow 2.21's executor was seen doing on
+the test bed (per-op allocation records of the profiler, ``benchmarks/simulator_accuracy.py``):
 
-1. Ops run one at a time in :meth:`GraphModel.schedule` order: by topological
-   level, ties by name.
+1. Ops run in :meth:`GraphModel.schedule` order: the executor's ready order, depth
+   first (after an op, the ops it made ready run next; ties by graph order).
 2. Each output of an op on the device is allocated when the op runs, with its
    static size (:func:`tflms.graph.estimate_bytes` for unknown dimensions).
    Outputs of op types in :data:`tflms.graph.ALIAS_OP_TYPES` (``Identity``,
    ``Reshape``, ``ReadVariableOp``...) share their input's buffer and allocate nothing.
-3. A buffer is freed right after the last op that reads it (or any alias of it);
-   a tensor nobody reads is freed right after its producer.
-4. Ops placed on the host (their device string names the plan's ``host``) allocate
+3. In-place outputs: an op of :data:`FORWARDING_OP_TYPES` whose output has the size
+   and dtype of an input it is the last reader of writes into that buffer (the
+   input is not counted during the op; one input per op, not a ``Placeholder`` or
+   ``Const``), unless another read of that buffer is within ``CONCURRENT_READS``
+   steps before it (it may still be running).
+4. Any other buffer is freed ``1 + LAG`` steps after the last op that reads it (or
+   any alias of it): with two inter-op threads the next op may still hold its
+   inputs. A tensor nobody reads is freed right after its producer. ``IdentityN``
+   is not a reader (Grappler removes it; its consumers read its inputs directly).
+5. Ops placed on the host (their device string names the plan's ``host``) allocate
    no device memory.
-5. Variables (model weights and optimizer slots captured by the step) are always
+6. Variables (model weights and optimizer slots captured by the step) are always
    resident: ``variable_bytes`` is added to every step.
-6. With a plan: the far consumers of a swapped tensor no longer read the device
+7. With a plan: the far consumers of a swapped tensor no longer read the device
    copy; the swap-out reads it right after its producer (so the device copy is
-   freed after its last *near* consumer). Each swap-in allocates the tensor's
-   bytes when its trigger runs (when it has none: right after the producer) and
-   frees them after the last consumer it feeds. Transfer time is not modelled:
-   a swap-in is assumed to finish before its first consumer.
+   freed by rules 3-4 applied to the swap-out and the *near* consumers). Each
+   swap-in allocates the tensor's bytes when its trigger runs (when it has none:
+   right after the producer) and frees them by rules 3-4 applied to the consumers
+   it feeds. Transfer time is not modelled: a swap-in is assumed to arrive at its
+   trigger and a swap-out to be sent at once.
+8. The buffers of rules 2-7 go through an emulation of TensorFlow's BFC allocator
+   (the device's, as on the test bed), and the chunks it hands out are what is
+   counted: at each position, first the buffers ending there are freed (merged
+   with free neighbours in their region), then the new ones are allocated in
+   output order (swap-ins last); an in-place output takes over its input's chunk.
+   A request is rounded up to 256 bytes and gets the smallest free chunk that
+   holds it (lowest address on ties), split only if that chunk is at least twice
+   the request or would waste at least 128 MiB; when none holds it a new region
+   is added: 2 MiB first, then doubling (and doubled until the request fits).
+   The variables (rule 6) are placed first, as one chunk at the start of a
+   region the size of the doubling regions they would fill, and count with their
+   exact bytes. ``requested`` (:attr:`MemoryProfile.requested`,
+   :meth:`Simulator.requested_peak`, :meth:`Simulator.prefix_peaks`) is the same
+   model without this rule: a lower bound, fast to compute, used by searches.
 
 Example on a hand-built graph (see ``tests/test_simulator.py`` for more):
 
@@ -31,17 +54,21 @@ Example on a hand-built graph (see ``tests/test_simulator.py`` for more):
     ...     {"name": "b", "type": "Relu", "inputs": ["a:0"], "outputs": [f32(10)]},
     ...     {"name": "c", "type": "Add", "inputs": ["a:0", "b:0"], "outputs": [f32(1)]},
     ... ]
-    >>> simulate(GraphModel.from_ops(ops)).peak_bytes
-    444
+    >>> prof = simulate(GraphModel.from_ops(ops))
+    >>> int(prof.requested.max()), prof.peak_bytes  # 400 + 40 + 4 bytes; chunks 512 + 256 + 256
+    (444, 1024)
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
+from .devices import device_key
 from .graph import ALIAS_OP_TYPES, GraphModel
 from .plan import Swap
 
@@ -52,8 +79,10 @@ __all__ = ["MemoryProfile", "Simulator", "simulate"]
 class MemoryProfile:
     """Result of :func:`simulate`.
 
-    ``timeline[i]`` is the predicted device memory (bytes, variables excluded)
-    while ``schedule[i]`` runs; ``peak_bytes`` includes ``variable_bytes``.
+    ``timeline[i]`` is the predicted device memory (bytes of the allocator's chunks,
+    variables excluded) while ``schedule[i]`` runs; ``peak_bytes`` includes
+    ``variable_bytes``. ``requested`` is the same without the allocator (rules 1-7
+    of the module doc): the bytes the ops asked for.
     ``swap_out_steps``/``swap_in_steps`` are schedule positions, for plotting.
     """
 
@@ -64,14 +93,7 @@ class MemoryProfile:
     peak_op: str | None
     swap_out_steps: tuple[int, ...] = ()
     swap_in_steps: tuple[int, ...] = ()
-
-
-def _device_key(device: str) -> tuple[str, str] | None:
-    """('CPU', '0') for '/job:x/.../device:CPU:0' or '/device:CPU:0'; None if unplaced."""
-    if not device:
-        return None
-    parts = device.upper().split(":")
-    return (parts[-2].rsplit("/", 1)[-1], parts[-1]) if len(parts) >= 2 else None
+    requested: np.ndarray | None = None
 
 
 def simulate(model: GraphModel, swaps: Sequence[Swap] = (), host: str | None = None) -> MemoryProfile:
@@ -87,26 +109,177 @@ def simulate(model: GraphModel, swaps: Sequence[Swap] = (), host: str | None = N
     return Simulator(model, host).profile(swaps)
 
 
+#: Op types whose kernel may write its output into the buffer of an input it reads
+#: last (TensorFlow's ``forward_input_or_allocate_output``): input indices it may
+#: reuse (None: any). Checked on the CPU kernels of TF 2.21: element-wise ops,
+#: ``AddN`` and ``BiasAdd`` (which Grappler fuses into the convolution before it).
+FORWARDING_OP_TYPES: dict[str, tuple[int, ...] | None] = {
+    **dict.fromkeys(
+        (
+            "Abs", "Acos", "Asin", "Atan", "BiasAdd", "Ceil", "Cos", "Cosh", "Elu", "Erf", "Erfc", "Exp",
+            "Expm1", "Floor", "Gelu", "Inv", "LeakyRelu", "Log", "Log1p", "Neg", "Reciprocal", "Relu",
+            "Relu6", "Rint", "Round", "Rsqrt", "Selu", "Sigmoid", "Sign", "Sin", "Sinh", "Softplus",
+            "Softsign", "Sqrt", "Square", "Tan", "Tanh", "ClipByValue",
+        ),
+        (0,),
+    ),
+    **dict.fromkeys(
+        (
+            "Add", "AddV2", "Sub", "Mul", "MulNoNan", "Div", "DivNoNan", "RealDiv", "FloorDiv", "FloorMod",
+            "Maximum", "Minimum", "Pow", "SquaredDifference", "ReluGrad", "Relu6Grad", "EluGrad", "SeluGrad",
+            "LeakyReluGrad", "SigmoidGrad", "TanhGrad", "RsqrtGrad", "SqrtGrad", "SoftplusGrad",
+            "ReciprocalGrad", "AddN", "Xdivy", "Xlogy",
+        ),
+        None,
+    ),
+    **dict.fromkeys(("Select", "SelectV2"), (1, 2)),
+}  # fmt: skip
+
+#: A read this close (in schedule positions) before the last one may still be running
+#: when the last starts (the executor runs ready siblings side by side): no reuse then.
+CONCURRENT_READS = 1
+
+#: Ops in flight besides the current one: a buffer is freed this many positions
+#: after its last read (2 inter-op threads: the next op may still hold its inputs).
+LAG = 1
+
+#: Producers whose buffers an op never reuses: the caller or the kernel keeps a reference.
+_NOT_FORWARDABLE = frozenset({"Placeholder", "Const", "_Arg", "HostConst"})
+
+
+#: TensorFlow's BFC allocator (``bfc_allocator.cc``), as the device allocator of the
+#: test bed runs it (``TF_CPU_ALLOCATOR_USE_BFC=true``, growth on): requests are rounded
+#: up to ``BFC_ROUND`` bytes, the first region is ``BFC_FIRST_REGION`` bytes and each
+#: new region doubles; a free chunk is split only when it is at least twice the request
+#: or the rest is at least ``BFC_MAX_WASTE`` bytes.
+BFC_ROUND = 256
+BFC_FIRST_REGION = 2 << 20
+BFC_MAX_WASTE = 128 << 20
+
+
+class _BFC:
+    """Chunks of a best-fit-with-coalescing allocator; ``in_use`` counts chunk bytes.
+
+    ``reserved`` bytes (the variables) are placed first, as TensorFlow's allocator
+    would have after allocating them one by one in doubling regions: one region of
+    the sum of those regions, the rest of it free, the next region twice the last.
+    They are not counted in ``in_use``.
+    """
+
+    def __init__(self, reserved: int = 0) -> None:
+        self.free: list[tuple[int, int]] = []  # (size, address), sorted: best fit, lowest address
+        self.size: dict[int, int] = {}
+        self.used: dict[int, bool] = {}
+        self.prev: dict[int, int | None] = {}
+        self.region_end: dict[int, int] = {}
+        self.in_use = 0
+        self.top = 0
+        self.next_region = BFC_FIRST_REGION
+        if reserved > 0:
+            total = region = BFC_FIRST_REGION
+            while total < reserved:
+                region *= 2
+                total += region
+            self._region(total)
+            self._take(0, _rounded(reserved), force_split=True)
+            self.next_region = 2 * region
+
+    def _region(self, nbytes: int) -> None:
+        addr = self.top
+        self.top += nbytes + BFC_ROUND  # regions are never neighbours
+        self.size[addr], self.used[addr], self.prev[addr] = nbytes, False, None
+        self.region_end[addr] = addr + nbytes
+        bisect.insort(self.free, (nbytes, addr))
+
+    def _take(self, i: int, rounded: int, force_split: bool = False) -> int:
+        size, addr = self.free.pop(i)
+        if force_split or size >= 2 * rounded or size - rounded >= BFC_MAX_WASTE:
+            if size > rounded:
+                rest = addr + rounded
+                end = self.region_end[addr]
+                self.size[rest], self.used[rest], self.prev[rest] = size - rounded, False, addr
+                self.region_end[rest] = end
+                if rest + size - rounded < end:
+                    self.prev[rest + size - rounded] = rest
+                self.size[addr] = rounded
+                bisect.insort(self.free, (size - rounded, rest))
+        self.used[addr] = True
+        return addr
+
+    def alloc(self, nbytes: int) -> int:
+        """Address of the chunk given to a request of ``nbytes``."""
+        rounded = _rounded(nbytes)
+        i = bisect.bisect_left(self.free, (rounded, -1))
+        if i == len(self.free):
+            grown = False
+            while rounded > self.next_region:
+                self.next_region *= 2
+                grown = True
+            self._region(self.next_region)
+            if not grown:
+                self.next_region *= 2
+            i = bisect.bisect_left(self.free, (rounded, -1))
+        addr = self._take(i, rounded)
+        self.in_use += self.size[addr]
+        return addr
+
+    def release(self, addr: int) -> None:
+        """Free a chunk, merged with the free chunks next to it in its region."""
+        size = self.size[addr]
+        self.in_use -= size
+        self.used[addr] = False
+        end = self.region_end[addr]
+        nxt = addr + size
+        if nxt < end and not self.used[nxt]:
+            self._unlink(nxt)
+            size += self.size[nxt]
+            self._forget(nxt)
+        prev = self.prev[addr]
+        if prev is not None and not self.used[prev]:
+            self._unlink(prev)
+            size += self.size[prev]
+            self._forget(addr)
+            addr = prev
+        self.size[addr] = size
+        if addr + size < end:
+            self.prev[addr + size] = addr
+        bisect.insort(self.free, (size, addr))
+
+    def _unlink(self, addr: int) -> None:
+        del self.free[bisect.bisect_left(self.free, (self.size[addr], addr))]
+
+    def _forget(self, addr: int) -> None:
+        del self.size[addr], self.used[addr], self.prev[addr], self.region_end[addr]
+
+
+def _rounded(nbytes: int) -> int:
+    return max(BFC_ROUND, -(-nbytes // BFC_ROUND) * BFC_ROUND)
+
+
 class Simulator:
     """The execution model of this module, precomputed for one graph model.
 
-    The plain step's allocations are computed once; :meth:`peak` and
-    :meth:`profile` then apply a set of swaps as adjustments, so evaluating a plan
-    costs O(ops) in numpy plus O(reads of the swapped buffers) in Python.
+    The plain step's allocations are computed once; a set of swaps is applied as
+    adjustments. :meth:`requested_peak` and :meth:`prefix_peaks` (rules 1-7) then cost
+    O(ops) in numpy plus O(reads of the swapped buffers) in Python; :meth:`peak` and
+    :meth:`profile` add the allocator emulation (rule 8), O(buffers x free chunks) in
+    Python (about 0.2 s for a ResNet50 step).
+    ``order`` replaces the schedule (e.g. an order recorded from a real run).
     """
 
-    def __init__(self, model: GraphModel, host: str | None = None) -> None:
+    def __init__(self, model: GraphModel, host: str | None = None, *, order: Sequence[str] | None = None) -> None:
         dag = model.dag
         self.model = model
-        self.order = model.schedule()
+        self.order = list(order) if order is not None else model.schedule()
         self.pos = pos = {op: i for i, op in enumerate(self.order)}
         n = len(self.order)
-        host_key = _device_key(host) if host else None
+        host_key = device_key(host) if host else None
+        types = {op: dag.nodes[op]["type"] for op in self.order}
 
         # Buffer roots: an alias op's output i shares the buffer of its input i.
         root: dict[str, str] = {}
         for op in self.order:
-            op_type = dag.nodes[op]["type"]
+            op_type = types[op]
             ins = model.inputs_of[op]
             alias = op_type in ALIAS_OP_TYPES and ins
             for i, t in enumerate(model.outputs_of[op]):
@@ -115,25 +288,79 @@ class Simulator:
         self.root = root
 
         # Every read of a buffer (through any alias): (position, (consumer, input index)).
+        # IdentityN is not a reader: Grappler removes it, its consumers read its inputs.
         self.reads: dict[str, list[tuple[int, tuple[str, int]]]] = {}
         self.alloc: dict[str, tuple[int, int]] = {}
-        self.free: dict[str, int] = {}
+        self.first: dict[str, int] = {}  # the buffer is live at least until here (an alias op's own position)
         for name, t in model.tensors.items():
             r = root[name]
             p = pos[t.op]
             reads = self.reads.setdefault(r, [])
-            reads.extend((pos[c], (c, i)) for c, i in t.consumers)
-            self.free[r] = max(self.free.get(r, p), p)  # an alias op's own position counts
-            on_device = host_key is None or _device_key(dag.nodes[t.op]["device"]) != host_key
+            reads.extend((pos[c], (c, i)) for c, i in t.consumers if types[c] != "IdentityN")
+            if types[t.op] != "IdentityN":
+                self.first[r] = max(self.first.get(r, p), p)
+            on_device = host_key is None or device_key(dag.nodes[t.op]["device"]) != host_key
             if r == name and t.bytes and on_device:
                 self.alloc[r] = (p, t.bytes)
-        for r, reads in self.reads.items():
-            if reads:
-                self.free[r] = max(self.free[r], max(q for q, _ in reads))
-        self.base = np.zeros(n + 1, dtype=np.int64)
+
+        # In-place outputs: the read (op, input) whose buffer the op may reuse for its output.
+        self.forwarding: set[tuple[str, int]] = set()
+        for op in self.order:
+            allowed = FORWARDING_OP_TYPES.get(types[op], ())
+            outs = model.outputs_of[op]
+            if allowed == () or not outs or op not in self.pos:
+                continue
+            out = model.tensors[outs[0]]
+            cands = []
+            for i, tname in enumerate(model.inputs_of[op]):
+                t = model.tensors[tname]
+                r = root[tname]
+                if (allowed is None or i in allowed) and t.bytes == out.bytes and t.dtype == out.dtype:
+                    if r in self.alloc and types[model.tensors[r].op] not in _NOT_FORWARDABLE:
+                        cands.append(i)
+            if cands:
+                last = [i for i in cands if self._last_read(self.reads[root[model.inputs_of[op][i]]]) == (op, i)]
+                self.forwarding.add((op, (last or cands)[0]))
+
+        # end[r]: first schedule position where buffer r is no longer counted.
+        self.end: dict[str, int] = {r: self._end(self.reads[r], self.first[r]) for r in self.alloc}
+        self.base = np.zeros(n + LAG + 2, dtype=np.int64)
         for r, (p, nbytes) in self.alloc.items():
             self.base[p] += nbytes
-            self.base[self.free[r] + 1] -= nbytes
+            self.base[self.end[r]] -= nbytes
+
+    @staticmethod
+    def _last_read(reads: Sequence[tuple[int, tuple[str, int]]]) -> tuple[str, int] | None:
+        """The one read at the latest position, or None when there is none or several."""
+        best, second, who = -1, -1, None
+        for q, read in reads:
+            if q > best:
+                best, second, who = q, best, read
+            elif q > second:
+                second = q
+        return who if second < best - CONCURRENT_READS else None
+
+    def _end(self, reads: Sequence[tuple[int, tuple[str, int]]], first: int) -> int:
+        """End (exclusive) of a buffer live from at least ``first`` and read by ``reads``.
+
+        Freed right after its last read; *at* it when that read writes its output in place.
+        """
+        last = max((q for q, _ in reads), default=-1)
+        if last <= first:
+            return first + 1
+        return last if self._last_read(reads) in self.forwarding else last + 1 + LAG
+
+    def _swapped_end(self, r: str, moved: set[tuple[str, int]], swap_out_pos: int) -> int:
+        kept = [(q, read) for q, read in self.reads[r] if read not in moved]
+        kept.append((swap_out_pos, ("", -1)))  # the swap-out (a send) reads it too
+        return self._end(kept, max(self.first[r], swap_out_pos))
+
+    def _swap_in_span(self, s: Swap, si: Any) -> tuple[int, int]:
+        """(allocation position, end) of one swap-in's device buffer."""
+        pos = self.pos
+        p = pos[s.producer]
+        start = max(pos[si.trigger], p) if si.trigger is not None else p
+        return start, self._end([(pos[c], (c, i)) for c, i in si.consumers], start)
 
     def _delta(self, swaps: Sequence[Swap]) -> np.ndarray:
         pos = self.pos
@@ -146,29 +373,91 @@ class Simulator:
         for r, swap_out_pos in earliest.items():
             if r not in self.alloc:
                 continue
-            p, nbytes = self.alloc[r]
-            new_free = max([p, swap_out_pos] + [q for q, read in self.reads[r] if read not in moved])
-            old_free = self.free[r]
-            if new_free != old_free:
-                delta[old_free + 1] += nbytes
-                delta[new_free + 1] -= nbytes
+            nbytes = self.alloc[r][1]
+            new_end, old_end = self._swapped_end(r, moved, swap_out_pos), self.end[r]
+            if new_end != old_end:
+                delta[old_end] += nbytes
+                delta[new_end] -= nbytes
         for s in swaps:
-            p = pos[s.producer]
             for si in s.swap_ins:
-                start = max(pos[si.trigger], p) if si.trigger is not None else p
+                start, end = self._swap_in_span(s, si)
                 delta[start] += s.bytes
-                delta[max(pos[c] for c, _ in si.consumers) + 1] -= s.bytes
+                delta[end] -= s.bytes
         return delta
 
-    def prefix_peaks(self, swaps: Sequence[Swap]) -> np.ndarray:
-        """Predicted peaks (variables included) of ``swaps[:n]`` for every n = 0..len(swaps).
+    def _spans(self, swaps: Sequence[Swap]) -> list[tuple[int, int, int, bool]]:
+        """Every device buffer as ``(allocated at, freed at, bytes, written in place at its end)``.
 
-        Built incrementally (one swap's effect on the allocation deltas is local),
-        so the whole array costs about len(swaps) cumulative sums.
+        ``swaps`` applied; in allocation order (a position's outputs in order, then its swap-ins).
+        """
+        pos = self.pos
+        moved = {(c, i) for s in swaps for si in s.swap_ins for (c, i) in si.consumers}
+        earliest: dict[str, int] = {}
+        for s in swaps:
+            r = self.root[s.tensor]
+            earliest[r] = max(earliest.get(r, 0), pos[s.producer])
+        spans = []
+        for r, (p, nbytes) in self.alloc.items():
+            if r in earliest:
+                end = self._swapped_end(r, moved, earliest[r])
+                last = max([q for q, read in self.reads[r] if read not in moved] + [earliest[r]])
+            else:
+                end, last = self.end[r], max((q for q, _ in self.reads[r]), default=-1)
+            spans.append((p, end, nbytes, end == last))
+        for s in swaps:
+            for si in s.swap_ins:
+                start, end = self._swap_in_span(s, si)
+                spans.append((start, end, s.bytes, end == max(pos[c] for c, _ in si.consumers)))
+        spans.sort(key=lambda span: span[0])  # stable
+        return spans
+
+    def _allocated(self, swaps: Sequence[Swap]) -> np.ndarray:
+        """Device bytes in use (BFC chunk sizes, variables excluded) while each op runs.
+
+        Rule 8 of the module doc: at each position the buffers that end there are
+        freed, then the buffers that start there are allocated; a buffer that ends
+        *at* a position by being written in place hands its chunk to the output
+        allocated there.
+        """
+        n = len(self.order)
+        spans = self._spans(swaps)
+        ending: list[list[int]] = [[] for _ in range(n + LAG + 2)]
+        for k, (_, end, _, _) in enumerate(spans):
+            ending[end].append(k)
+        bfc = _BFC(self.model.variable_bytes)
+        addr = [0] * len(spans)
+        timeline = np.zeros(n, dtype=np.int64)
+        k = 0
+        for p in range(n):
+            handed = []
+            for j in ending[p]:
+                if spans[j][3]:
+                    handed.append(addr[j])
+                else:
+                    bfc.release(addr[j])
+            while k < len(spans) and spans[k][0] == p:
+                chunk = handed.pop(0) if handed else None
+                if chunk is not None and bfc.size[chunk] < _rounded(spans[k][2]):
+                    bfc.release(chunk)
+                    chunk = None
+                addr[k] = bfc.alloc(spans[k][2]) if chunk is None else chunk
+                k += 1
+            for chunk in handed:
+                bfc.release(chunk)
+            timeline[p] = bfc.in_use
+        return timeline
+
+    def prefix_peaks(self, swaps: Sequence[Swap]) -> np.ndarray:
+        """Requested-bytes peaks (variables included) of ``swaps[:n]`` for every n = 0..len(swaps).
+
+        The fast model for searches: rules 1-7 without the allocator (rule 8), so each
+        is :meth:`requested_peak`, a lower bound of :meth:`peak`. Built incrementally
+        (one swap's effect on the allocation deltas is local), so the whole array costs
+        about len(swaps) cumulative sums.
         """
         pos, n_ops = self.pos, len(self.order)
         delta = self.base.copy()
-        free = dict(self.free)
+        end = dict(self.end)
         moved: set[tuple[str, int]] = set()
         swap_out_pos: dict[str, int] = {}
         peaks = np.empty(len(swaps) + 1, dtype=np.int64)
@@ -179,28 +468,32 @@ class Simulator:
             r = self.root[s.tensor]
             swap_out_pos[r] = max(swap_out_pos.get(r, 0), p)
             if r in self.alloc:
-                start, nbytes = self.alloc[r]
-                new_free = max([start, swap_out_pos[r]] + [q for q, read in self.reads[r] if read not in moved])
-                if new_free != free[r]:
-                    delta[free[r] + 1] += nbytes
-                    delta[new_free + 1] -= nbytes
-                    free[r] = new_free
+                nbytes = self.alloc[r][1]
+                new_end = self._swapped_end(r, moved, swap_out_pos[r])
+                if new_end != end[r]:
+                    delta[end[r]] += nbytes
+                    delta[new_end] -= nbytes
+                    end[r] = new_end
             for si in s.swap_ins:
-                begin = max(pos[si.trigger], p) if si.trigger is not None else p
-                delta[begin] += s.bytes
-                delta[max(pos[c] for c, _ in si.consumers) + 1] -= s.bytes
+                start, stop = self._swap_in_span(s, si)
+                delta[start] += s.bytes
+                delta[stop] -= s.bytes
             peaks[k + 1] = np.cumsum(delta[:n_ops]).max(initial=0)
         return peaks + self.model.variable_bytes
 
-    def peak(self, swaps: Sequence[Swap] = ()) -> int:
-        """Predicted peak bytes (variables included) with ``swaps`` applied."""
+    def requested_peak(self, swaps: Sequence[Swap] = ()) -> int:
+        """Peak of the requested bytes (variables included): rules 1-7 only, a lower bound of :meth:`peak`."""
         n = len(self.order)
         return int(np.cumsum(self._delta(swaps)[:n]).max(initial=0)) + self.model.variable_bytes
 
+    def peak(self, swaps: Sequence[Swap] = ()) -> int:
+        """Predicted peak bytes (variables included) with ``swaps`` applied: BFC chunks (rule 8)."""
+        return int(self._allocated(swaps).max(initial=0)) + self.model.variable_bytes
+
     def profile(self, swaps: Sequence[Swap] = ()) -> MemoryProfile:
-        """The whole predicted timeline with ``swaps`` applied."""
+        """The whole predicted timeline (BFC chunk bytes, rule 8) with ``swaps`` applied."""
         n = len(self.order)
-        timeline = np.cumsum(self._delta(swaps)[:n])
+        timeline = self._allocated(swaps)
         if n:
             k = int(np.argmax(timeline))
             peak, peak_op = int(timeline[k]), self.order[k]
@@ -213,9 +506,6 @@ class Simulator:
             peak_bytes=peak + self.model.variable_bytes,
             peak_op=peak_op,
             swap_out_steps=tuple(self.pos[s.producer] for s in swaps),
-            swap_in_steps=tuple(
-                max(self.pos[si.trigger], self.pos[s.producer]) if si.trigger is not None else self.pos[s.producer]
-                for s in swaps
-                for si in s.swap_ins
-            ),
+            swap_in_steps=tuple(self._swap_in_span(s, si)[0] for s in swaps for si in s.swap_ins),
+            requested=np.cumsum(self._delta(swaps)[:n]),
         )
