@@ -31,7 +31,7 @@ lint: install
 	$(PY) -m ruff format --check tflms tests benchmarks
 
 test: horovod lint
-	$(PY) -m pytest -q tests --doctest-modules tflms/config.py tflms/graph.py tflms/simulator.py
+	$(PY) -m pytest -q tests --doctest-modules tflms/config.py tflms/devices.py tflms/graph.py tflms/simulator.py tflms/testbed.py
 
 bench: install
 	$(PY) benchmarks/pass_speed.py

@@ -155,3 +155,129 @@ def test_max_batch_size_of_a_compiled_keras_model():
 def test_config_replace_keeps_validation():
     with pytest.raises(ValueError, match="budget="):
         dataclasses.replace(LMSConfig(), budget="nope")
+
+
+# -- keras_train_step: inputs and labels derived from the model ------------------------
+
+L = keras.layers
+
+
+def _unet(classes=5, size=32):
+    """A tiny U-Net-like segmentation model with a per-pixel sparse loss."""
+    inp = keras.Input((size, size, 3))
+    c1 = L.Conv2D(8, 3, padding="same", activation="relu")(inp)
+    c2 = L.Conv2D(16, 3, padding="same", activation="relu")(L.MaxPooling2D()(c1))
+    out = L.Conv2D(classes, 1)(L.Concatenate()([L.UpSampling2D()(c2), c1]))
+    model = keras.Model(inp, out)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _signature(cf):
+    x, y = cf.structured_input_signature[0]
+    as_list = lambda s: (tuple(s.shape.as_list()), s.dtype.name)  # noqa: E731
+    return tf.nest.map_structure(as_list, x), tf.nest.map_structure(as_list, y)
+
+
+def test_keras_train_step_derives_labels_from_outputs_and_loss():
+    keras.utils.set_random_seed(0)
+    # Segmentation, sparse loss: the output shape without its last axis, int32 (per-pixel class ids).
+    unet = _unet()
+    assert _signature(tflms.autotune.keras_train_step(unet)) == (
+        ((None, 32, 32, 3), "float32"),
+        ((None, 32, 32), "int32"),
+    )
+    # Two inputs, a dense loss: every input; labels shaped like the output, float32.
+    image, meta = keras.Input((16, 16, 3)), keras.Input((8,), dtype="int32")
+    h = L.GlobalAveragePooling2D()(L.Conv2D(4, 3)(image))
+    two = keras.Model([image, meta], L.Dense(3)(L.Concatenate()([h, L.Dense(4)(keras.ops.cast(meta, "float32"))])))
+    two.compile("sgd", "mse")
+    assert _signature(tflms.autotune.keras_train_step(two)) == (
+        [((None, 16, 16, 3), "float32"), ((None, 8), "int32")],
+        ((None, 3), "float32"),
+    )
+    # Named outputs with one loss each (a dict), as a string and as a loss object.
+    a = keras.Input((6,))
+    named = keras.Model(a, {"score": L.Dense(1)(a), "kind": L.Dense(4)(a)})
+    named.compile("sgd", {"score": "mse", "kind": keras.losses.SparseCategoricalCrossentropy(from_logits=True)})
+    assert _signature(tflms.autotune.keras_train_step(named))[1] == {
+        "kind": ((None,), "int32"),
+        "score": ((None, 1), "float32"),
+    }
+    # Explicit labels override the derived ones (one output only).
+    cf = tflms.autotune.keras_train_step(unet, label_shape=(32, 32, 1), label_dtype="int64")
+    assert _signature(cf)[1] == ((None, 32, 32, 1), "int64")
+
+
+def test_keras_train_step_of_a_segmentation_model_trains_and_fits_a_budget():
+    keras.utils.set_random_seed(1)
+    unet = _unet()
+    cf = tflms.autotune.keras_train_step(unet)
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(size=(2, 32, 32, 3)).astype("float32"))
+    y = tf.constant(rng.integers(0, 5, size=(2, 32, 32)).astype("int32"))
+    assert np.isfinite(float(cf(x, y)))  # the traced step runs on per-pixel labels
+    budget = 8 * 2**20
+    result = tflms.max_batch_size(unet, budget, limit=4096)
+
+    def peak(batch):
+        return Simulator(tflms.GraphModel.from_func_graph(cf.graph, batch_size=batch), HOST).peak()
+
+    assert 1 <= result.without_lms < result.with_lms
+    assert peak(result.without_lms) <= budget < peak(result.without_lms + 1)
+
+
+def test_keras_train_step_refuses_what_it_cannot_trace():
+    plain = keras.Sequential([keras.Input((4,)), L.Dense(2)])
+    for call in (lambda: tflms.autotune.keras_train_step(plain), lambda: tflms.max_batch_size(plain, "1GiB")):
+        with pytest.raises(ValueError, match=r"is not compiled: compile it first.*Received: model='sequential"):
+            call()
+    no_loss = keras.Sequential([keras.Input((4,)), L.Dense(2)])
+    no_loss.compile("adam")
+    with pytest.raises(ValueError, match="compiled without a loss.*Received: .*loss=None"):
+        tflms.autotune.keras_train_step(no_loss)
+
+    class Sub(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.dense = L.Dense(2)
+
+        def call(self, x):
+            return self.dense(x)
+
+    sub = Sub()
+    sub.compile("adam", "mse")
+    with pytest.raises(ValueError, match="no known inputs and outputs.*keras.Input"):
+        tflms.autotune.keras_train_step(sub)
+    with pytest.raises(TypeError, match="Received: model=42"):
+        tflms.autotune.keras_train_step(42)
+    unet = _unet()
+    with pytest.raises(ValueError, match=r"Received: label_shape=\(0, 3\)"):
+        tflms.autotune.keras_train_step(unet, label_shape=(0, 3))
+    with pytest.raises(ValueError, match="Received: label_dtype='int33'"):
+        tflms.autotune.keras_train_step(unet, label_dtype="int33")
+    a = keras.Input((6,))
+    multi = keras.Model(a, [L.Dense(1)(a), L.Dense(2)(a)])
+    multi.compile("sgd", ["mse", "mse"])
+    with pytest.raises(ValueError, match=r"one output.*has 2.*Received: label_shape=\(\)"):
+        tflms.autotune.keras_train_step(multi, label_shape=())
+    # A loss on class ids whose name does not say so: tracing fails, with the labels tried and the fix.
+    ids = lambda y_true, y_pred: keras.losses.sparse_categorical_crossentropy(y_true, y_pred)  # noqa: E731
+    own = keras.Sequential([keras.Input((12,)), L.Dense(6)])
+    own.compile("adam", ids)
+    with pytest.raises(ValueError, match=r"Tracing the training step.*labels \(None, 6\) float32.*label_shape="):
+        tflms.autotune.keras_train_step(own)
+    assert _signature(tflms.autotune.keras_train_step(own, label_shape=(), label_dtype="int32"))[1] == (
+        (None,),
+        "int32",
+    )
+
+
+def test_batch_size_result_prints_the_budget_in_both_units():
+    si = tflms.BatchSizeResult(budget=16 * 10**9, without_lms=10, with_lms=30, limit=1024)
+    binary = tflms.BatchSizeResult(budget=16 * 2**30, without_lms=10, with_lms=30, limit=1024)
+    assert str(si).startswith("largest batch within 14.9 GiB = 16.0 GB (simulator prediction): 10 without LMS")
+    assert str(binary).startswith("largest batch within 16.0 GiB = 17.2 GB (simulator prediction)")
+    assert str(tflms.BatchSizeResult(budget=500, without_lms=0, with_lms=0, limit=8)).startswith(
+        "largest batch within 500 B (simulator prediction): 0 without LMS, 0 with LMS"
+    )

@@ -16,17 +16,24 @@ def tflms(*args, timeout=300):
     )
 
 
-def test_demo_trains_resnet50_beyond_the_budget_with_lms():
-    r = tflms("demo", "--image-size", "64", "--steps", "2", "--budget", "600MiB")
+def test_demo_shows_a_real_out_of_memory_plain_and_real_training_with_tflms():
+    """``tflms demo`` on a machine without GPU: the test bed, a real cap, both measured peaks."""
+    import re
+
+    r = tflms("demo", "--image-size", "96", "--batch", "16", "--steps", "1", "--cap", "520MiB")
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout
-    assert "device memory budget: 600.0 MiB (--budget)" in out
-    assert "(the smallest power of two whose plain step exceeds the budget)" in out
-    before, after = out.split("predicted device peak (simulator): ")[1].split(" (")[0].split(" -> ")
-    assert before.endswith(" MiB") and after.endswith(" MiB")
-    assert float(before.split()[0]) > 600 >= float(after.split()[0])
-    assert "tflms plan for train_step" in out
-    assert "step time (median after the first)" in out and "images/s" in out
+    assert "two-process test bed" in out and "ResNet50 96x96, batch 16" in out
+    plain = re.search(r"1\. plain step, no cap: +measured peak ([\d,]+) MiB, predicted ([\d,]+) MiB", out)
+    assert plain, out
+    assert "real memory cap for the next runs: 520 MiB; tflms budget: 468 MiB" in out
+    assert re.search(r"2\. plain step, capped: +OUT OF MEMORY", out), out
+    lms = re.search(r"3\. tflms step, capped: +TRAINED, measured peak ([\d,]+) MiB, predicted ([\d,]+) MiB", out)
+    assert lms, out
+    measured_plain, measured_lms = (int(m.group(1).replace(",", "")) for m in (plain, lms))
+    assert measured_lms <= 520 < measured_plain
+    saved = re.search(r"tflms needs (\d+)% less device memory than the plain step", out)
+    assert saved and abs(int(saved.group(1)) - 100 * (1 - measured_lms / measured_plain)) <= 1.5, out
 
 
 def test_plan_writes_json_that_fits_the_budget(tmp_path):
@@ -62,8 +69,10 @@ def test_plan_writes_json_that_fits_the_budget(tmp_path):
         (
             ["plan", "MobileNetV3Small", "--batch", "4", "--input-shape", "32,32,3", "--budget", "1MiB"],
             1,
-            "No swap plan found fits budget=",
+            "no swap plan brings the predicted device peak within the budget '1MiB' (1.0 MiB = 1.0 MB = 1,048,576 "
+            "bytes): the best plan's peak is ",
         ),
+        (["plan", "MobileNetV3Small", "--batch", "4", "--max-batch"], 1, "--max-batch needs --budget"),
     ],
 )
 def test_bad_input_gives_one_clear_line(args, code, message):
@@ -71,4 +80,135 @@ def test_bad_input_gives_one_clear_line(args, code, message):
     assert r.returncode == code, (r.returncode, r.stderr[-2000:])
     last = [line for line in r.stderr.splitlines() if line.strip()][-1]
     assert message in last
+    assert "Traceback" not in r.stderr
+
+
+# -- your own model: tflms plan package.module:factory ----------------------------------
+
+FACTORIES = """
+import keras
+
+L = keras.layers
+
+
+def unet():
+    # A tiny U-Net-like segmentation model: per-pixel class scores, per-pixel sparse loss.
+    inp = keras.Input((32, 32, 3))
+    c1 = L.Conv2D(8, 3, padding="same", activation="relu")(inp)
+    c2 = L.Conv2D(16, 3, padding="same", activation="relu")(L.MaxPooling2D()(c1))
+    up = L.UpSampling2D()(c2)
+    out = L.Conv2D(5, 1)(L.Concatenate()([up, c1]))
+    model = keras.Model(inp, out)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def two_inputs():
+    image, meta = keras.Input((16, 16, 3)), keras.Input((8,), name="meta")
+    h = L.GlobalAveragePooling2D()(L.Conv2D(8, 3, activation="relu")(image))
+    out = L.Dense(4)(L.Concatenate()([h, L.Dense(8)(meta)]))
+    model = keras.Model([image, meta], out)
+    model.compile("sgd", "mse")
+    return model
+
+
+def uncompiled():
+    return keras.Sequential([keras.Input((4,)), L.Dense(2)])
+
+
+def broken():
+    raise RuntimeError("the data set is not mounted")
+
+
+def ids(y_true, y_pred):  # a loss on class ids whose name does not say "sparse"
+    return keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
+
+
+def own_loss():
+    model = keras.Sequential([keras.Input((12,)), L.Dense(32, activation="relu"), L.Dense(6)])
+    model.compile("adam", ids)
+    return model
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """(work dir holding mymodels.py, a console-script launcher in another dir)."""
+    root = tmp_path_factory.mktemp("project")
+    work, bin_dir = root / "work", root / "bin"
+    work.mkdir()
+    bin_dir.mkdir()
+    (work / "mymodels.py").write_text(FACTORIES)
+    # What pip writes for the console_scripts entry point: sys.path[0] is this script's folder.
+    launcher = bin_dir / "tflms"
+    launcher.write_text("import sys\nfrom tflms.cli import main\nsys.exit(main())\n")
+    return work, launcher
+
+
+def console(project, *args, timeout=300):
+    """Run the console script from the folder that holds mymodels.py."""
+    work, launcher = project
+    env = {k: v for k, v in ENV.items() if k != "PYTHONPATH"}
+    return subprocess.run(
+        [sys.executable, str(launcher), *args], cwd=work, capture_output=True, text=True, timeout=timeout, env=env
+    )
+
+
+def last_line(r):
+    return [line for line in r.stderr.splitlines() if line.strip()][-1]
+
+
+def test_console_script_plans_a_segmentation_factory_from_the_current_directory(project):
+    work, _ = project
+    r = console(project, "plan", "mymodels:unet", "--batch", "8", "--json", "unet.json", "--rows", "3")
+    assert r.returncode == 0, r.stderr[-2000:]
+    # Labels derived from the output (None, 32, 32, 5) and the sparse loss: per-pixel class ids.
+    assert "mymodels:unet: inputs (None, 32, 32, 3) float32; labels (None, 32, 32) int32; batch 8" in r.stdout
+    plan = json.loads((work / "unet.json").read_text())
+    assert plan["n_ops"] > 100 and plan["peak_bytes_before"] > 8 * 32 * 32 * 16 * 4  # c1 and c2 of 8 images at least
+    assert "Traceback" not in r.stderr
+
+
+def test_console_script_plans_a_two_input_model_and_prints_budgets_in_both_units(project):
+    work, _ = project
+    r = console(project, "plan", "mymodels:two_inputs", "--batch", "4", "--budget", "16 GB", "--max-batch",
+                "--json", "two.json")  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "inputs (None, 16, 16, 3) float32, (None, 8) float32; labels (None, 4) float32" in r.stdout
+    assert "budget: '16 GB' (14.9 GiB = 16.0 GB)" in r.stdout
+    assert "largest batch within 14.9 GiB = 16.0 GB (simulator prediction)" in r.stdout
+    assert "bytes" not in r.stdout.split("budget:")[1].splitlines()[0]
+    assert json.loads((work / "two.json").read_text())["options"]["budget"] == 16 * 10**9
+    r = console(project, "plan", "mymodels:two_inputs", "--batch", "4", "--budget", "16G", "--json", "two.json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "budget: '16G' (16.0 GiB = 17.2 GB)" in r.stdout
+    assert json.loads((work / "two.json").read_text())["options"]["budget"] == 16 * 2**30
+
+
+def test_labels_that_cannot_be_derived_fail_in_one_line_and_the_options_fix_them(project):
+    r = console(project, "plan", "mymodels:own_loss", "--batch", "4")
+    assert r.returncode == 1
+    line = last_line(r)
+    assert line.startswith("tflms: error: Tracing the training step of the Keras model") and "Traceback" not in r.stderr
+    assert "labels (None, 6) float32" in line and "label_shape" in line
+    r = console(project, "plan", "mymodels:own_loss", "--batch", "4", "--label-shape", "()", "--label-dtype", "int32")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "labels (None,) int32" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["mymodels:uncompiled"], "tflms: error: The Keras model 'sequential' is not compiled: compile it first"),
+        (["mymodels:broken"], "MODEL factory 'mymodels:broken' raised RuntimeError: the data set is not mounted"),
+        (["mymodels:nothing"], "cannot load MODEL factory 'mymodels:nothing' (searched the current directory"),
+        (["nosuchmodule:unet"], "No module named 'nosuchmodule'"),
+        (["mymodels:unet", "--input-shape", "64,64,3"], "--input-shape apply to keras.applications models only"),
+        (["mymodels:unet", "--label-dtype", "int33"], "Received: label_dtype='int33'"),
+    ],
+)
+def test_factory_errors_are_one_line(project, args, message):
+    r = console(project, "plan", *args, "--batch", "2")
+    assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
+    assert message in last_line(r)
     assert "Traceback" not in r.stderr

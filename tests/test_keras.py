@@ -18,11 +18,16 @@ import tensorflow as tf
 import tflms
 import tflms.core
 from tflms import LMSConfig, LMSWarning
-from tflms.keras import LMSCallback
+from tflms.keras import LMSCallback, short_summary
+from tflms.plan import format_bytes
 
 import zoo
 from conftest import DEVICE, HOST
 from helpers import check_structure, check_survives_grappler, swap_ops
+
+#: As for tflms.function (tests/test_zoo.py, where the reason is given): since swap-ins are gated on
+#: the host, the transformer's rewritten step differs from the plain one in the last bit.
+NOT_BIT_IDENTICAL = {"transformer": 1e-6}
 
 
 def _data(setup, batches=2):
@@ -52,13 +57,22 @@ def _fit(setup, callbacks=(), epochs=2, batches=2, reset=True, **kwargs):
     return history.history, [v.numpy() for v in setup.state()]
 
 
-def _assert_same(a, b):
+def _assert_same(a, b, rtol=None):
+    """Equal histories and variables: bit for bit, or within ``rtol`` (see ``NOT_BIT_IDENTICAL``)."""
     hist_a, vars_a = a
     hist_b, vars_b = b
-    assert hist_a == hist_b
+    if rtol is None:
+        assert hist_a == hist_b
+    else:
+        assert hist_a.keys() == hist_b.keys()
+        for key in hist_a:
+            np.testing.assert_allclose(hist_a[key], hist_b[key], rtol=rtol)
     assert len(vars_a) == len(vars_b)
     for u, v in zip(vars_a, vars_b):
-        np.testing.assert_array_equal(u, v)
+        if rtol is None:
+            np.testing.assert_array_equal(u, v)
+        else:
+            np.testing.assert_allclose(u, v, rtol=1e-4, atol=1e-5)
 
 
 def _compile(setup, **kwargs):
@@ -134,6 +148,14 @@ def test_keras_internals_are_as_pinned(mlp, monkeypatch):
         assert events == [("begin", True)] + ["step"] * (2 * calls_per_epoch) + ["end"]
     # Keras picks jit_compile / run_eagerly attributes we check at train begin.
     assert model.jit_compile is False and model.run_eagerly is False
+    # jit_compile="auto" is resolved at compile time by _resolve_auto_jit_compile (False without a GPU)
+    # and stored in _jit_compile, which the jit_compile property and _make_function read.
+    assert callable(model._resolve_auto_jit_compile)
+    if not tf.config.list_physical_devices("GPU"):
+        assert model._resolve_auto_jit_compile() is False
+    model._jit_compile = True
+    assert model.jit_compile is True
+    model._jit_compile = False
 
 
 # -- numbers and structure on the model zoo --------------------------------------------
@@ -146,7 +168,7 @@ def test_fit_is_bit_identical_and_rewritten(name):
     keras_function = setup.model.train_function
     cb = LMSCallback(device=DEVICE)
     lms = _fit(setup, [cb])
-    _assert_same(lms, plain)
+    _assert_same(lms, plain, rtol=NOT_BIT_IDENTICAL.get(name))  # the same known exception as tflms.function's
     setup.reset()  # training really moved the weights
     assert any(not np.array_equal(a, b.numpy()) for a, b in zip(plain[1], setup.state()))
 
@@ -166,8 +188,8 @@ def test_fit_is_bit_identical_and_rewritten(name):
 
 def test_fit_twice_rewrites_once_and_continues_like_plain(mlp, monkeypatch):
     calls = []
-    optimize = tflms.core.optimize
-    monkeypatch.setattr(tflms.core, "optimize", lambda *a, **k: calls.append(1) or optimize(*a, **k))
+    optimize = tflms.core._optimize  # what tflms.function runs once per traced signature
+    monkeypatch.setattr(tflms.core, "_optimize", lambda *a, **k: calls.append(1) or optimize(*a, **k))
     plain = _fit(mlp, epochs=1)
     plain_again = _fit(mlp, epochs=1, reset=False)
 
@@ -238,13 +260,31 @@ def test_verbose_prints_the_summary_once(mlp, capsys):
     _fit(mlp, [quiet], epochs=1)
     assert capsys.readouterr().out == ""
 
+    # verbose=True (1): two lines with the numbers, once, not the table.
     _compile(mlp)
     loud = LMSCallback(device=DEVICE, verbose=True)
     _fit(mlp, [loud])
     _fit(mlp, [loud])
     out = capsys.readouterr().out
-    assert out.count(loud.plan.summary()) == 1
-    assert out.count("tflms plan for") == 1
+    plan = loud.plan
+    assert len(plan.swaps) >= 2
+    assert out == short_summary(plan) + "\n" and len(out.splitlines()) == 2
+    back = sum(s.bytes * len(s.swap_ins) for s in plan.swaps)
+    assert (
+        f"{len(plan.swaps)} tensors swapped, {format_bytes(plan.swapped_bytes)} out and {format_bytes(back)} back in"
+        in out
+    )
+    assert f"{format_bytes(plan.peak_bytes_before)} -> {format_bytes(plan.peak_bytes_after)}" in out
+    assert plan.swaps[0].tensor not in out  # no table
+    assert "measured" not in out  # CPU without TF_CPU_ALLOCATOR_USE_BFC: nothing measured
+
+    # verbose=2: the full table, once.
+    _compile(mlp)
+    table = LMSCallback(device=DEVICE, verbose=2)
+    _fit(mlp, [table])
+    out = capsys.readouterr().out
+    assert out.count(table.plan.summary()) == 1 and out.count("tflms plan for") == 1
+    assert all(s.tensor in out for s in table.plan.swaps)
 
 
 # -- fit options -----------------------------------------------------------------------
@@ -374,6 +414,8 @@ def test_bad_options():
         LMSCallback({"device": DEVICE})
     with pytest.raises(ValueError, match="verbose=-1"):
         LMSCallback(verbose=-1)
+    with pytest.raises(ValueError, match="xla must be one of 'disable', 'error'. Received: xla='off'"):
+        LMSCallback(xla="off")
     with pytest.raises(TypeError, match="train_step="):
         LMSCallback(train_step="mine")
     cfg = LMSConfig(device=DEVICE, swapout_threshold=5)
@@ -394,10 +436,47 @@ def test_run_eagerly_warns_and_runs_plain():
 def test_jit_compile_is_refused(mlp):
     keras_function = (mlp.model.make_train_function(), mlp.model.train_function)[1]
     # Keras turns jit_compile off itself while op determinism is on; force it for the check.
+    # On this machine Keras's "auto" would not choose XLA: jit_compile=True was an explicit request.
+    assert mlp.model._resolve_auto_jit_compile() is False
     mlp.model._jit_compile = True
-    with pytest.raises(ValueError, match="jit_compile=False.*Received: model.jit_compile=True"):
+    with pytest.raises(ValueError, match="explicitly.*jit_compile=False.*Received: model.jit_compile=True"):
         _fit(mlp, [LMSCallback(device=DEVICE)], epochs=1)
     assert mlp.model.train_function is keras_function
+
+
+def test_jit_compile_auto_on_a_gpu_trains_without_xla_and_warns_once(monkeypatch):
+    setup = zoo.mlp()
+    model = setup.model
+    model.compile(optimizer=setup.optimizer, loss=setup.loss)  # Keras's default: jit_compile="auto"
+    assert model.jit_compile is False  # "auto" without a GPU (and with op determinism on)
+    plain = _fit(setup)
+    # What "auto" gives on a GPU (without op determinism): Keras's resolution says XLA, jit_compile is True.
+    monkeypatch.setattr(model, "_resolve_auto_jit_compile", lambda: True)
+    model._jit_compile = True
+    xla_seen = []  # model.jit_compile when a train function is built (Keras's tf.function reads it then)
+    make = model._make_function
+    monkeypatch.setattr(model, "_make_function", lambda step: xla_seen.append(model.jit_compile) or make(step))
+    cb = LMSCallback(device=DEVICE)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lms = _fit(setup, [cb])
+    ours = [w for w in caught if issubclass(w.category, LMSWarning)]
+    assert len(ours) == 1, [str(w.message) for w in ours]
+    assert "builds its training step without XLA" in str(ours[0].message) and "xla='error'" in str(ours[0].message)
+    assert xla_seen == [False]  # the callback's train function: no XLA
+    _assert_same(lms, plain)  # trained exactly like the plain step without XLA
+    assert len(cb.plan.swaps) >= 1
+    assert model.jit_compile is True  # the model's own setting is left alone (evaluate/predict keep XLA)
+
+    # A second fit with the same callback reinstalls the same step: no second warning.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _fit(setup, [cb], epochs=1)
+    assert not [w for w in caught if issubclass(w.category, LMSWarning)] and xla_seen == [False]
+
+    # xla="error": the same model is refused.
+    with pytest.raises(ValueError, match=r"xla='error'\) was given.*Received: model.jit_compile=True, xla='error'"):
+        _fit(setup, [LMSCallback(device=DEVICE, xla="error")], epochs=1)
 
 
 def test_without_a_device_it_warns_and_trains_plain(mlp):

@@ -13,7 +13,7 @@ from matplotlib.image import imread
 import tflms
 from tflms import LMSConfig, SwapPlan, make_plan, simulate
 from tflms.graph import GraphModel
-from tflms.plot import draw_memory, memory_plot_data
+from tflms.plot import MemoryPlotData, draw_memory, memory_plot_data
 
 import zoo
 from conftest import DEVICE
@@ -50,14 +50,69 @@ def test_plot_data_is_the_simulators_timeline_plus_variables():
     assert data.phases == tuple(model.phase(op) for op in data.schedule)
     assert data.phases[pos["f3"]] == "forward" and data.phases[pos["gradient_tape/b3"]] == "backward"
     assert data.phases[-1] == "update" and data.n_sources == 1  # only x is at level 0
+    assert data.shown == tuple(range(1, 19)) and data.stages == data.phases
+    assert list(data.drawn([1, 5, 18])) == [0, 4, 17]
+    assert data.op_bytes[pos["f3"]] == KB4 and data.op_bytes[pos["x"]] == KB4
     assert (data.unit, data.scale) == ("KiB", 1024)
 
 
-def test_phase_spans_cover_the_schedule_in_order():
+def test_phase_spans_cover_the_drawn_ops_in_order():
     model, plan = chain_plan()
-    spans = memory_plot_data(model, plan).phase_spans(resolution=len(model.schedule()))
-    # One op per window: the spans are exactly the runs of phases after level 0.
-    assert spans == [("level 0", 0, 1), ("forward", 1, 10), ("backward", 10, 18), ("update", 18, 19)]
+    data = memory_plot_data(model, plan)
+    spans = data.phase_spans(resolution=len(model.schedule()))
+    # One op per window, x (level 0) not drawn: the spans are the runs of phases of the drawn ops.
+    assert spans == [("forward", 0, 9), ("backward", 9, 17), ("update", 17, 18)]
+
+
+def _hand_data(phases, op_bytes=None, stages=None):
+    """MemoryPlotData over ``len(phases)`` drawn ops (one level-0 op in front), for span tests."""
+    n = len(phases) + 1
+    return MemoryPlotData(
+        schedule=tuple(f"op{i}" for i in range(n)),
+        before=np.zeros(n, np.int64),
+        after=np.zeros(n, np.int64),
+        variable_bytes=0,
+        budget=None,
+        phases=("forward", *phases),
+        stages=("forward", *(stages or phases)),
+        op_bytes=np.array([0, *(op_bytes or [0] * len(phases))], np.int64),
+        n_sources=1,
+        shown=tuple(range(1, n)),
+        swap_out_steps=(),
+        swap_in_steps=(),
+        unit="B",
+        scale=1,
+    )
+
+
+def test_narrow_stretches_inside_a_phase_are_absorbed():
+    # 2 backward ops among 90 forward ones (shape arithmetic of the gradients, run early): an island.
+    phases = ["forward"] * 50 + ["backward"] * 2 + ["forward"] * 40 + ["backward"] * 30 + ["update"] * 10
+    data = _hand_data(phases)
+    assert data.phase_spans(resolution=132, min_fraction=0) == [
+        ("forward", 0, 50), ("backward", 50, 52), ("forward", 52, 92), ("backward", 92, 122), ("update", 122, 132),
+    ]  # fmt: skip
+    assert data.phase_spans(resolution=132) == [("forward", 0, 92), ("backward", 92, 122), ("update", 122, 132)]
+    # A stretch of 5% or more, or a narrow one between different phases (not a sliver), stays.
+    wide = _hand_data(["forward"] * 50 + ["backward"] * 7 + ["forward"] * 43)
+    assert wide.phase_spans(resolution=100) == [("forward", 0, 50), ("backward", 50, 57), ("forward", 57, 100)]
+    edge = _hand_data(["forward"] * 60 + ["backward"] * 37 + ["update"] * 3)
+    assert edge.phase_spans(resolution=100)[-1] == ("update", 97, 100)
+    # A sliver (under 2%) between different phases goes to its wider neighbour.
+    sliver = _hand_data(["forward"] * 60 + ["update"] + ["backward"] * 39)
+    assert sliver.phase_spans(resolution=100) == [("forward", 0, 61), ("backward", 61, 100)]
+
+
+def test_windows_are_labelled_by_the_bytes_their_ops_allocate():
+    # Each window of 4 ops: one forward op allocating 1 MiB and three backward shape ops of 4 bytes.
+    phases = ["forward", "backward", "backward", "backward"] * 25
+    data = _hand_data(phases, op_bytes=[2**20, 4, 4, 4] * 25)
+    assert data.phase_spans(resolution=25) == [("forward", 0, 100)]
+    counted = _hand_data(phases)  # without bytes every op weighs 1: the backward ops are the majority
+    assert counted.phase_spans(resolution=25) == [("backward", 0, 100)]
+    # The stage, not the phase, decides (an optimizer scalar op tagged forward is shaded as update).
+    staged = _hand_data(["forward"] * 100, stages=["forward"] * 60 + ["update"] * 40)
+    assert staged.phase_spans(resolution=100) == [("forward", 0, 60), ("update", 60, 100)]
 
 
 def test_drawn_artists_hold_the_data():
@@ -68,16 +123,52 @@ def test_drawn_artists_hold_the_data():
     data = memory_plot_data(model, plan)
     fig = Figure(layout="constrained")
     artists = draw_memory(data, fig.add_subplot())
-    np.testing.assert_allclose(artists["before"].get_ydata() * data.scale, data.before)
-    np.testing.assert_allclose(artists["after"].get_ydata() * data.scale, data.after)
-    np.testing.assert_array_equal(artists["after"].get_xdata(), np.arange(len(data.schedule)))
+    shown = list(data.shown)  # x (level 0) is not drawn
+    np.testing.assert_allclose(artists["before"].get_ydata() * data.scale, data.before[shown])
+    np.testing.assert_allclose(artists["after"].get_ydata() * data.scale, data.after[shown])
+    np.testing.assert_array_equal(artists["after"].get_xdata(), np.arange(len(data.schedule) - 1))
     assert artists["budget"].get_ydata()[0] * data.scale == budget
     rug_out = [seg[0][0] for seg in artists["swap_out"].get_segments()]
     rug_in = [seg[0][0] for seg in artists["swap_in"].get_segments()]
-    assert rug_out == list(data.swap_out_steps) and rug_in == list(data.swap_in_steps)
+    assert rug_out == [s - 1 for s in data.swap_out_steps] and rug_in == [s - 1 for s in data.swap_in_steps]
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
     assert f"swap-out ({len(plan.swaps)})" in labels and f"swap-in ({plan.n_swap_ins})" in labels
     assert any(label.startswith("with plan: peak") for label in labels)
+    assert {"forward", "backward", "update"} <= set(labels)  # every shaded phase is named in the legend
+
+
+def test_real_step_without_level_0_ops_and_without_slivers():
+    """The CNN's training step: a third of its ops are at level 0 (constants, inputs, variable handles)."""
+    setup = zoo.cnn()
+    cf = tf.function(setup.step_fn()).get_concrete_function(setup.x, setup.y)
+    _, plan = tflms.optimize(cf, device=DEVICE)
+    model = plan._model
+    data = memory_plot_data(model, plan)
+    level0 = [i for i, op in enumerate(data.schedule) if model.level(op) == 0]
+    assert data.n_sources == len(level0) > 0.25 * len(data.schedule)
+    assert set(data.shown) == set(range(len(data.schedule))) - set(level0)
+    fig = Figure(layout="constrained")
+    ax = fig.add_subplot()
+    artists = draw_memory(data, ax)
+    n = len(data.schedule) - len(level0)
+    assert len(artists["before"].get_xdata()) == n and ax.get_xlim() == (-0.5, n - 0.5)
+    assert f"its {len(level0)} level-0 ops" in ax.get_xlabel()
+    # The peaks are drawn (no level-0 op holds them) and the rug marks land on the drawn ops.
+    assert artists["peak_before"].get_ydata()[0] * data.scale == data.peak_before
+    assert artists["peak_after"].get_ydata()[0] * data.scale == data.peak_after
+    rug = [int(seg[0][0]) for seg in artists["swap_out"].get_segments()]
+    assert [data.shown[k] for k in rug] == list(data.swap_out_steps)
+    # Shading: contiguous, covering the axis, every phase present, no narrow island and no sliver,
+    # although the raw windows have some (gradient shape arithmetic or optimizer scalars among the forward ops).
+    raw, spans = data.phase_spans(min_fraction=0), data.phase_spans()
+    assert len(raw) > len(spans)
+    assert [a for _, a, _ in spans] == [0] + [b for _, _, b in spans[:-1]] and spans[-1][2] == n
+    assert {label for label, _, _ in spans} == {"forward", "backward", "update"}
+    widths = [b - a for _, a, b in spans]
+    assert min(widths) >= 0.02 * n
+    assert not any(spans[i - 1][0] == spans[i + 1][0] and widths[i] < 0.05 * n for i in range(1, len(spans) - 1))
+    labels = {t.get_text() for t in fig.legends[0].get_texts()}
+    assert {"forward", "backward", "update"} <= labels
 
 
 def test_plot_memory_writes_a_png_of_the_requested_size(tmp_path):

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 
-def decorated_step_reports_memory(batch: int = 16) -> dict[str, Any]:
-    """ResNet50 96² through ``@tflms.function`` with the test bed's device and host:
+def decorated_step_reports_memory(model: str = "cnn", batch: int = 32) -> dict[str, Any]:
+    """A model of tflms.measure.MODELS through ``@tflms.function`` with the test bed's device and host:
     losses of the plain and rewritten steps from the same state, and each one's
     measured peak next to the prediction (``LMSFunction.memory_report``)."""
     import tensorflow as tf
@@ -16,8 +16,8 @@ def decorated_step_reports_memory(batch: int = 16) -> dict[str, Any]:
     from tflms.measure import build
 
     tf.config.experimental.enable_op_determinism()
-    model, x, y, step = build("resnet50", batch)
-    state = list(model.variables) + list(step.optimizer.variables)
+    keras_model, x, y, step = build(model, batch)
+    state = list(keras_model.variables) + list(step.optimizer.variables)
     initial = [v.numpy() for v in state]
     out: dict[str, Any] = {}
     plain = tf.function(step)

@@ -33,7 +33,7 @@ import numpy as np
 from .config import LMSConfig, parse_bytes
 from .errors import BudgetError
 from .graph import GraphModel
-from .plan import Swap, format_bytes
+from .plan import Swap, format_sizes
 from .planner import candidate_swaps
 from .simulator import Simulator
 
@@ -75,22 +75,37 @@ def _grid(model: GraphModel, config: LMSConfig) -> list[tuple[int, int, list[Swa
 
 
 def _search(model: GraphModel, config: LMSConfig, sim: Simulator, budget: int) -> tuple[LMSConfig | None, int]:
-    """(tuned config or None when nothing fits, lowest predicted peak the search saw)."""
+    """(tuned config or None when nothing fits, lowest predicted peak the search saw).
+
+    The grid is searched with the fast requested-bytes peaks (:meth:`Simulator.prefix_peaks`,
+    a lower bound of :meth:`Simulator.peak`); the candidates it finds are then checked
+    with the allocator-accurate :meth:`Simulator.peak`, best key first.
+    """
     lowest = sim.peak()
     if lowest <= budget:
         return dataclasses.replace(config, budget=budget, n_tensors=0), lowest
-    best: tuple[tuple[int, int, int, int], int, int, int] | None = None
+    candidates: set[tuple[tuple[int, int, int, int], int, int, int]] = set()
+    deepest: list[tuple[int, int, int, int]] = []  # (fast peak, threshold, groupby, n) of each grid entry
+    grid = {}
     for threshold, groupby, swaps in _grid(model, config):
+        grid[threshold, groupby] = swaps
         peaks = sim.prefix_peaks(swaps)
-        lowest = min(lowest, int(peaks.min()))
+        deepest.append((int(peaks.min()), threshold, groupby, int(np.argmin(peaks))))
         fitting = np.flatnonzero(peaks <= budget)
-        if not len(fitting):
-            continue
-        n = int(fitting[0])
-        key = (traffic(swaps[:n]), n, -threshold, -groupby)
-        if best is None or key < best[0]:
+        for n in {int(fitting[0]), int(np.argmin(peaks))} if len(fitting) else ():
+            if peaks[n] <= budget:
+                candidates.add(((traffic(swaps[:n]), n, -threshold, -groupby), threshold, groupby, n))
+    best = None
+    for key, threshold, groupby, n in sorted(candidates):
+        if sim.peak(grid[threshold, groupby][:n]) <= budget:
             best = (key, threshold, groupby, n)
+            break
     if best is None:
+        # The lowest accurate peak among the deepest prefixes of each grid entry (best fast peaks first).
+        for fast, threshold, groupby, n in sorted(deepest):
+            if fast >= lowest:
+                break
+            lowest = min(lowest, sim.peak(grid[threshold, groupby][:n]))
         return None, lowest
     _, threshold, groupby, n = best
     for ahead in AHEADS:  # earliest prefetch first; ahead=1 is the one that fitted above
@@ -136,8 +151,10 @@ class BatchSizeResult:
     def __str__(self) -> str:
         ratio = f" (x{self.ratio:.1f})" if self.ratio else ""
         cap = lambda b: f">={b}" if b >= self.limit else str(b)  # noqa: E731
+        # Both unit systems: "16 GB" (powers of 10) and "16 GiB" (powers of 2) differ by 7%.
+        size = format_sizes(self.budget)
         return (
-            f"largest batch within {format_bytes(self.budget)} (simulator prediction): "
+            f"largest batch within {size} (simulator prediction): "
             f"{cap(self.without_lms)} without LMS, {cap(self.with_lms)} with LMS{ratio}"
         )
 
@@ -244,28 +261,85 @@ def _graph_source(step: Any) -> Callable[[int], GraphModel]:
     )
 
 
-def keras_train_step(model: Any, label_shape: Sequence[int] | None = None, label_dtype: str | None = None) -> Any:
+def keras_train_step(
+    model: Any, label_shape: Sequence[int | None] | None = None, label_dtype: str | None = None
+) -> Any:
     """The training step of a compiled Keras model, traced with an unknown batch size.
 
-    Labels default to the model's output shape (float32), or to integer class ids
-    of shape ``(batch,)`` when the loss is a sparse categorical one.
+    Inputs: every input of the model (``model.inputs``, in the structure the model
+    takes them: one tensor, a list or a dict), with its shape and dtype. Labels: one
+    per model output, in the outputs' structure, derived from the output and its
+    loss: the output's shape as float32, or, for a sparse loss (e.g.
+    ``sparse_categorical_crossentropy``), integer class ids (int32) shaped like the
+    output without its last axis: ``(batch,)`` for a classifier, ``(batch, H, W)``
+    for a per-pixel segmentation loss. ``label_shape`` (without the batch axis) and
+    ``label_dtype`` override that for a model with one output.
+
+    Raises ``ValueError`` for a model that is not compiled (with an optimizer and a
+    loss), a model without known inputs (a subclassed model that was never built on
+    ``keras.Input``), or bad ``label_shape``/``label_dtype``; ``TypeError`` when
+    ``model`` is no ``keras.Model``.
+
+    Example:
+        >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")  # doctest: +SKIP
+        >>> cf = keras_train_step(model)  # ConcreteFunction(x, y), batch dimension None  # doctest: +SKIP
     """
+    import keras
     import tensorflow as tf
 
-    if model.optimizer is None or getattr(model, "loss", None) is None:
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"model must be a compiled keras.Model. Received: model={model!r}")
+    name = model.name
+    if not getattr(model, "compiled", False) or getattr(model, "optimizer", None) is None:
         raise ValueError(
-            "The Keras model must be compiled with a loss and an optimizer, e.g. "
-            f"model.compile(optimizer='adam', loss='mse'). Received: model={model.name!r}"
+            f"The Keras model {name!r} is not compiled: compile it first with an optimizer and a loss, e.g. "
+            f"model.compile(optimizer='adam', loss='sparse_categorical_crossentropy'). Received: model={name!r} "
+            "(not compiled)"
         )
-    loss_name = str(model.loss).lower()
-    sparse = "sparse" in loss_name
-    if label_shape is None:
-        label_shape = () if sparse else tuple(model.output_shape[1:])
-    label_dtype = label_dtype or ("int32" if sparse else "float32")
-    x_spec = tf.TensorSpec((None, *model.input_shape[1:]), model.inputs[0].dtype)
-    y_spec = tf.TensorSpec((None, *label_shape), label_dtype)
+    if getattr(model, "loss", None) is None:
+        raise ValueError(
+            f"The Keras model {name!r} was compiled without a loss: compile it with one, e.g. "
+            f"model.compile(optimizer='adam', loss='mse'). Received: model={name!r} (loss=None)"
+        )
+    x_struct = _keras_structure(model, "inputs")
+    y_struct = _keras_structure(model, "outputs")
+    if x_struct is None or y_struct is None:
+        raise ValueError(
+            f"The Keras model {name!r} has no known inputs and outputs (a subclassed model, or a Sequential "
+            "model without keras.Input): tflms reads the input shapes from model.inputs. Start the model with "
+            "keras.Input(shape), or pass a ConcreteFunction of your training step traced with an unknown batch "
+            f"dimension. Received: model={name!r} of class {type(model).__name__}"
+        )
+    outputs = keras.tree.flatten(y_struct)
+    if (label_shape is not None or label_dtype is not None) and len(outputs) != 1:
+        raise ValueError(
+            f"label_shape and label_dtype apply to a model with one output; the model {name!r} has "
+            f"{len(outputs)}, whose labels are derived from each output and its loss. "
+            f"Received: label_shape={label_shape!r}, label_dtype={label_dtype!r}"
+        )
+    if label_shape is not None:
+        label_shape = _check_label_shape(label_shape)
+    if label_dtype is not None:
+        try:
+            label_dtype = tf.as_dtype(label_dtype).name
+        except TypeError:
+            raise ValueError(
+                f"label_dtype must be a TensorFlow dtype name such as 'int32' or 'float32'. "
+                f"Received: label_dtype={label_dtype!r}"
+            ) from None
+    losses = _output_losses(model.loss, y_struct, getattr(model, "output_names", None))
+
+    def label_spec(output: Any, loss: Any) -> Any:
+        sparse = _is_sparse_loss(loss)
+        shape = label_shape if label_shape is not None else tuple(output.shape[1 : -1 if sparse else None])
+        dtype = label_dtype or ("int32" if sparse else "float32")
+        return tf.TensorSpec((None, *shape), dtype)
+
+    x_spec = keras.tree.map_structure(lambda t: tf.TensorSpec((None, *t.shape[1:]), t.dtype), x_struct)
+    y_spec = keras.tree.pack_sequence_as(y_struct, [label_spec(o, loss) for o, loss in zip(outputs, losses)])
     optimizer = model.optimizer
-    optimizer.build(model.trainable_variables)
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
 
     def train_step(x, y):
         with tf.GradientTape() as tape:
@@ -275,4 +349,84 @@ def keras_train_step(model: Any, label_shape: Sequence[int] | None = None, label
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss
 
-    return tf.function(train_step).get_concrete_function(x_spec, y_spec)
+    try:
+        return tf.function(train_step).get_concrete_function(x_spec, y_spec)
+    except Exception as err:
+        first = " ".join(str(err).split())
+        first = first if len(first) <= 300 else first[:297] + "..."
+        raise ValueError(
+            f"Tracing the training step of the Keras model {name!r} failed with inputs {_specs_text(x_spec)} and "
+            f"labels {_specs_text(y_spec)} (derived from the outputs and the loss {_loss_name(model.loss)}): "
+            f"{type(err).__name__}: {first} If the loss expects other labels, pass label_shape= and label_dtype= "
+            f"(tflms plan: --label-shape, --label-dtype). Received: label_shape={label_shape!r}, "
+            f"label_dtype={label_dtype!r}"
+        ) from err
+
+
+def _specs_text(structure: Any) -> str:
+    """``(None, 64, 64, 3) float32``, several joined by ', ' (the structure flattened)."""
+    import tensorflow as tf
+
+    return ", ".join(f"{tuple(s.shape.as_list())} {s.dtype.name}" for s in tf.nest.flatten(structure))
+
+
+def _loss_name(loss: Any) -> str:
+    if isinstance(loss, (str, dict, list, tuple)):
+        return repr(loss) if not isinstance(loss, (dict, list, tuple)) else type(loss).__name__
+    return getattr(loss, "__name__", None) or type(loss).__name__
+
+
+def _keras_structure(model: Any, which: str) -> Any:
+    """``model``'s symbolic inputs or outputs in the structure it takes/returns them, or None.
+
+    Functional models keep the structure (one tensor, a list, a dict) in ``_inputs_struct`` /
+    ``_outputs_struct``; a Sequential model in its inner Functional; otherwise the flat
+    public list (one element: the tensor itself).
+    """
+    functional = model if hasattr(model, "_inputs_struct") else getattr(model, "_functional", None)
+    struct = getattr(functional, f"_{which}_struct", None)
+    if struct is not None:
+        return struct
+    try:
+        tensors = list(getattr(model, which))
+    except (AttributeError, ValueError, TypeError):
+        return None
+    return tensors[0] if len(tensors) == 1 else (tensors or None)
+
+
+def _output_losses(loss: Any, y_struct: Any, output_names: Sequence[str] | None) -> list[Any]:
+    """The compiled loss of each output, in ``keras.tree.flatten(y_struct)`` order (None: none)."""
+    import keras
+
+    n = len(keras.tree.flatten(y_struct))
+    if isinstance(loss, dict):
+        if isinstance(y_struct, dict):
+            names = sorted(y_struct)  # keras.tree flattens a dict in sorted key order
+        else:
+            names = list(output_names or [])
+        return [loss.get(k) for k in names] if len(names) == n else [None] * n
+    if isinstance(loss, (list, tuple)):
+        return list(loss) if len(loss) == n else [None] * n
+    return [loss] * n
+
+
+def _is_sparse_loss(loss: Any) -> bool:
+    """Whether ``loss`` takes integer class ids (``sparse_categorical_crossentropy`` and friends)."""
+    if loss is None:
+        return False
+    if isinstance(loss, str):
+        return "sparse" in loss.lower()
+    fn = getattr(loss, "fn", None)  # keras.losses.LossFunctionWrapper
+    names = (type(loss).__name__, getattr(loss, "name", ""), getattr(loss, "__name__", ""), getattr(fn, "__name__", ""))
+    return any("sparse" in str(n).lower() for n in names)
+
+
+def _check_label_shape(label_shape: Any) -> tuple[int | None, ...]:
+    ok = isinstance(label_shape, Sequence) and not isinstance(label_shape, str)
+    ok = ok and all(d is None or (isinstance(d, int) and not isinstance(d, bool) and d >= 1) for d in label_shape)
+    if not ok:
+        raise ValueError(
+            "label_shape must be a sequence of dimensions >= 1 (or None), without the batch axis, e.g. (64, 64) "
+            f"or () for one label per sample. Received: label_shape={label_shape!r}"
+        )
+    return tuple(label_shape)

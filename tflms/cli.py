@@ -16,10 +16,11 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from .plan import format_sizes
 
 __all__ = ["main", "CPU_BUDGET"]
 
@@ -72,29 +73,83 @@ def _parse_shape(text: str) -> tuple[int, ...]:
     return shape
 
 
+class _Size(int):
+    """A byte count parsed from a size string; ``text`` is what the user typed."""
+
+    text: str
+
+    def __new__(cls, n: int, text: str = "") -> _Size:
+        self = super().__new__(cls, n)
+        self.text = text or str(n)
+        return self
+
+    def __reduce__(self) -> tuple[type, tuple[int]]:  # copies and pickles are plain ints
+        return int, (int(self),)
+
+
 def _parse_size(text: str) -> int:
     from .config import parse_bytes
 
     try:
-        return parse_bytes(text, "budget")
+        return _Size(parse_bytes(text, "budget"), text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _parse_label_shape(text: str) -> tuple[int, ...]:
+    if text.strip() in ("", "()", "scalar"):
+        return ()
+    return _parse_shape(text)
+
+
+def _budget_text(budget: int, exact: bool = False) -> str:
+    """``'16 GB' (14.9 GiB = 16.0 GB)``: what was typed and what it means."""
+    text = getattr(budget, "text", None)
+    return f"{text!r} ({format_sizes(budget, exact)})" if text is not None else format_sizes(budget, exact)
+
+
+def _one_line(err: BaseException, limit: int = 500) -> str:
+    """``'TypeError: first words of the message'``, whitespace collapsed, clipped to ``limit``."""
+    text = " ".join(str(err).split()) or "(no message)"
+    text = f"{type(err).__name__}: {text}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _import_factory_module(name: str) -> Any:
+    """Import ``name`` as ``python -m`` would: the current directory is searched first.
+
+    The ``tflms`` console script runs with its own folder, not the current directory,
+    as ``sys.path[0]``, so ``tflms plan mymodels:unet`` would not find ``./mymodels.py``.
+    """
+    cwd = os.getcwd()
+    if not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
+        sys.path.insert(0, cwd)
+    return importlib.import_module(name)
 
 
 def build_model(spec: str, input_shape: tuple[int, ...], classes: int = 1000) -> Any:
     """A compiled Keras model from a keras.applications name or ``package.module:factory``.
 
-    A factory is called with no arguments and must return a compiled ``keras.Model``.
+    A factory is called with no arguments and must return a compiled ``keras.Model``;
+    its module is looked up in the current directory first, then on ``sys.path``.
     """
     import keras
 
     if ":" in spec:
         module_name, _, attr = spec.partition(":")
         try:
-            factory = getattr(importlib.import_module(module_name), attr)
+            factory = getattr(_import_factory_module(module_name), attr)
         except (ImportError, AttributeError) as err:
-            raise CLIError(f"cannot load MODEL factory {spec!r}: {err}") from None
-        model = factory()
+            raise CLIError(
+                f"cannot load MODEL factory {spec!r} (searched the current directory {os.getcwd()} and "
+                f"sys.path): {_one_line(err)}"
+            ) from None
+        except Exception as err:  # the module itself raised while being imported
+            raise CLIError(f"importing the module of MODEL factory {spec!r} failed: {_one_line(err)}") from None
+        try:
+            model = factory()
+        except Exception as err:
+            raise CLIError(f"MODEL factory {spec!r} raised {_one_line(err)}") from None
         if not isinstance(model, keras.Model):
             raise CLIError(f"MODEL factory {spec!r} must return a keras.Model. Received: {type(model).__name__}")
         return model
@@ -111,92 +166,65 @@ def build_model(spec: str, input_shape: tuple[int, ...], classes: int = 1000) ->
 
 
 def demo(args: argparse.Namespace) -> int:
-    """ResNet50 at a batch whose predicted peak exceeds the budget, trained with LMS."""
-    device, where = _setup_devices()
-    import keras
-    import numpy as np
-    import tensorflow as tf
+    """The demo (``tflms demo``, what ``make run`` runs): see :mod:`tflms.demo`."""
+    from .demo import run_demo
 
-    import tflms
-    from tflms.plan import format_bytes
-
-    print(f"tflms {tflms.__version__}, TensorFlow {tf.__version__}: {where}")
-    budget, source = args.budget, "--budget"
-    if budget is None:
-        gpu_memory = _gpu_memory_bytes() if device is None else None
-        budget, source = (gpu_memory, "GPU memory") if gpu_memory else (_parse_size(CPU_BUDGET), "simulated budget")
-    print(f"device memory budget: {format_bytes(budget)} ({source}); all peaks below are simulator predictions")
-
-    keras.utils.set_random_seed(0)
-    size = args.image_size
-    model = build_model("ResNet50", (size, size, 3), classes=10)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy()
-    optimizer = model.optimizer
-    optimizer.build(model.trainable_variables)
-
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    # Traced once with an unknown batch to find a batch size that exceeds the budget.
-    any_batch = tf.function(train_step).get_concrete_function(
-        tf.TensorSpec((None, size, size, 3)), tf.TensorSpec((None,), tf.int32)
-    )
-
-    def peak(batch: int) -> int:
-        return tflms.Simulator(tflms.GraphModel.from_func_graph(any_batch.graph, batch_size=batch)).peak()
-
-    batch = args.batch
-    if batch is None:  # smallest power of two whose plain step would not fit
-        batch = 1
-        while peak(batch) <= budget and batch < 4096:
-            batch *= 2
-    how = "--batch" if args.batch else "the smallest power of two whose plain step exceeds the budget"
-    print(f"ResNet50 {size}x{size}, batch {batch} ({how})")
-
-    rng = np.random.default_rng(0)
-    x = tf.constant(rng.normal(size=(batch, size, size, 3)).astype("float32"))
-    y = tf.constant(rng.integers(0, 10, size=(batch,)).astype("int32"))
-    step = tflms.function(train_step, device=device, budget=budget)
-    t0 = time.perf_counter()
     try:
-        plan = step.get_plan(x, y)
-    except tflms.BudgetError as err:
+        return run_demo(args)
+    except ValueError as err:  # e.g. BudgetError
         raise CLIError(str(err)) from None
-    print(f"traced, planned and rewrote the step in {time.perf_counter() - t0:.1f} s\n")
-    print(plan.summary(max_rows=args.rows))
-    print()
-    bar = keras.utils.Progbar(args.steps, stateful_metrics=["loss"])
-    times = []
-    for i in range(args.steps):
-        t0 = time.perf_counter()
-        loss = float(step(x, y))
-        times.append(time.perf_counter() - t0)
-        bar.update(i + 1, values=[("loss", loss)])
-    if len(times) > 1:
-        ms = 1000 * float(np.median(times[1:]))
-        print(f"step time (median after the first): {ms:.0f} ms, {batch / ms * 1000:.1f} images/s")
-    return 0
 
 
 def plan_cmd(args: argparse.Namespace) -> int:
-    """Plan MODEL at --batch; print the summary, optionally write JSON and a plot."""
-    _setup_devices()
-    import tflms
-    from tflms.autotune import keras_train_step
+    """Plan MODEL at --batch; print the summary, optionally write JSON and a plot.
 
-    shape = tuple(args.input_shape)
-    model = build_model(args.model, shape, classes=args.classes)
-    step = keras_train_step(model)
+    Every failure is one line on stderr (a :class:`CLIError`), unless ``--traceback``.
+    """
+    if args.max_batch and args.budget is None:
+        raise CLIError("--max-batch needs --budget, the memory budget to fit. Received: --max-batch without --budget")
+    if ":" in args.model:
+        given = [f"--{n.replace('_', '-')}" for n in ("input_shape", "classes") if getattr(args, n) is not None]
+        if given:
+            raise CLIError(
+                f"{' and '.join(given)} apply to keras.applications models only; the model of a factory has its "
+                f"own inputs and outputs. Received: {', '.join(given)} with MODEL {args.model!r}"
+            )
+    _setup_devices()
+    try:
+        return _plan(args)
+    except CLIError:
+        raise
+    except Exception as err:
+        if args.traceback:
+            raise
+        raise CLIError(f"{_one_line(err)} (run with --traceback for the full traceback)") from None
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import tflms
+    from tflms.autotune import _specs_text, keras_train_step
+
+    shape = tuple(args.input_shape or (224, 224, 3))
+    model = build_model(args.model, shape, classes=args.classes or 1000)
+    if args.budget is not None:
+        print(f"budget: {_budget_text(args.budget)}; KB/MB/GB are powers of 10, KiB/MiB/GiB and K/M/G powers of 2")
+    try:
+        step = keras_train_step(model, label_shape=args.label_shape, label_dtype=args.label_dtype)
+    except (TypeError, ValueError) as err:
+        raise CLIError(" ".join(str(err).split())) from None
+    x_spec, y_spec = step.structured_input_signature[0]
+    print(f"{args.model}: inputs {_specs_text(x_spec)}; labels {_specs_text(y_spec)}; batch {args.batch}")
     gm = tflms.GraphModel.from_func_graph(step.graph, batch_size=args.batch)
-    config = tflms.LMSConfig(budget=args.budget)
+    config = tflms.LMSConfig(budget=None if args.budget is None else int(args.budget))
     try:
         plan = tflms.make_plan(gm, config)
     except tflms.BudgetError as err:
-        raise CLIError(str(err)) from None
+        raise CLIError(
+            f"no swap plan brings the predicted device peak within the budget {_budget_text(args.budget, True)}: "
+            f"the best plan's peak is {format_sizes(err.best_peak_bytes, True)} "
+            f"({format_sizes(err.plain_peak_bytes)} without LMS; simulator). Raise --budget or lower --batch. "
+            f"Received: --budget={args.budget.text!r}"
+        ) from None
     print(plan.summary(max_rows=args.rows))
     if args.json:
         Path(args.json).write_text(plan.to_json() + "\n")
@@ -207,9 +235,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
         plot_memory(gm, plan, args.plot)
         print(f"wrote {args.plot}")
     if args.max_batch:
-        if args.budget is None:
-            raise CLIError("--max-batch needs --budget")
-        print(tflms.max_batch_size(step, args.budget))
+        print(tflms.max_batch_size(step, int(args.budget)))
     return 0
 
 
@@ -242,11 +268,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tflms", description="Large model support for TensorFlow 2.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("demo", help="ResNet50 beyond a memory budget, trained with LMS")
+    p = sub.add_parser("demo", help="ResNet50: the plain step runs out of memory, tflms trains (measured)")
     p.add_argument(
         "--budget", type=_parse_size, help=f"device memory budget (default: GPU memory; {CPU_BUDGET} on CPU)"
     )
-    p.add_argument("--batch", type=int, help="batch size (default: smallest power of two that exceeds the budget)")
+    p.add_argument(
+        "--cap",
+        type=_parse_size,
+        help="without GPU: the real memory cap of the test bed (default: 70%% of the plain step's measured peak)",
+    )
+    p.add_argument(
+        "--batch",
+        type=int,
+        help="batch size (default: 32 on the test bed; on a GPU the smallest power of two "
+        "whose predicted plain peak exceeds the budget)",
+    )
     p.add_argument("--image-size", type=int, default=96, help="input height and width (default 96)")
     p.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
     p.add_argument("--rows", type=int, default=15, help="rows of the plan table to print (default 15)")
@@ -255,13 +291,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("plan", help="plan a model for a batch size (simulator)")
     p.add_argument("model", metavar="MODEL", help="keras.applications name (e.g. ResNet50) or package.module:factory")
     p.add_argument("--batch", type=int, required=True, help="batch size")
-    p.add_argument("--input-shape", type=_parse_shape, default=(224, 224, 3), help="e.g. 224,224,3 (default)")
-    p.add_argument("--classes", type=int, default=1000, help="classes of a keras.applications model (default 1000)")
+    p.add_argument("--input-shape", type=_parse_shape, help="keras.applications models: e.g. 224,224,3 (the default)")
+    p.add_argument("--classes", type=int, help="keras.applications models: number of classes (default 1000)")
+    p.add_argument(
+        "--label-shape",
+        type=_parse_label_shape,
+        help="labels without the batch axis, e.g. 128,128 ('()' for one label per sample); default: derived from "
+        "the output and its loss (a sparse loss takes the output shape without its last axis)",
+    )
+    p.add_argument(
+        "--label-dtype", help="dtype of the labels, e.g. int32 (default: int32 for a sparse loss, else float32)"
+    )
     p.add_argument("--budget", type=_parse_size, help="device memory budget, e.g. 16GiB: autotune to it")
     p.add_argument("--json", help="write the plan JSON here")
     p.add_argument("--plot", help="write the memory timeline PNG here")
     p.add_argument("--max-batch", action="store_true", help="also print the largest batch that fits the budget")
     p.add_argument("--rows", type=int, default=30, help="rows of the plan table to print (default 30)")
+    p.add_argument("--traceback", action="store_true", help="on an error, show the full traceback")
     p.set_defaults(func=plan_cmd)
 
     p = sub.add_parser("bench", help="run a benchmark from benchmarks/ (writes JSON, prints a table)")

@@ -21,14 +21,15 @@ class BudgetError(TflmsError, ValueError):
     """
 
     def __init__(self, budget: int, best_peak_bytes: int, plain_peak_bytes: int) -> None:
-        from .plan import format_bytes
+        from .plan import format_sizes
 
         self.budget = budget
         self.best_peak_bytes = best_peak_bytes
         self.plain_peak_bytes = plain_peak_bytes
         super().__init__(
-            f"No swap plan found fits budget={budget} bytes ({format_bytes(budget)}): the best plan's predicted "
-            f"device peak is {best_peak_bytes} bytes ({format_bytes(best_peak_bytes)}; "
-            f"{format_bytes(plain_peak_bytes)} without LMS; simulator). Raise the budget, lower the "
-            f"batch size, or lower min_bytes. Received: budget={budget}"
+            f"No swap plan brings the predicted device peak within budget={budget} ({format_sizes(budget)}): "
+            f"the best plan's predicted peak is {format_sizes(best_peak_bytes, exact=True)} "
+            f"({format_sizes(plain_peak_bytes)} without LMS; simulator). Raise the budget, lower the batch size, "
+            "or lower min_bytes (size strings: KB/MB/GB are powers of 10, KiB/MiB/GiB and K/M/G powers of 2). "
+            f"Received: budget={budget}"
         )

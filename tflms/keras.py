@@ -53,12 +53,12 @@ import tensorflow as tf
 
 from . import horovod as lms_hvd
 from .config import LMSConfig
-from .core import LMSFunction
+from .core import LMSFunction, device_memory, resolve_device
 from .core import function as lms_function
 from .errors import LMSWarning
-from .plan import SwapPlan
+from .plan import SwapPlan, format_bytes
 
-__all__ = ["LMSCallback", "averaging_train_step"]
+__all__ = ["LMSCallback", "averaging_train_step", "XLA_MODES"]
 
 log = logging.getLogger("tflms")
 
@@ -68,6 +68,13 @@ TrainStep = Callable[[keras.Model, Any], Any]
 #: Horovod op types that reduce across ranks: a ``horovod=True`` step without one of them
 #: does not average its gradients.
 _ALLREDUCE_TYPES = frozenset({"HorovodAllreduce", "HorovodGroupedAllreduce"})
+
+#: Values of ``LMSCallback(xla=...)``: what to do with a model whose ``jit_compile`` is on.
+XLA_MODES = ("disable", "error")
+
+#: Keys of the epoch logs the callback adds where the device reports its memory.
+MEASURED_PEAK_KEY = "measured_peak_bytes"
+PREDICTED_PEAK_KEY = "predicted_peak_bytes"
 
 #: Models whose initial variables ``LMSCallback(horovod=True)`` broadcast in this process,
 #: mapped to (a weak reference to) the optimizer whose variables went with them.
@@ -135,8 +142,23 @@ class LMSCallback(keras.callbacks.Callback):
 
     Args:
         config: a :class:`tflms.LMSConfig`; keyword ``options`` override its fields.
-        verbose: when true, print the plan summary once when the step is first
-            traced (during the first training step; on rank 0 only with ``horovod``).
+        verbose: 0 prints nothing; 1 (or True) prints a short summary once, when
+            the step is first traced (during the first training step): tensors
+            swapped, bytes moved per step, the predicted device peak before and
+            after, and where the device reports its memory the measured peak of that
+            first step; 2 prints the full plan table (:meth:`tflms.SwapPlan.summary`)
+            instead. On rank 0 only with ``horovod``.
+        xla: what to do with a model compiled with XLA (``model.jit_compile`` true),
+            whose swap ops XLA would drop. ``"disable"`` (default): when the XLA
+            setting can come from Keras's default ``jit_compile="auto"`` (which turns
+            XLA on when a GPU is present), build the rewritten training step without
+            XLA and warn once (:class:`tflms.LMSWarning`); Keras's own ``evaluate``
+            and ``predict`` keep XLA. ``"error"``: raise ``ValueError`` instead.
+            Where ``"auto"`` would not have chosen XLA (no GPU, a distribution
+            strategy, a model XLA does not support), ``jit_compile=True`` was an
+            explicit request and raises in both modes. Keras keeps only the
+            resolved value, so on a GPU an explicit ``jit_compile=True`` looks like
+            ``"auto"``: pass ``xla="error"`` to be sure XLA is never turned off.
         train_step: optional replacement for ``model.train_step``, called as
             ``train_step(model, data)`` inside the rewritten step; it must return the
             logs like ``Model.train_step``. Subclasses can override
@@ -151,6 +173,20 @@ class LMSCallback(keras.callbacks.Callback):
             without ``drop_remainder``): the planner then needs it to size tensors,
             and the callback warns when it is missing.
 
+    Epoch logs (Keras ``logs``, hence ``History`` and the progress bar): where the
+    compute device reports its memory (``tf.config.experimental.get_memory_info``:
+    a GPU; a CPU device only in a process started with
+    ``TF_CPU_ALLOCATOR_USE_BFC=true``) the callback adds, at each epoch end,
+
+    * ``measured_peak_bytes``: the *measured* peak of the device's allocator during
+      the epoch (training and validation; the statistics are reset at each epoch
+      begin with ``tf.config.experimental.reset_memory_stats``);
+    * ``predicted_peak_bytes``: the simulator's predicted peak of the rewritten
+      step, ``plan.peak_bytes_after`` (the largest over the traced signatures).
+
+    Elsewhere (or when the rewrite is skipped for lack of a device) neither is added.
+    With ``horovod=True`` they are this rank's own (not averaged like the other logs).
+
     Attributes:
         plan: the :class:`tflms.SwapPlan` of the step (``None`` until the first
             training step has traced it).
@@ -162,7 +198,8 @@ class LMSCallback(keras.callbacks.Callback):
         TypeError: unknown option (the message lists the valid ones), a
             ``train_step`` that is not callable, or a ``horovod`` that is not a bool.
         ValueError: an invalid option value; at train begin, a model compiled with
-            ``jit_compile=True`` (XLA would drop the swap ops); with ``horovod=True``,
+            ``jit_compile=True`` where that cannot be Keras's ``"auto"``, or with
+            ``xla="error"`` (XLA would drop the swap ops); with ``horovod=True``,
             a model that overrides ``train_step`` (unless ``train_step=`` is given)
             or a distribution strategy with several replicas.
         tflms.horovod.PlanMismatchError: with ``horovod=True``, when the ranks made
@@ -267,6 +304,7 @@ class LMSCallback(keras.callbacks.Callback):
         verbose: bool | int = 0,
         train_step: TrainStep | None = None,
         horovod: bool = False,
+        xla: str = "disable",
         **options: Any,
     ) -> None:
         super().__init__()
@@ -281,14 +319,18 @@ class LMSCallback(keras.callbacks.Callback):
             )
         if not isinstance(horovod, bool):
             raise TypeError(f"horovod must be True or False. Received: horovod={horovod!r}")
+        if xla not in XLA_MODES:
+            raise ValueError(f"xla must be one of {', '.join(map(repr, XLA_MODES))}. Received: xla={xla!r}")
         self.verbose = verbose
         self.horovod = horovod
+        self.xla = xla
         self.fingerprint: str | None = None
         self._train_step = train_step
         self._installation: _Installation | None = None
         self._shown = 0  # plans already reported
         self._checked_batch = False  # batch dimension of the fed data looked at
         self._broadcast_pending = False  # horovod: initial variables still to broadcast
+        self._measured_device: str | None = None  # device whose peak this epoch's logs report
 
     # -- extension point -------------------------------------------------------------
 
@@ -385,11 +427,23 @@ class LMSCallback(keras.callbacks.Callback):
         if self.horovod and logs:
             logs.update(lms_hvd.average_logs(logs, name="tflms_average_batch_logs"))
 
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._measured_device = self._memory_device()
+        if self._measured_device is not None:
+            try:
+                tf.config.experimental.reset_memory_stats(self._measured_device)
+            except (ValueError, tf.errors.OpError):
+                self._measured_device = None
+
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         # Keras recomputes the epoch logs from this rank's metrics: average them (in place, so the
         # History and progress bar that Keras appends after this callback see the averages).
         if self.horovod and logs:
             logs.update(lms_hvd.average_logs(logs))
+        # This rank's device memory, after the averaging: a rank whose device cannot report it
+        # must not change the set of keys that the ranks allreduce.
+        if logs is not None:
+            logs.update(self._memory_logs())
 
     def on_train_end(self, logs: dict | None = None) -> None:
         self.uninstall()
@@ -418,12 +472,17 @@ class LMSCallback(keras.callbacks.Callback):
                 stacklevel=2,
             )
             return False
-        if model.jit_compile:
+        if model.jit_compile and (self.xla == "error" or not _auto_would_choose_xla(model)):
+            why = (
+                "LMSCallback(xla='error') was given"
+                if self.xla == "error"
+                else "jit_compile=True was asked for explicitly (Keras's default 'auto' would not choose XLA here)"
+            )
             raise ValueError(
                 "tflms.LMSCallback cannot swap tensors in an XLA-compiled train step: XLA compiles the "
-                "whole step and drops the swap ops. Compile the model with jit_compile=False (with the "
-                "TensorFlow backend on a GPU, Keras's default jit_compile='auto' turns XLA on). "
-                f"Received: model.jit_compile={model.jit_compile!r}"
+                f"whole step and drops the swap ops, and {why}. Compile the model with jit_compile=False, or "
+                "leave Keras's default jit_compile='auto' and LMSCallback(xla='disable') to train the rewritten "
+                f"step without XLA. Received: model.jit_compile={model.jit_compile!r}, xla={self.xla!r}"
             )
         replicas = model.distribute_strategy.num_replicas_in_sync
         if replicas > 1:
@@ -450,7 +509,24 @@ class LMSCallback(keras.callbacks.Callback):
             step = _checking_allreduce(step)
         step = tf.autograph.experimental.do_not_convert(step)
         lms_step = lms_function(step, config=self.config, reduce_retracing=True) if lms else None
-        run = model._make_function(lms_step if lms else step)  # noqa: SLF001 - pinned in tests/test_keras.py
+        xla = bool(model.jit_compile)
+        if lms and xla:  # only where it may be Keras's jit_compile="auto": _supported raised otherwise
+            warnings.warn(
+                "tflms.LMSCallback: the model is compiled with XLA (model.jit_compile=True; Keras's default "
+                "jit_compile='auto' turns XLA on when a GPU is present), which would drop the swap ops, so the "
+                "callback builds its training step without XLA; Keras's own evaluate and predict keep XLA. "
+                "Compile with jit_compile=False to silence this, or pass LMSCallback(xla='error') to make it "
+                "an error.",
+                LMSWarning,
+                stacklevel=3,
+            )
+        # _make_function reads model.jit_compile once, when it wraps the step in its tf.function.
+        saved = model._jit_compile  # noqa: SLF001 - pinned in tests/test_keras.py
+        model._jit_compile = saved and not (lms and xla)  # noqa: SLF001
+        try:
+            run = model._make_function(lms_step if lms else step)  # noqa: SLF001 - pinned in tests/test_keras.py
+        finally:
+            model._jit_compile = saved  # noqa: SLF001
         model_ref = weakref.ref(model)
         installation: _Installation
 
@@ -516,11 +592,83 @@ class LMSCallback(keras.callbacks.Callback):
             # Collective: every rank traced its first step in the same train_function call.
             self.fingerprint = lms_hvd.assert_same_plan(plans[0])
         root = not self.horovod or lms_hvd.is_root()
+        measured = self._measured_peak() if self.verbose == 1 and root else None
         for plan in plans[self._shown :]:
             log.info("tflms.LMSCallback: %d tensors swapped in %s", len(plan.swaps), plan.function)
             if self.verbose and root:
-                print(plan.summary())
+                print(plan.summary() if self.verbose >= 2 else short_summary(plan, measured))
         self._shown = len(plans)
+
+    def _memory_device(self) -> str | None:
+        """The compute device of the installed rewritten step, if it reports its memory here.
+
+        A GPU, or a CPU device in a process started with ``TF_CPU_ALLOCATOR_USE_BFC=true``
+        (:func:`tflms.core.device_memory`); None without an installed LMS step or a device.
+        """
+        inst = self._installation
+        model = None if inst is None else inst.model()
+        if inst is None or inst.step is None or model is None or model.train_function is not inst.function:
+            return None
+        try:
+            device = resolve_device(self.config)
+        except ValueError:
+            return None
+        return device if device is not None and device_memory(device) is not None else None
+
+    def _measured_peak(self) -> int | None:
+        """The measured device peak since the epoch began, or None where not measured."""
+        info = None if self._measured_device is None else device_memory(self._measured_device)
+        return None if info is None else int(info["peak"])
+
+    def _memory_logs(self) -> dict[str, int]:
+        """The epoch-end log entries on device memory (see the class doc); empty where not measured."""
+        peak, plans = self._measured_peak(), self.plans
+        if not peak or not plans:
+            return {}
+        return {MEASURED_PEAK_KEY: peak, PREDICTED_PEAK_KEY: max(p.peak_bytes_after for p in plans)}
+
+
+def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
+    """Two lines on ``plan`` (what ``LMSCallback(verbose=1)`` prints): swaps, bytes moved, peaks.
+
+    ``measured_peak`` (bytes, the device's measured peak of the first step) is shown
+    next to the predicted one when given.
+
+    Example:
+        >>> print(short_summary(cb.plan))  # doctest: +SKIP
+        tflms plan for train_step: 11 tensors swapped, 13.8 MiB out and 20.2 MiB back in per step (15 swap-ins)
+        predicted device peak (simulator): 17.7 MiB -> 13.2 MiB (26% less); full table: LMSCallback(verbose=2)
+    """
+    before, after = plan.peak_bytes_before, plan.peak_bytes_after
+    back = sum(s.bytes * len(s.swap_ins) for s in plan.swaps)
+    less = (1 - after / before) * 100 if before else 0.0
+    lines = [
+        f"tflms plan for {plan.function or '<function>'}: {len(plan.swaps)} tensors swapped, "
+        f"{format_bytes(plan.swapped_bytes)} out and {format_bytes(back)} back in per step "
+        f"({plan.n_swap_ins} swap-ins)",
+        f"predicted device peak (simulator): {format_bytes(before)} -> {format_bytes(after)} "
+        f"({abs(less):.0f}% {'less' if less >= 0 else 'more'})"
+        + (f"; measured peak of the first step: {format_bytes(measured_peak)}" if measured_peak else "")
+        + "; full table: LMSCallback(verbose=2)",
+    ]
+    if plan.reason:
+        lines.append(f"note: {plan.reason}")
+    return "\n".join(lines)
+
+
+def _auto_would_choose_xla(model: keras.Model) -> bool:
+    """Whether Keras's ``jit_compile="auto"`` turns XLA on for ``model`` here (a GPU, no strategy, ...).
+
+    Then ``model.jit_compile == True`` may be Keras's default rather than the user's request.
+    Keras's own resolution (pinned in tests/test_keras.py); when it cannot be asked, True.
+    """
+    resolve = getattr(model, "_resolve_auto_jit_compile", None)
+    if resolve is None:
+        return True
+    try:
+        return bool(resolve())
+    except Exception:  # noqa: BLE001 - a Keras internal: any failure means "cannot tell"
+        return True
 
 
 def _none() -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from .config import LMSConfig
 from .devices import same_device
 from .graph import CONTROL_FLOW_OP_TYPES, GraphModel, TensorInfo
-from .plan import Swap, SwapIn, SwapPlan
+from .plan import Swap, SwapIn, SwapPlan, format_bytes, format_sizes
 from .simulator import Simulator
 
 __all__ = ["make_plan", "empty_plan", "candidate_swaps", "is_collective", "EXCLUDED_PRODUCER_TYPES", "EXCLUDED_DTYPES"]
@@ -72,7 +72,11 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
 
         config = tune(model, config, sim)
         if config.n_tensors == 0:
-            return empty(f"the predicted peak fits budget={config.budget} bytes without swapping", config)
+            return empty(
+                f"the predicted peak ({format_bytes(before)}) fits the budget ({format_sizes(config.budget)}) "
+                "without swapping",
+                config,
+            )
     swaps = candidate_swaps(model, config)
     if config.n_tensors is not None:
         swaps = swaps[: config.n_tensors]

@@ -4,7 +4,10 @@
 variables included) over the step's schedule without and with the plan, the
 variables baseline, the budget (when the plan was tuned to one), the schedule
 positions of swap-outs and swap-ins, and the forward / backward / update phase of
-each op. Every number is a prediction of the simulator, not a measurement.
+each stretch of the schedule. The level-0 ops (constants, inputs, variable
+handles: often a quarter of a training step's ops, none of them computing anything)
+are left off the x axis; the memory they hold is in the curves.
+Every number is a prediction of the simulator, not a measurement.
 
 matplotlib is an optional dependency (``pip install tflms[plot]``); it is imported
 only when a plot is drawn. The figure is rendered with Agg without pyplot, so it
@@ -26,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .errors import LMSWarning
-from .graph import GraphModel
+from .graph import ALIAS_OP_TYPES, GraphModel
 from .plan import SwapPlan, format_bytes
 from .simulator import Simulator
 
@@ -38,7 +41,7 @@ __all__ = ["MemoryPlotData", "memory_plot_data", "draw_memory", "plot_memory", "
 PHASES = ("forward", "backward", "update")
 
 #: Background colour of each stretch of the schedule (see :meth:`MemoryPlotData.phase_spans`).
-PHASE_COLORS = {"forward": "#e1ecf8", "backward": "#fde8d4", "update": "#ebe4f4", "level 0": "#f0f0f0"}
+PHASE_COLORS = {"forward": "#e1ecf8", "backward": "#fde8d4", "update": "#ebe4f4"}
 
 _UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("B", 1))
 
@@ -48,10 +51,17 @@ class MemoryPlotData:
     """What :func:`plot_memory` draws, in bytes (variables included), indexed by schedule position.
 
     ``before``/``after`` are the simulator's timelines plus ``variable_bytes``;
-    ``phases[i]`` is the phase of ``schedule[i]``; the first ``n_sources`` ops of the
-    schedule are the level-0 ones; ``swap_out_steps``/``swap_in_steps``
-    are the schedule positions of each swap-out and swap-in; ``unit``/``scale`` give
-    the y axis unit (``after / scale`` is what the y axis shows).
+    ``phases[i]`` is the phase of ``schedule[i]`` (:meth:`tflms.GraphModel.phase`) and
+    ``stages[i]`` the stage it is shaded as: its phase, except that a forward op that
+    feeds the optimizer update and no backward op (the optimizer's own arithmetic, e.g.
+    Adam's bias correction) counts as ``'update'``; ``op_bytes[i]`` are the bytes of the
+    outputs ``schedule[i]`` allocates (0 for ops that alias their input, e.g. ``Identity``,
+    ``Reshape``; :data:`tflms.graph.ALIAS_OP_TYPES`); ``n_sources`` ops are at level 0
+    (constants, inputs, variable handles); ``shown`` are the schedule positions that
+    are drawn, in order: every op above level 0 (every op when all are at level 0).
+    The x axis is the index into ``shown`` (:meth:`drawn`). ``swap_out_steps`` /
+    ``swap_in_steps`` are the schedule positions of each swap-out and swap-in;
+    ``unit``/``scale`` give the y axis unit (``after / scale`` is what the y axis shows).
     """
 
     schedule: tuple[str, ...]
@@ -60,7 +70,10 @@ class MemoryPlotData:
     variable_bytes: int
     budget: int | None
     phases: tuple[str, ...]
+    stages: tuple[str, ...]
+    op_bytes: np.ndarray
     n_sources: int
+    shown: tuple[int, ...]
     swap_out_steps: tuple[int, ...]
     swap_in_steps: tuple[int, ...]
     unit: str
@@ -74,26 +87,74 @@ class MemoryPlotData:
     def peak_after(self) -> int:
         return int(self.after.max(initial=self.variable_bytes))
 
-    def phase_spans(self, resolution: int = 100) -> list[tuple[str, int, int]]:
-        """Stretches of the schedule to shade, as ``(label, start, stop)`` (stop exclusive).
+    def drawn(self, steps: Any) -> np.ndarray:
+        """x positions of schedule positions ``steps``: their index in :attr:`shown`.
 
-        The first stretch holds the level-0 ops (constants, inputs, variable handles:
-        ``'level 0'``). The rest is cut into ``resolution`` windows, each labelled with
-        the phase most of its ops have (phases interleave: e.g. a layer's update runs
-        as soon as its gradient is ready, during the backward pass), and equal
-        neighbours are merged.
+        A position that is not drawn (a level-0 op) maps to the next drawn one.
         """
-        n, n0 = len(self.phases), self.n_sources
-        spans: list[tuple[str, int, int]] = [("level 0", 0, n0)] if n0 else []
-        width = max(1, -(-(n - n0) // resolution))
-        for a in range(n0, n, width):
-            window = self.phases[a : a + width]
-            label = max(PHASES, key=lambda p: (window.count(p), -PHASES.index(p)))
+        return np.searchsorted(np.asarray(self.shown, dtype=np.int64), np.asarray(steps, dtype=np.int64))
+
+    def phase_spans(self, resolution: int = 100, min_fraction: float = 0.05) -> list[tuple[str, int, int]]:
+        """Stretches of the x axis to shade, as ``(phase, start, stop)`` in drawn positions (stop exclusive).
+
+        The drawn ops (:attr:`shown`) are cut into ``resolution`` windows, each
+        labelled with the stage (:attr:`stages`) of most of its work: the stage whose ops
+        weigh most, an op weighing ``1 + op_bytes`` (phases interleave: e.g. a layer's
+        update runs as soon as its gradient is ready, during the backward pass, and
+        scalar arithmetic of every stage runs among the big tensors' ops). Equal
+        neighbours are merged. Then a stretch narrower than
+        ``min_fraction`` of the axis between two stretches of one other phase is
+        absorbed by them, narrowest first: the shape arithmetic of the gradients
+        (``Shape``, ``Pack``, ``BroadcastGradientArgs``, ...) runs among the forward
+        ops and would otherwise show as slivers of "backward" inside the forward
+        pass. The stretches cover ``[0, len(shown))`` in order.
+        """
+        phases = [self.stages[i] for i in self.shown]
+        weights = [1 + int(self.op_bytes[i]) for i in self.shown]
+        n = len(phases)
+        spans: list[tuple[str, int, int]] = []
+        width = max(1, -(-n // resolution))
+        for a in range(0, n, width):
+            weight = dict.fromkeys(PHASES, 0)
+            for phase, w in zip(phases[a : a + width], weights[a : a + width]):
+                weight[phase] += w
+            label = max(PHASES, key=lambda p: (weight[p], -PHASES.index(p)))
             if spans and spans[-1][0] == label:
                 spans[-1] = (label, spans[-1][1], min(a + width, n))
             else:
                 spans.append((label, a, min(a + width, n)))
-        return spans
+        return _absorb_narrow(spans, min_fraction * n)
+
+
+def _absorb_narrow(spans: list[tuple[str, int, int]], narrow: float) -> list[tuple[str, int, int]]:
+    """Merge narrow stretches into their neighbours, narrowest first (see ``phase_spans``).
+
+    A stretch narrower than ``narrow`` between two stretches of one label takes that
+    label; one narrower than ``0.4 * narrow`` (a sliver) takes the label of its wider
+    neighbour whatever the labels. Adjacent stretches of one label are then merged.
+    """
+    spans = list(spans)
+    while len(spans) > 1:
+        candidates = []
+        for i, (_, a, b) in enumerate(spans):
+            left = spans[i - 1] if i > 0 else None
+            right = spans[i + 1] if i + 1 < len(spans) else None
+            island = left is not None and right is not None and left[0] == right[0]
+            if (island and b - a < narrow) or b - a < 0.4 * narrow:
+                candidates.append((b - a, i, left, right))
+        if not candidates:
+            break
+        _, i, left, right = min(candidates, key=lambda c: c[:2])
+        wider = max((n for n in (left, right) if n is not None), key=lambda n: n[2] - n[1])
+        spans[i] = (wider[0], spans[i][1], spans[i][2])
+        merged: list[tuple[str, int, int]] = []
+        for label, a, b in spans:
+            if merged and merged[-1][0] == label:
+                merged[-1] = (label, merged[-1][1], b)
+            else:
+                merged.append((label, a, b))
+        spans = merged
+    return spans
 
 
 def memory_plot_data(model: GraphModel, plan: SwapPlan) -> MemoryPlotData:
@@ -118,6 +179,8 @@ def memory_plot_data(model: GraphModel, plan: SwapPlan) -> MemoryPlotData:
     before = plain.timeline.astype(np.int64) + var
     after = planned.timeline.astype(np.int64) + var
     top = max(int(before.max(initial=var)), int(after.max(initial=var)), plan.options.get("budget") or 0)
+    stages = _stages(model)
+    shown = tuple(i for i, op in enumerate(plain.schedule) if model.level(op) != 0) or tuple(range(len(plain.schedule)))
     unit, scale = next((u, s) for u, s in _UNITS if top >= s or s == 1)
     return MemoryPlotData(
         schedule=plain.schedule,
@@ -126,12 +189,45 @@ def memory_plot_data(model: GraphModel, plan: SwapPlan) -> MemoryPlotData:
         variable_bytes=var,
         budget=plan.options.get("budget"),
         phases=tuple(model.phase(op) for op in plain.schedule),
-        n_sources=sum(1 for op in plain.schedule if model.level(op) == 0),
+        stages=tuple(stages[op] for op in plain.schedule),
+        op_bytes=np.array([_output_bytes(model, op) for op in plain.schedule], dtype=np.int64),
+        n_sources=len(plain.schedule) - len(shown),
+        shown=shown,
         swap_out_steps=planned.swap_out_steps,
         swap_in_steps=planned.swap_in_steps,
         unit=unit,
         scale=scale,
     )
+
+
+def _output_bytes(model: GraphModel, op: str) -> int:
+    """Bytes ``op`` allocates for its outputs (0 for an op whose output aliases its input)."""
+    if model.dag.nodes[op]["type"] in ALIAS_OP_TYPES:
+        return 0
+    return sum(model.tensors[t].bytes for t in model.outputs_of[op] if t in model.tensors)
+
+
+def _stages(model: GraphModel) -> dict[str, str]:
+    """The stage each op is shaded as (see :class:`MemoryPlotData`): its phase, or ``'update'``
+    for a forward op that feeds an update op and no backward op."""
+    dag = model.dag
+    phases = {op: model.phase(op) for op in dag}
+
+    def feeding(phase: str) -> set[str]:  # ops with a path into an op of ``phase``
+        seen: set[str] = set()
+        frontier = [op for op, p in phases.items() if p == phase]
+        while frontier:
+            for pred in dag.predecessors(frontier.pop()):
+                if pred not in seen:
+                    seen.add(pred)
+                    frontier.append(pred)
+        return seen
+
+    into_backward, into_update = feeding("backward"), feeding("update")
+    return {
+        op: "update" if p == "forward" and op in into_update and op not in into_backward else p
+        for op, p in phases.items()
+    }
 
 
 def _check_matches(model: GraphModel, plan: SwapPlan) -> None:
@@ -164,43 +260,50 @@ def draw_memory(data: MemoryPlotData, ax: Axes, *, title: str | None = None) -> 
     schedule position.
     """
     from matplotlib import ticker
+    from matplotlib.patches import Patch
 
     s = data.scale
-    x = np.arange(len(data.before))
+    shown = np.asarray(data.shown, dtype=np.int64)  # the level-0 ops are not drawn
+    x = np.arange(len(shown))
+    before, after = data.before[shown], data.after[shown]
     xform = ax.get_xaxis_transform()  # x in data, y in axes fraction
     artists: dict[str, Any] = {}
 
-    for label, start, stop in data.phase_spans():
+    spans = data.phase_spans()
+    for label, start, stop in spans:
         ax.axvspan(start - 0.5, stop - 0.5, facecolor=PHASE_COLORS[label], edgecolor="none", zorder=0)
         if stop - start >= 0.06 * len(x):
-            text = "constants, inputs (level 0)" if label == "level 0" else label
-            ax.text((start + stop) / 2, 0.985, text, transform=xform, ha="center", va="top", fontsize=9,
+            ax.text((start + stop) / 2, 0.985, label, transform=xform, ha="center", va="top", fontsize=9,
                     color="#555555", zorder=7)  # fmt: skip
+    shown_phases = {label for label, _, _ in spans}
+    for phase in PHASES:  # every shaded stretch is named in the legend, however narrow
+        if phase in shown_phases:
+            artists[f"phase_{phase}"] = Patch(facecolor=PHASE_COLORS[phase], edgecolor="#bbbbbb", label=phase)
     artists["variables"] = ax.axhspan(
         0, data.variable_bytes / s, facecolor="#bbbbbb", alpha=0.45, edgecolor="none", zorder=1,
         label=f"variables: {format_bytes(data.variable_bytes)}",
     )  # fmt: skip
     fills = (
-        ("saved", data.before - data.after, "tab:green", "freed by swapping"),
-        ("added", data.after - data.before, "tab:red", "added by swap-ins"),
+        ("saved", before - after, "tab:green", "freed by swapping"),
+        ("added", after - before, "tab:red", "added by swap-ins"),
     )
     for name, diff, color, label in fills:
         if (diff > 0).any():
             artists[name] = ax.fill_between(
-                x, data.after / s, data.before / s, where=diff > 0, step="mid", color=color, alpha=0.3,
+                x, after / s, before / s, where=diff > 0, step="mid", color=color, alpha=0.3,
                 linewidth=0, zorder=2, label=label,
             )  # fmt: skip
     less = (1 - data.peak_after / data.peak_before) * 100 if data.peak_before else 0.0
     # The plain curve is drawn wider, under the planned one: where they agree it shows as a red rim.
     (artists["before"],) = ax.plot(
-        x, data.before / s, color="tab:red", linewidth=2.0, alpha=0.75, drawstyle="steps-mid", zorder=3,
+        x, before / s, color="tab:red", linewidth=2.0, alpha=0.75, drawstyle="steps-mid", zorder=3,
         label=f"without plan: peak {format_bytes(data.peak_before)}",
     )  # fmt: skip
     (artists["after"],) = ax.plot(
-        x, data.after / s, color="tab:blue", linewidth=1.0, drawstyle="steps-mid", zorder=4,
-        label=f"with plan: peak {format_bytes(data.peak_after)} ({less:.0f}% less)",
+        x, after / s, color="tab:blue", linewidth=1.0, drawstyle="steps-mid", zorder=4,
+        label=f"with plan: peak {format_bytes(data.peak_after)} ({abs(less):.0f}% {'less' if less >= 0 else 'more'})",
     )  # fmt: skip
-    for name, series, color in (("peak_before", data.before, "tab:red"), ("peak_after", data.after, "tab:blue")):
+    for name, series, color in (("peak_before", before, "tab:red"), ("peak_after", after, "tab:blue")):
         if len(series):
             k = int(np.argmax(series))
             (artists[name],) = ax.plot([k], [series[k] / s], "o", color=color, markersize=4, zorder=5)
@@ -212,12 +315,12 @@ def draw_memory(data: MemoryPlotData, ax: Axes, *, title: str | None = None) -> 
     # Swap ops as a rug along the bottom: swap-outs on the lower row, swap-ins above.
     if data.swap_out_steps:
         artists["swap_out"] = ax.vlines(
-            data.swap_out_steps, 0.0, 0.035, transform=xform, color="tab:purple", linewidth=0.8, zorder=6,
+            data.drawn(data.swap_out_steps), 0.0, 0.035, transform=xform, color="tab:purple", linewidth=0.8, zorder=6,
             label=f"swap-out ({len(data.swap_out_steps)})",
         )  # fmt: skip
     if data.swap_in_steps:
         artists["swap_in"] = ax.vlines(
-            data.swap_in_steps, 0.045, 0.08, transform=xform, color="tab:cyan", linewidth=0.8, zorder=6,
+            data.drawn(data.swap_in_steps), 0.045, 0.08, transform=xform, color="tab:cyan", linewidth=0.8, zorder=6,
             label=f"swap-in ({len(data.swap_in_steps)})",
         )  # fmt: skip
 
@@ -226,14 +329,13 @@ def draw_memory(data: MemoryPlotData, ax: Axes, *, title: str | None = None) -> 
     ax.set_ylim(0, top / s * 1.12 if top else 1)
     ax.yaxis.set_major_formatter(ticker.StrMethodFormatter("{x:,.0f}" if top / s >= 10 else "{x:,.1f}"))
     ax.set_ylabel(f"predicted device memory ({data.unit})")
-    ax.set_xlabel("schedule position (op index; ops ordered by topological level)")
+    hidden = len(data.schedule) - len(shown)
+    left_out = f"; its {hidden} level-0 ops (constants, inputs, variables) left out, their memory counted"
+    ax.set_xlabel(f"op index in the simulated schedule{left_out if hidden else ''}")
     ax.set_title(title or "tflms: predicted device memory (simulator)", fontsize=11)
-    handles = [
-        artists[k]
-        for k in ("before", "after", "saved", "added", "variables", "budget", "swap_out", "swap_in")
-        if k in artists
-    ]
-    ax.figure.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8, frameon=False)
+    keys = ("before", "after", "saved", "added", "variables", "budget", "swap_out", "swap_in")
+    handles = [artists[k] for k in (*keys, *(f"phase_{p}" for p in PHASES)) if k in artists]
+    ax.figure.legend(handles=handles, loc="outside lower center", ncol=5, fontsize=8, frameon=False)
     ax.grid(axis="y", color="white", linewidth=0.8, zorder=1)
     return artists
 
