@@ -268,3 +268,35 @@ def test_no_device_warning_points_at_the_callers_line(mlp):
         with pytest.warns(LMSWarning, match="no GPU found") as record:
             call()
         assert [w.filename for w in record] == [__file__]
+
+
+def test_xla_steps_are_refused_not_silently_dropped(mlp):
+    xla = tf.function(mlp.step_fn(), jit_compile=True)
+    with pytest.raises(ValueError, match="XLA would drop the swap ops.*jit_compile=True"):
+        tflms.function(xla, device=DEVICE)
+    cf = xla.get_concrete_function(mlp.x, mlp.y)
+    with pytest.raises(ValueError, match="XLA would drop the swap ops.*jit_compile=True"):
+        tflms.optimize(cf, device=DEVICE)
+    # Without XLA the same step is rewritten.
+    new_cf, plan = tflms.optimize(tf.function(mlp.step_fn()).get_concrete_function(mlp.x, mlp.y), device=DEVICE)
+    assert plan.swaps and swap_ops(new_cf.graph)[0]
+
+
+def test_plans_are_shown_with_their_input_signature(mlp):
+    lms = tflms.function(mlp.step_fn(), device=DEVICE)
+    lms.get_plan(mlp.x, mlp.y)
+    lms.get_plan(mlp.x[:32], mlp.y[:32])
+    by_sig = lms.plans_by_signature
+    assert list(by_sig) == ["x: float32[64, 64], y: int32[64]", "x: float32[32, 64], y: int32[32]"]
+    assert list(by_sig.values()) == lms.plans
+
+
+def test_misspelled_option_lists_the_valid_ones_everywhere():
+    for make in (lambda: LMSConfig(budjet="1GiB"), lambda: tflms.function(lambda x: x, budjet="1GiB")):
+        with pytest.raises(TypeError, match=r"Unknown LMS option\(s\): budjet\. Valid options: .*budget"):
+            make()
+
+
+def test_missing_cpu_device_says_how_to_make_one(mlp):
+    with pytest.raises(ValueError, match=r"no GPU.*set_logical_device_configuration.*device='/device:CPU:1'"):
+        tflms.function(mlp.step_fn(), device="/device:CPU:7").get_plan(mlp.x, mlp.y)

@@ -32,6 +32,7 @@ __all__ = [
     "ConcreteFunction",
     "copy_graph",
     "rebuild",
+    "must_compile_with_xla",
     "set_attr",
     "update_input",
     "add_control_input",
@@ -70,6 +71,12 @@ def copy_graph(cf: ConcreteFunction) -> Any:
         expand_composites=True,
     )
     return graph
+
+
+def must_compile_with_xla(cf: ConcreteFunction) -> bool:
+    """True when ``cf`` was traced by ``tf.function(jit_compile=True)`` (``_XlaMustCompile``)."""
+    attr = cf.function_def.attr
+    return "_XlaMustCompile" in attr and bool(attr["_XlaMustCompile"].b)
 
 
 def rebuild(cf: ConcreteFunction, graph: Any) -> ConcreteFunction:

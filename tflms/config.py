@@ -208,3 +208,24 @@ class LMSConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> LMSConfig:
         """Inverse of :meth:`to_dict`."""
         return cls.from_options(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+def _init_naming_unknown_options(init: Any) -> Any:
+    """Wrap the dataclass ``__init__`` so an unknown keyword lists the valid options."""
+    import functools
+
+    @functools.wraps(init)
+    def __init__(self: LMSConfig, *args: Any, **kwargs: Any) -> None:
+        known = {f.name for f in dataclasses.fields(LMSConfig)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(
+                f"Unknown LMS option(s): {', '.join(unknown)}. Valid options: {', '.join(sorted(known))}. "
+                f"Received: {', '.join(f'{k}={kwargs[k]!r}' for k in unknown)}"
+            )
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+LMSConfig.__init__ = _init_naming_unknown_options(LMSConfig.__init__)  # type: ignore[method-assign]

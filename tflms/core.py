@@ -171,9 +171,19 @@ def optimize(
     known = _REWRITTEN.get(concrete_function)
     if known is not None:
         return concrete_function, known
+    _refuse_xla(concrete_function)
     with paused_gc():
         new_cf, plan, _ = _optimize(concrete_function, config, copy, stacklevel=3)
     return new_cf, plan
+
+
+def _refuse_xla(concrete_function: Any) -> None:
+    if tfi.must_compile_with_xla(concrete_function):
+        raise ValueError(
+            "tflms cannot rewrite a step compiled with XLA: XLA would drop the swap ops. Trace it without "
+            "XLA: tf.function(step) or tf.function(step, jit_compile=False). "
+            f"Received: a function with jit_compile=True ({concrete_function.name.decode()!r})"
+        )
 
 
 def _optimize(
@@ -230,6 +240,12 @@ class LMSFunction:
     ) -> None:
         self._config = config
         if isinstance(python_function, tf.types.experimental.PolymorphicFunction):
+            if getattr(python_function, "_jit_compile", None):
+                raise ValueError(
+                    "tflms.function cannot rewrite a tf.function compiled with XLA: XLA would drop the swap "
+                    "ops. Pass the plain function or tf.function(fn, jit_compile=False). "
+                    f"Received: fn={python_function!r} with jit_compile=True"
+                )
             # The user's tf.function: its traces are theirs, so rewrite copies.
             self._tf_function = python_function
             self.python_function = python_function.python_function
@@ -261,6 +277,7 @@ class LMSFunction:
                     if known is not None:
                         entry = (cf, known, None)
                     else:
+                        _refuse_xla(cf)
                         with paused_gc():
                             # user -> __call__ / get_plan / ... -> _entry -> _optimize
                             entry = _optimize(cf, self._config, not self._owns_traces, stacklevel=4)
@@ -322,8 +339,13 @@ class LMSFunction:
 
     @property
     def plans(self) -> list[SwapPlan]:
-        """Plans of every signature traced so far."""
+        """Plans of every signature traced so far, in tracing order (see :attr:`plans_by_signature`)."""
         return [plan for _, plan, _ in self._cache.values()]
+
+    @property
+    def plans_by_signature(self) -> dict[str, SwapPlan]:
+        """Each traced input signature, as text (e.g. ``'x: float32[64, 64], y: int32[64]'``), and its plan."""
+        return {_signature_text(cf): plan for cf, (_, plan, _) in self._cache.items()}
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
@@ -340,8 +362,42 @@ class LMSFunction:
         return f"<tflms.LMSFunction {getattr(self.python_function, '__name__', '?')} {self._config}>"
 
 
+def _signature_text(cf: Any) -> str:
+    """``'x: float32[64, 64], y: int32[64]'`` for a ConcreteFunction's flat tensor inputs."""
+    args, kwargs = cf.structured_input_signature
+    names = [a.name for a in cf.graph.inputs[: len(cf.graph.inputs) - len(cf.graph.captures)]]
+    specs = [s for s in tf.nest.flatten((args, kwargs)) if isinstance(s, tf.TensorSpec)]
+    parts = []
+    for i, spec in enumerate(specs):
+        name = spec.name or (names[i].split(":")[0] if i < len(names) else f"arg{i}")
+        dims = (
+            ", ".join("?" if d is None else str(d) for d in spec.shape.as_list())
+            if spec.shape.rank is not None
+            else "..."
+        )
+        parts.append(f"{name}: {spec.dtype.name}[{dims}]")
+    return ", ".join(parts)
+
+
 @overload
 def function(fn: Callable[..., Any], *, config: LMSConfig | None = None, **options: Any) -> LMSFunction: ...
+def _signature_text(cf: Any) -> str:
+    """``'x: float32[64, 64], y: int32[64]'`` for a ConcreteFunction's flat tensor inputs."""
+    args, kwargs = cf.structured_input_signature
+    names = [a.name for a in cf.graph.inputs[: len(cf.graph.inputs) - len(cf.graph.captures)]]
+    specs = [s for s in tf.nest.flatten((args, kwargs)) if isinstance(s, tf.TensorSpec)]
+    parts = []
+    for i, spec in enumerate(specs):
+        name = spec.name or (names[i].split(":")[0] if i < len(names) else f"arg{i}")
+        dims = (
+            ", ".join("?" if d is None else str(d) for d in spec.shape.as_list())
+            if spec.shape.rank is not None
+            else "..."
+        )
+        parts.append(f"{name}: {spec.dtype.name}[{dims}]")
+    return ", ".join(parts)
+
+
 @overload
 def function(
     fn: None = None, *, config: LMSConfig | None = None, **options: Any
