@@ -172,8 +172,8 @@ def test_control_flow_bodies_are_not_rewritten():
         for attr in ("body", "cond", "then_branch", "else_branch"):
             if attr in op.node_def.attr:
                 fname = op.get_attr(attr).name
-                fdef = cf.graph._functions[fname].cached_definition
-                assert fdef == original.graph._functions[fname].cached_definition
+                fdef = cf.graph._functions[fname].cached_definition  # noqa: SLF001
+                assert fdef == original.graph._functions[fname].cached_definition  # noqa: SLF001
                 assert not any(n.name.startswith("tflms") for n in fdef.node_def)
                 checked += 1
     assert checked >= 4

@@ -33,8 +33,8 @@ from conftest import DEVICE, HOST
 
 if str(JOBS) not in sys.path:  # test_horovod put it there already
     sys.path.insert(0, str(JOBS))
-import fit_job  # noqa: E402
-import jobkit  # noqa: E402
+import fit_job
+import jobkit
 
 B = jobkit.PER_RANK_BATCH
 RTOL, ATOL = 1e-5, 1e-6

@@ -100,9 +100,9 @@ def test_keras_internals_are_as_pinned(mlp, monkeypatch):
     model = mlp.model
     assert keras.__version__.split(".")[0] == "3" and keras.backend.backend() == "tensorflow"
     # make_train_function() is _make_function(self.train_step), stored as train_function.
-    assert list(inspect.signature(type(model)._make_function).parameters) == ["self", "step_function"]
+    assert list(inspect.signature(type(model)._make_function).parameters) == ["self", "step_function"]  # noqa: SLF001
     given = []
-    original = model._make_function
+    original = model._make_function  # noqa: SLF001
     monkeypatch.setattr(model, "_make_function", lambda step: given.append(step) or original(step))
     model.make_train_function(force=True)
     assert given == [model.train_step] and callable(model.train_function)
@@ -118,7 +118,7 @@ def test_keras_internals_are_as_pinned(mlp, monkeypatch):
 
     x, y = _data(mlp, 3)
     it = iter(tf.data.Dataset.from_tensor_slices((x, y)).batch(mlp.x.shape[0]))
-    logs = model._make_function(step)(it)
+    logs = model._make_function(step)(it)  # noqa: SLF001
     assert int(logs["n"]) == mlp.x.shape[0]
     assert len(seen) == 1 and isinstance(seen[0], tuple) and len(seen[0]) == 2
 
@@ -150,12 +150,12 @@ def test_keras_internals_are_as_pinned(mlp, monkeypatch):
     assert model.jit_compile is False and model.run_eagerly is False
     # jit_compile="auto" is resolved at compile time by _resolve_auto_jit_compile (False without a GPU)
     # and stored in _jit_compile, which the jit_compile property and _make_function read.
-    assert callable(model._resolve_auto_jit_compile)
+    assert callable(model._resolve_auto_jit_compile)  # noqa: SLF001
     if not tf.config.list_physical_devices("GPU"):
-        assert model._resolve_auto_jit_compile() is False
-    model._jit_compile = True
+        assert model._resolve_auto_jit_compile() is False  # noqa: SLF001
+    model._jit_compile = True  # noqa: SLF001
     assert model.jit_compile is True
-    model._jit_compile = False
+    model._jit_compile = False  # noqa: SLF001
 
 
 # -- numbers and structure on the model zoo --------------------------------------------
@@ -188,7 +188,7 @@ def test_fit_is_bit_identical_and_rewritten(name):
 
 def test_fit_twice_rewrites_once_and_continues_like_plain(mlp, monkeypatch):
     calls = []
-    optimize = tflms.core._optimize  # what tflms.function runs once per traced signature
+    optimize = tflms.core._optimize  # what tflms.function runs once per traced signature  # noqa: SLF001
     monkeypatch.setattr(tflms.core, "_optimize", lambda *a, **k: calls.append(1) or optimize(*a, **k))
     plain = _fit(mlp, epochs=1)
     plain_again = _fit(mlp, epochs=1, reset=False)
@@ -437,8 +437,8 @@ def test_jit_compile_is_refused(mlp):
     keras_function = (mlp.model.make_train_function(), mlp.model.train_function)[1]
     # Keras turns jit_compile off itself while op determinism is on; force it for the check.
     # On this machine Keras's "auto" would not choose XLA: jit_compile=True was an explicit request.
-    assert mlp.model._resolve_auto_jit_compile() is False
-    mlp.model._jit_compile = True
+    assert mlp.model._resolve_auto_jit_compile() is False  # noqa: SLF001
+    mlp.model._jit_compile = True  # noqa: SLF001
     with pytest.raises(ValueError, match="explicitly.*jit_compile=False.*Received: model.jit_compile=True"):
         _fit(mlp, [LMSCallback(device=DEVICE)], epochs=1)
     assert mlp.model.train_function is keras_function
@@ -452,9 +452,9 @@ def test_jit_compile_auto_on_a_gpu_trains_without_xla_and_warns_once(monkeypatch
     plain = _fit(setup)
     # What "auto" gives on a GPU (without op determinism): Keras's resolution says XLA, jit_compile is True.
     monkeypatch.setattr(model, "_resolve_auto_jit_compile", lambda: True)
-    model._jit_compile = True
+    model._jit_compile = True  # noqa: SLF001
     xla_seen = []  # model.jit_compile when a train function is built (Keras's tf.function reads it then)
-    make = model._make_function
+    make = model._make_function  # noqa: SLF001
     monkeypatch.setattr(model, "_make_function", lambda step: xla_seen.append(model.jit_compile) or make(step))
     cb = LMSCallback(device=DEVICE)
     with warnings.catch_warnings(record=True) as caught:

@@ -142,7 +142,7 @@ def test_real_step_without_level_0_ops_and_without_slivers():
     setup = zoo.cnn()
     cf = tf.function(setup.step_fn()).get_concrete_function(setup.x, setup.y)
     _, plan = tflms.optimize(cf, device=DEVICE)
-    model = plan._model
+    model = plan.model
     data = memory_plot_data(model, plan)
     level0 = [i for i, op in enumerate(data.schedule) if model.level(op) == 0]
     assert data.n_sources == len(level0) > 0.25 * len(data.schedule)
@@ -187,7 +187,7 @@ def test_plan_plot_uses_its_model_and_json_ignores_it(tmp_path):
     model, plan = chain_plan()
     assert plan.plot(tmp_path / "p.png").read_bytes()[:8] == PNG_MAGIC
     bare = dataclasses.replace(plan)  # same fields, no model attached
-    assert getattr(bare, "_model", None) is None and plan._model is model
+    assert bare.model is None and plan.model is model
     assert plan.to_json() == bare.to_json() and plan.fingerprint() == bare.fingerprint()
     assert "_model" not in plan.to_json()
     loaded = SwapPlan.from_json(plan.to_json())
@@ -220,7 +220,7 @@ def test_real_model_plans_from_optimize_and_tflms_function_plot(tmp_path):
     cf = tf.function(setup.step_fn()).get_concrete_function(setup.x, setup.y)
     _, plan = tflms.optimize(cf, device=DEVICE)
     assert plan.swaps
-    data = memory_plot_data(plan._model, plan)
+    data = memory_plot_data(plan.model, plan)
     assert (data.peak_before, data.peak_after) == (plan.peak_bytes_before, plan.peak_bytes_after)
     assert len(data.swap_out_steps) == len(plan.swaps) and len(data.swap_in_steps) == plan.n_swap_ins
     assert set(data.phases) == {"forward", "backward", "update"}

@@ -144,11 +144,11 @@ def build_model(spec: str, input_shape: tuple[int, ...], classes: int = 1000) ->
                 f"cannot load MODEL factory {spec!r} (searched the current directory {os.getcwd()} and "
                 f"sys.path): {_one_line(err)}"
             ) from None
-        except Exception as err:  # the module itself raised while being imported
+        except Exception as err:  # noqa: BLE001 - the module itself raised while being imported: one line
             raise CLIError(f"importing the module of MODEL factory {spec!r} failed: {_one_line(err)}") from None
         try:
             model = factory()
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - any error of the user's factory becomes one line
             raise CLIError(f"MODEL factory {spec!r} raised {_one_line(err)}") from None
         if not isinstance(model, keras.Model):
             raise CLIError(f"MODEL factory {spec!r} must return a keras.Model. Received: {type(model).__name__}")

@@ -139,10 +139,18 @@ class SwapPlan:
         return len(self.swaps)
 
     # ---------------------------------------------------------------- plotting
-    def _with_model(self, model: GraphModel) -> SwapPlan:
-        """Attach the graph model the plan was made from (not a field; see :meth:`plot`)."""
+    def with_model(self, model: GraphModel) -> SwapPlan:
+        """This plan, remembering the graph model it was made from (for :meth:`plot`); returns ``self``.
+
+        The model is not a field: not in the JSON, equality, hash or fingerprint.
+        """
         object.__setattr__(self, "_model", model)
         return self
+
+    @property
+    def model(self) -> GraphModel | None:
+        """The graph model the plan was made from, or ``None`` (loaded from JSON, built by hand)."""
+        return getattr(self, "_model", None)
 
     def plot(self, path: str | Path, model: GraphModel | None = None, **kwargs: Any) -> Path:
         """Save the predicted memory timeline, before and after this plan, as a PNG.
@@ -158,7 +166,7 @@ class SwapPlan:
         """
         from .plot import plot_memory
 
-        model = model if model is not None else getattr(self, "_model", None)
+        model = model if model is not None else self.model
         if model is None:
             raise ValueError(
                 "This plan holds no graph model (it was loaded from JSON, built by hand, or made "

@@ -94,7 +94,7 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         peak_bytes_before=before,
         peak_bytes_after=sim.peak(swaps),
         variable_bytes=model.variable_bytes,
-    )._with_model(model)
+    ).with_model(model)
 
 
 def empty_plan(model: GraphModel, config: LMSConfig, peak_bytes: int, reason: str) -> SwapPlan:
@@ -108,7 +108,7 @@ def empty_plan(model: GraphModel, config: LMSConfig, peak_bytes: int, reason: st
         peak_bytes_after=peak_bytes,
         variable_bytes=model.variable_bytes,
         reason=reason,
-    )._with_model(model)
+    ).with_model(model)
 
 
 def candidate_swaps(model: GraphModel, config: LMSConfig) -> list[Swap]:
