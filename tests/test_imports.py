@@ -37,3 +37,28 @@ def test_tensorflow_names_load_on_first_use():
     assert set(tflms.__all__) <= set(dir(tflms))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = tflms.nope
+
+
+def test_no_import_cycles_inside_tflms():
+    """Module-level and function-level imports between tflms modules form no cycle
+    (imports under ``if TYPE_CHECKING:`` are for annotations only and do not count)."""
+    import ast
+    from pathlib import Path
+
+    import networkx as nx
+
+    graph = nx.DiGraph()
+    for path in (Path(tflms.__file__).parent).glob("*.py"):
+        tree = ast.parse(path.read_text())
+        typing_only = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING"
+            for n in ast.walk(node)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and id(node) not in typing_only:
+                targets = [node.module.split(".")[0]] if node.module else [a.name for a in node.names]
+                graph.add_edges_from((path.stem, t) for t in targets)
+    assert graph.number_of_edges() > 20  # the walk found the package's imports
+    assert list(nx.simple_cycles(graph)) == []

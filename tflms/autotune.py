@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from .candidates import candidate_swaps
 from .config import LMSConfig, parse_bytes
 from .errors import BudgetError
 from .graph import GraphModel
 from .plan import Swap, format_sizes
-from .planner import candidate_swaps
 from .simulator import Simulator
 
 __all__ = ["tune", "max_batch_size", "keras_train_step", "BatchSizeResult", "THRESHOLDS", "GROUPBYS", "AHEADS"]
@@ -212,7 +212,7 @@ def max_batch_size(
         >>> print(tflms.max_batch_size(model, "16GiB"))                              # doctest: +SKIP
         largest batch within 16.0 GiB (simulator prediction): 96 without LMS, 1150 with LMS (x12.0)
     """
-    from .core import paused_gc
+    from ._util import paused_gc
 
     budget = parse_bytes(budget, "budget")
     cfg = LMSConfig.from_options(config, **options)

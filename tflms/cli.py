@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .plan import format_sizes
+from ._util import format_sizes
 
 __all__ = ["main", "CPU_BUDGET"]
 
@@ -44,23 +43,6 @@ def _setup_devices() -> tuple[str | None, str]:
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     return "/device:CPU:1", "no GPU: /device:CPU:1 plays the GPU and /device:CPU:0 the host"
-
-
-def _gpu_memory_bytes() -> int | None:
-    """Total memory of GPU 0 from nvidia-smi, or None."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-        return int(float(out.strip().splitlines()[0])) * 2**20
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
 
 
 def _parse_shape(text: str) -> tuple[int, ...]:

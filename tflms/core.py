@@ -11,9 +11,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import logging
 import os
 import threading
@@ -25,6 +23,7 @@ from typing import Any, overload
 import tensorflow as tf
 
 from . import _tf_internal as tfi
+from ._util import paused_gc
 from .config import LMSConfig
 from .devices import device_key
 from .errors import LMSWarning
@@ -40,22 +39,6 @@ log = logging.getLogger("tflms")
 
 # Rebuilt functions -> their plan, so that optimizing one again changes nothing.
 _REWRITTEN: weakref.WeakKeyDictionary[Any, SwapPlan] = weakref.WeakKeyDictionary()
-
-
-@contextlib.contextmanager
-def paused_gc() -> Any:
-    """Pause Python's cyclic garbage collector for a pass.
-
-    The pass allocates many small objects while TensorFlow's graph holds hundreds
-    of thousands more; collections triggered mid-pass cost two thirds of its time.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def resolve_device(config: LMSConfig) -> str | None:

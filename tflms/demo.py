@@ -17,6 +17,8 @@ GPU's measured peak.
 from __future__ import annotations
 
 import argparse
+import shutil
+import subprocess
 import time
 from typing import Any
 
@@ -42,6 +44,23 @@ def run_demo(args: argparse.Namespace) -> int:
         return _testbed_demo(args)
     except TestBedError as err:
         raise ValueError(str(err)) from None
+
+
+def gpu_memory_bytes() -> int | None:
+    """Total memory of GPU 0 from nvidia-smi, or None."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+        return int(float(out.strip().splitlines()[0])) * 2**20
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
 
 
 def _has_gpu() -> bool:
@@ -121,18 +140,17 @@ def _gpu_demo(args: argparse.Namespace) -> int:
 
     import tflms
 
-    from .cli import _gpu_memory_bytes, build_model
-    from .plan import format_bytes
+    from ._util import format_bytes
 
-    budget = args.budget or _gpu_memory_bytes()
+    budget = args.budget or gpu_memory_bytes()
     if budget is None:
         raise ValueError("cannot read the GPU's memory size (nvidia-smi); pass --budget")
     print(f"tflms {tflms.__version__}, TensorFlow {tf.__version__}: GPU found; budget {format_bytes(budget)}")
     keras.utils.set_random_seed(0)
     size = args.image_size
-    model = build_model("ResNet50", (size, size, 3), classes=10)
+    model = keras.applications.ResNet50(weights=None, input_shape=(size, size, 3), classes=10)
     loss_fn = keras.losses.SparseCategoricalCrossentropy()
-    optimizer = model.optimizer
+    optimizer = keras.optimizers.Adam(1e-3)
     optimizer.build(model.trainable_variables)
 
     def train_step(x: Any, y: Any) -> Any:

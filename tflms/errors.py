@@ -21,7 +21,7 @@ class BudgetError(TflmsError, ValueError):
     """
 
     def __init__(self, budget: int, best_peak_bytes: int, plain_peak_bytes: int) -> None:
-        from .plan import format_sizes
+        from ._util import format_sizes
 
         self.budget = budget
         self.best_peak_bytes = best_peak_bytes

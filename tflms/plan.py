@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from ._util import format_bytes, format_sizes
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -35,29 +37,6 @@ if TYPE_CHECKING:
 __all__ = ["SwapIn", "Swap", "SwapPlan", "FORMAT_VERSION", "format_bytes", "format_sizes"]
 
 FORMAT_VERSION = 1
-
-
-def format_bytes(n: float) -> str:
-    """Human-readable binary size: ``format_bytes(3 * 2**20) == '3.0 MiB'``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def format_sizes(n: int, exact: bool = False) -> str:
-    """A byte count in binary and decimal units: ``format_sizes(16 * 10**9) == '14.9 GiB = 16.0 GB'``.
-
-    Size strings keep both systems ("16GB" is 16 * 10**9 bytes, "16GiB" and "16G" are
-    16 * 2**30), so messages show both; ``exact`` appends the byte count.
-    """
-    text = format_bytes(n)
-    for unit, scale in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
-        if n >= scale:
-            text = f"{text} = {n / scale:.1f} {unit}"
-            break
-    return f"{text} = {n:,} bytes" if exact and n >= 1024 else text
 
 
 @dataclasses.dataclass(frozen=True)

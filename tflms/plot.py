@@ -28,13 +28,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ._util import format_bytes
 from .errors import LMSWarning
 from .graph import ALIAS_OP_TYPES, GraphModel
-from .plan import SwapPlan, format_bytes
 from .simulator import Simulator
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
+
+    from .plan import SwapPlan
 
 __all__ = ["MemoryPlotData", "memory_plot_data", "draw_memory", "plot_memory", "PHASE_COLORS"]
 

@@ -64,13 +64,15 @@ from __future__ import annotations
 import bisect
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .devices import device_key
 from .graph import ALIAS_OP_TYPES, GraphModel
-from .plan import Swap
+
+if TYPE_CHECKING:
+    from .plan import Swap
 
 __all__ = ["MemoryProfile", "Simulator", "simulate"]
 

@@ -1,0 +1,144 @@
+"""Swap candidates: which tensors may be swapped, their swap-in groups and triggers.
+
+The rules are those listed in :mod:`tflms.planner`; this module holds the part that
+:mod:`tflms.autotune` needs too (it imports nothing of the planner or autotuner).
+"""
+
+from __future__ import annotations
+
+from .config import LMSConfig
+from .devices import same_device
+from .graph import CONTROL_FLOW_OP_TYPES, GraphModel, TensorInfo
+from .plan import Swap, SwapIn
+
+__all__ = ["candidate_swaps", "is_collective", "EXCLUDED_PRODUCER_TYPES", "EXCLUDED_DTYPES"]
+
+EXCLUDED_PRODUCER_TYPES = (
+    frozenset(
+        {"Const", "Placeholder", "ReadVariableOp", "VarHandleOp", "VariableV2", "_Arg", "Identity", "IdentityN"}
+        | {"Fill", "ZerosLike", "OnesLike"}
+    )
+    | CONTROL_FLOW_OP_TYPES
+)
+EXCLUDED_DTYPES = frozenset({"resource", "variant", "string", "int32"})
+
+
+def is_collective(op_type: str) -> bool:
+    """Horovod / TF collective ops: never swapped, never triggers."""
+    return op_type.startswith(("Horovod", "Collective", "NcclAllReduce"))
+
+
+def candidate_swaps(model: GraphModel, config: LMSConfig) -> list[Swap]:
+    """Every swap ``config`` allows, in the order ``n_tensors`` keeps them:
+    bytes descending, then distance descending, then tensor name."""
+    swaps = [s for t in model.tensors.values() if (s := _plan_tensor(model, t, config)) is not None]
+    swaps.sort(key=lambda s: (-s.bytes, -s.distance, s.tensor))
+    return swaps
+
+
+def _is_candidate(model: GraphModel, t: TensorInfo, config: LMSConfig) -> bool:
+    node = model.dag.nodes[t.op]
+    op_type = node["type"]
+    if node["phase"] != "forward" or op_type in EXCLUDED_PRODUCER_TYPES or is_collective(op_type):
+        return False
+    if t.dtype in EXCLUDED_DTYPES or t.rank is None or t.rank < 2 or t.bytes < config.min_bytes:
+        return False
+    if same_device(node["device"], config.host):
+        return False
+    if config.incl_types and op_type not in config.incl_types:
+        return False
+    if op_type in config.excl_types:
+        return False
+    if config.incl_scopes and not t.op.startswith(config.incl_scopes):
+        return False
+    return not (config.excl_scopes and t.op.startswith(config.excl_scopes))
+
+
+def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig) -> Swap | None:
+    if not t.consumers or not _is_candidate(model, t, config):
+        return None
+    nodes = model.dag.nodes
+    level = nodes[t.op]["level"]
+    far = sorted(
+        (nodes[c]["level"], c, i)
+        for c, i in t.consumers
+        if nodes[c]["phase"] == "backward" and nodes[c]["level"] - level > config.swapout_threshold
+    )
+    if not far:
+        return None
+    groups: list[list[tuple[int, str, int]]] = []
+    for item in far:
+        if groups and item[0] - groups[-1][0][0] <= config.swapin_groupby:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    swap_ins = []
+    for group in groups:
+        first_level, first_op, _ = group[0]
+        trigger = _find_trigger(model, first_op, first_level - config.swapin_ahead, level, config)
+        swap_ins.append(
+            SwapIn(
+                consumers=tuple((c, i) for _, c, i in group),
+                trigger=trigger,
+                level=first_level,
+                trigger_level=None if trigger is None else nodes[trigger]["level"],
+            )
+        )
+    return Swap(
+        tensor=t.name,
+        producer=t.op,
+        producer_type=nodes[t.op]["type"],
+        dtype=t.dtype,
+        shape=t.shape,
+        bytes=t.bytes,
+        level=level,
+        distance=far[0][0] - level,
+        swap_ins=tuple(swap_ins),
+    )
+
+
+def _find_trigger(
+    model: GraphModel, consumer: str, target_level: int, producer_level: int, config: LMSConfig
+) -> str | None:
+    """The swap-in trigger for a group whose first consumer is ``consumer``.
+
+    The lowest-level backward ancestor of ``consumer`` with level >= ``target_level``
+    (and above the producer); when there is none in that window, the highest-level
+    backward ancestor below it. Levels strictly grow along edges, so only
+    ancestors above the relevant level are walked.
+    """
+
+    def eligible(data: dict) -> bool:
+        return (
+            data["phase"] == "backward"
+            and not is_collective(data["type"])
+            and data["type"] not in CONTROL_FLOW_OP_TYPES
+            and not same_device(data["device"], config.host)
+        )
+
+    window = _ancestors_down_to(model, consumer, max(target_level, producer_level + 1))
+    in_window = [(lu, u) for u, lu in window if eligible(model.dag.nodes[u])]
+    if in_window:
+        return min(in_window)[1]
+    below = _ancestors_down_to(model, consumer, producer_level + 1)
+    earlier = [(-lu, u) for u, lu in below if lu < target_level and eligible(model.dag.nodes[u])]
+    return min(earlier)[1] if earlier else None
+
+
+def _ancestors_down_to(model: GraphModel, op: str, min_level: int) -> list[tuple[str, int]]:
+    """Ancestors of ``op`` with level >= ``min_level``, as (name, level)."""
+    dag = model.dag
+    found = []
+    seen = {op}
+    stack = [op]
+    while stack:
+        n = stack.pop()
+        for u in dag.predecessors(n):
+            if u in seen:
+                continue
+            seen.add(u)
+            lu = dag.nodes[u]["level"]
+            if lu >= min_level:
+                stack.append(u)
+                found.append((u, lu))
+    return found
