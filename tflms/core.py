@@ -364,23 +364,6 @@ def _signature_text(cf: Any) -> str:
 
 @overload
 def function(fn: Callable[..., Any], *, config: LMSConfig | None = None, **options: Any) -> LMSFunction: ...
-def _signature_text(cf: Any) -> str:
-    """``'x: float32[64, 64], y: int32[64]'`` for a ConcreteFunction's flat tensor inputs."""
-    args, kwargs = cf.structured_input_signature
-    names = [a.name for a in cf.graph.inputs[: len(cf.graph.inputs) - len(cf.graph.captures)]]
-    specs = [s for s in tf.nest.flatten((args, kwargs)) if isinstance(s, tf.TensorSpec)]
-    parts = []
-    for i, spec in enumerate(specs):
-        name = spec.name or (names[i].split(":")[0] if i < len(names) else f"arg{i}")
-        dims = (
-            ", ".join("?" if d is None else str(d) for d in spec.shape.as_list())
-            if spec.shape.rank is not None
-            else "..."
-        )
-        parts.append(f"{name}: {spec.dtype.name}[{dims}]")
-    return ", ".join(parts)
-
-
 @overload
 def function(
     fn: None = None, *, config: LMSConfig | None = None, **options: Any

@@ -20,7 +20,6 @@ import argparse
 import shutil
 import subprocess
 import time
-from typing import Any
 
 __all__ = ["run_demo", "CAP_FRACTION", "BUDGET_FRACTION"]
 
@@ -146,20 +145,10 @@ def _gpu_demo(args: argparse.Namespace) -> int:
     if budget is None:
         raise ValueError("cannot read the GPU's memory size (nvidia-smi); pass --budget")
     print(f"tflms {tflms.__version__}, TensorFlow {tf.__version__}: GPU found; budget {format_bytes(budget)}")
-    keras.utils.set_random_seed(0)
+    from .measure import build
+
     size = args.image_size
-    model = keras.applications.ResNet50(weights=None, input_shape=(size, size, 3), classes=10)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy()
-    optimizer = keras.optimizers.Adam(1e-3)
-    optimizer.build(model.trainable_variables)
-
-    def train_step(x: Any, y: Any) -> Any:
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
+    _, _, _, train_step = build("resnet50", 1, size)  # seeded ResNet50, Adam; traced below for any batch
     any_batch = tf.function(train_step).get_concrete_function(
         tf.TensorSpec((None, size, size, 3)), tf.TensorSpec((None,), tf.int32)
     )
