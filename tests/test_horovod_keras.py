@@ -153,7 +153,8 @@ def test_plan_is_identical_on_every_rank_and_swaps(job):
     for report in reports:
         s = report["horovod"]["structure"]
         assert s["n_swap_out"] == plans[0]["n_swaps"] and s["n_swap_in"] >= s["n_swap_out"]
-        assert s["swap_in_devices"] == [DEVICE] and s["swap_out_devices"] == [HOST]
+        # Swap-ins are gated on the host (the copy to the device waits for the trigger).
+        assert s["swap_in_devices"] == [HOST] and s["swap_out_devices"] == [HOST]
         # The gradients are averaged inside the rewritten graph (8 MiB groups: one for this CNN) ...
         assert s["horovod_ops"] == ["HorovodGroupedAllreduce"]
         # ... and tflms neither swapped a Horovod op's output nor triggered a swap-in on one.
