@@ -183,9 +183,10 @@ def test_tflms_function_frees_memory_and_reports_its_measured_peak():
     assert report["device"] == testbed.DEVICE
     measured, predicted = report["measured_peak_bytes"], report["predicted_peak_bytes"]
     assert report["predicted_plain_peak_bytes"] > predicted
-    # The report's measured peak is this step's; the prediction is within the simulator's
-    # measured accuracy on this model (see the README's table).
-    assert 0.5 * lms["peak"] <= measured <= 1.1 * lms["peak"]
+    # The report's measured peak is that of one more step; the CNN's per-step peaks vary by up
+    # to ±20 % (87.7 vs 104.5 MB seen), so it is compared loosely with the earlier steps' peak,
+    # and with the prediction within the simulator's measured accuracy (the README's table).
+    assert 0.7 * lms["peak"] <= measured <= 1.3 * lms["peak"]
     assert 0.7 <= measured / predicted <= 1.3, (measured, predicted)
 
 
