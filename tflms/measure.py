@@ -115,7 +115,6 @@ def measure_step(
     modes: tuple[str, ...] | list[str] = ("plain", "lms"),
     steps: int = 3,
     options: dict[str, Any] | None = None,
-    grappler: dict[str, bool] | None = None,
 ) -> dict[str, Any]:
     """Train ``steps`` steps of ``model`` per mode in this measured process; return measurements.
 
@@ -147,8 +146,6 @@ def measure_step(
         raise ValueError(
             f"modes must be a non-empty list of 'plain', 'lms' and 'lms_device_gated'. Received: modes={modes!r}"
         )
-    if grappler:
-        tf.config.optimizer.set_experimental_options(grappler)
     tf.config.experimental.enable_op_determinism()
     keras_model, x, y, train_step = build(model, batch, size)
     state = list(keras_model.variables) + list(train_step.optimizer.variables)
