@@ -105,7 +105,7 @@ def unet_side_step(side: int):
 
 def largest_side(budget: int, lms: bool, step: int = 16, limit: int = 1024, rel_tol: float = 0.02) -> int:
     """Largest multiple of ``step`` for the 3D U-Net side that fits ``budget`` at batch 1."""
-    from tflms.autotune import _largest, _search
+    from tflms.autotune import _search, largest_fitting
 
     def fits(k: int) -> bool:
         cf, _keep = unet_side_step(k * step)
@@ -115,7 +115,7 @@ def largest_side(budget: int, lms: bool, step: int = 16, limit: int = 1024, rel_
             return True
         return lms and _search(model, tflms.LMSConfig(), sim, budget)[0] is not None
 
-    return step * _largest(fits, limit // step, rel_tol)
+    return step * largest_fitting(fits, limit // step, rel_tol)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -91,9 +91,9 @@ def largest(args: argparse.Namespace, lms: bool) -> tuple[int, list[dict]]:
         print(f"  {'LMS  ' if lms else 'plain'} batch {b:>5}: {tried[b]}", flush=True)
         return tried[b]["ok"]
 
-    from tflms.autotune import _largest
+    from tflms.autotune import largest_fitting
 
-    best = _largest(fits, args.limit, rel_tol=0.05)
+    best = largest_fitting(fits, args.limit, rel_tol=0.05)
     return best, [tried[b] for b in sorted(tried)]
 
 

@@ -102,17 +102,19 @@ def simulator_accuracy(data: dict) -> str:
     lines = [
         f"_{_header(data)}; **measured** on the two-process test bed vs **predicted** by the simulator_",
         "",
-        "| model | batch | step | measured peak | predicted peak | measured / predicted |",
-        "|---|---:|---|---:|---:|---:|",
+        "| model | batch | step | measured peak | per step (min-max) | predicted peak | measured / predicted |",
+        "|---|---:|---|---:|---:|---:|---:|",
     ]
     for r in data["rows"]:
         step = "tflms" if r.get("lms") else "plain"
         if r.get("status", "ok") != "ok" or "measured" not in r:
-            lines.append(f"| {r['model']} | {r['batch']} | {step} | (run failed: {r.get('status')}) | | |")
+            lines.append(f"| {r['model']} | {r['batch']} | {step} | (run failed: {r.get('status')}) | | | |")
             continue
+        peaks = r.get("peaks") or [r["measured"]]
+        per_step = f"{min(peaks) / 2**20:,.0f}-{_mib(max(peaks))}"
         lines.append(
-            f"| {r['model']} | {r['batch']} | {step} | {_mib(r['measured'])} | {_mib(r['predicted'])} "
-            f"| {r['measured'] / r['predicted']:.2f} |"
+            f"| {r['model']} | {r['batch']} | {step} | {_mib(r['measured'])} | {per_step} "
+            f"| {_mib(r['predicted'])} | {r['measured'] / r['predicted']:.2f} |"
         )
     return "\n".join(lines)
 

@@ -24,33 +24,9 @@ from pathlib import Path
 
 from report import save_result
 
+from tflms.autotune import largest_fitting
 from tflms.config import parse_bytes
 from tflms.measure import MODELS, measure
-
-
-def largest_from(fits, start: int, limit: int, rel_tol: float) -> int:
-    """Largest batch in [1, limit] with fits(batch), searching from ``start`` both ways; 0 if none."""
-    lo, hi = 0, limit + 1  # lo fits (0: nothing known), hi does not
-    b = max(1, min(start, limit))
-    if fits(b):
-        lo = b
-        while lo * 2 <= limit and fits(lo * 2):
-            lo *= 2
-        hi = min(lo * 2, limit + 1)
-    else:
-        hi = b
-        while hi > 1 and not fits(max(1, hi // 2)):
-            hi = max(1, hi // 2)
-        lo = max(1, hi // 2) if hi > 1 else 0
-        if lo == 0:
-            return 0
-    while hi - lo > max(1, int(lo * rel_tol)):
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def predicted(model: str, size: int | None, cap: int, limit: int) -> tuple[int, int]:
@@ -92,8 +68,8 @@ def main() -> None:
             print(f"  {name} batch {batch} {'tflms' if lms else 'plain'}: {r.status} ({r.seconds:.0f} s)", flush=True)
             return ok
 
-        plain = largest_from(lambda b: fits(b, False), args.start, args.limit, args.rel_tol)
-        with_lms = largest_from(lambda b: fits(b, True), max(plain, 1) * 2, args.limit, args.rel_tol)
+        plain = largest_fitting(lambda b: fits(b, False), args.limit, args.rel_tol, start=args.start)
+        with_lms = largest_fitting(lambda b: fits(b, True), args.limit, args.rel_tol, start=max(plain, 1) * 2)
         pred_plain, pred_lms = predicted(name, args.size, cap, args.limit)
         rows.append(
             {

@@ -17,7 +17,11 @@ def tflms(*args, timeout=300):
 
 
 def test_demo_shows_a_real_out_of_memory_plain_and_real_training_with_tflms():
-    """``tflms demo`` on a machine without GPU: the test bed, a real cap, both measured peaks."""
+    """``tflms demo`` on a machine without GPU: the test bed, a real cap, both measured peaks.
+
+    It is also the suite's real-cap test (a plain step that runs out of memory under a
+    cap, the tflms step trains under it) and its budget test: the plan autotuned through
+    ``tflms.optimize(..., budget=...)`` measures at most 110 % of its budget."""
     import re
 
     r = tflms("demo", "--image-size", "96", "--batch", "16", "--steps", "1", "--cap", "520MiB")
@@ -32,6 +36,7 @@ def test_demo_shows_a_real_out_of_memory_plain_and_real_training_with_tflms():
     assert lms, out
     measured_plain, measured_lms = (int(m.group(1).replace(",", "")) for m in (plain, lms))
     assert measured_lms <= 520 < measured_plain
+    assert measured_lms <= 1.10 * 468, measured_lms  # the budget, measured (cap 520 MiB, budget 0.9 x cap)
     saved = re.search(r"tflms needs (\d+)% less device memory than the plain step", out)
     assert saved and abs(int(saved.group(1)) - 100 * (1 - measured_lms / measured_plain)) <= 1.5, out
 

@@ -159,23 +159,34 @@ class BatchSizeResult:
         )
 
 
-def _largest(fits: Callable[[int], bool], limit: int, rel_tol: float = 0.0) -> int:
-    """Largest b in [1, limit] with fits(b), for a monotone predicate; 0 if none.
+def largest_fitting(fits: Callable[[int], bool], limit: int, rel_tol: float = 0.0, start: int = 1) -> int:
+    """Largest b in [1, limit] with ``fits(b)``, for a monotone predicate; 0 if none.
 
-    With ``rel_tol`` > 0 the bisection stops once the bracket is within that
-    fraction of the lower end (the result is then a lower bound, that close).
+    The search starts at ``start`` (a guess: it doubles up or halves down from
+    there, then bisects), so a good guess saves evaluations when each one is costly
+    (a measured run). With ``rel_tol`` > 0 the bisection stops once the bracket is
+    within that fraction of the lower end (the result is then a lower bound, that close).
+
+    >>> largest_fitting(lambda b: b * b <= 1000, limit=100)
+    31
+    >>> largest_fitting(lambda b: b <= 40, limit=100, start=64), largest_fitting(lambda b: False, 100)
+    (40, 0)
     """
-    if not fits(1):
-        return 0
-    lo = 1
-    hi = 2
-    while hi <= limit and fits(hi):
-        lo, hi = hi, hi * 2
-    if hi > limit:
-        if fits(limit):
-            return limit
-        hi = limit
-    while hi - lo > max(1, int(lo * rel_tol)):  # lo fits, hi does not
+    lo, hi = 0, limit + 1  # lo fits (0: nothing known), hi does not
+    b = max(1, min(start, limit))
+    if fits(b):
+        lo = b
+        while lo * 2 <= limit and fits(lo * 2):
+            lo *= 2
+        hi = min(lo * 2, limit + 1)
+    else:
+        hi = b
+        while hi > 1 and not fits(hi // 2):
+            hi //= 2
+        if hi == 1:
+            return 0
+        lo = hi // 2
+    while hi - lo > max(1, int(lo * rel_tol)):
         mid = (lo + hi) // 2
         if fits(mid):
             lo = mid
@@ -186,7 +197,7 @@ def _largest(fits: Callable[[int], bool], limit: int, rel_tol: float = 0.0) -> i
 
 def max_batch_size(
     step: Any,
-    budget: int | str,
+    budget: int | str | None = None,
     *,
     config: LMSConfig | None = None,
     limit: int = 1 << 16,
@@ -204,6 +215,8 @@ def max_batch_size(
     * a callable ``factory(batch_size) -> ConcreteFunction`` (retraced per size).
 
     "With LMS" means the autotuner (:func:`tune`) finds a plan that fits.
+    ``budget`` may also come from ``config.budget`` (or ``budget=`` among the
+    options); naming two different budgets is an error.
     ``rel_tol`` > 0 trades exactness for fewer evaluations: each result is then a
     size that fits, within that fraction below the true largest one.
 
@@ -214,8 +227,17 @@ def max_batch_size(
     """
     from ._util import paused_gc
 
-    budget = parse_bytes(budget, "budget")
     cfg = LMSConfig.from_options(config, **options)
+    if budget is None:
+        if cfg.budget is None:
+            raise ValueError("max_batch_size needs a budget: pass budget='16GiB' (or set it in config).")
+        budget = cfg.budget
+    budget = parse_bytes(budget, "budget")
+    if cfg.budget is not None and cfg.budget != budget:
+        raise ValueError(
+            f"max_batch_size got two budgets: budget={budget} and config.budget={cfg.budget}. "
+            "Pass one of them (or the same value)."
+        )
     _check_limit(limit)
     graph_of = _graph_source(step)
     cache: dict[int, tuple[bool, bool]] = {}
@@ -232,8 +254,8 @@ def max_batch_size(
 
     return BatchSizeResult(
         budget=budget,
-        without_lms=_largest(lambda b: fits(b)[0], limit, rel_tol),
-        with_lms=_largest(lambda b: fits(b)[1], limit, rel_tol),
+        without_lms=largest_fitting(lambda b: fits(b)[0], limit, rel_tol),
+        with_lms=largest_fitting(lambda b: fits(b)[1], limit, rel_tol),
         limit=limit,
     )
 

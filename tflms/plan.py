@@ -230,7 +230,7 @@ class SwapPlan:
             f"tflms plan for {self.function or '<function>'}: {len(self.swaps)} tensors swapped "
             f"({format_bytes(self.swapped_bytes)} out, {self.n_swap_ins} swap-ins), {self.n_ops} ops",
             f"predicted device peak (simulator): {format_bytes(before)} -> {format_bytes(after)} "
-            f"({saved:.1f}% less; variables {format_bytes(self.variable_bytes)})",
+            f"({abs(saved):.1f}% {'less' if saved >= 0 else 'more'}; variables {format_bytes(self.variable_bytes)})",
         ]
         if self.reason:
             lines.append(f"note: {self.reason}")
