@@ -240,7 +240,7 @@ def test_benchmark_script_prints_throughput_on_rank_0_only(horovod_available, tm
 
 # --------------------------------------------------------- without horovodrun
 def test_gradient_groups_are_cut_from_the_last_gradient():
-    from tflms.horovod import _split_groups
+    from tflms.horovod.gradients import _split_groups
 
     grads = [tf.zeros((n,)) for n in (10, 10, 300, 10, 10)]  # 40, 40, 1200, 40, 40 bytes
     assert _split_groups([0, 1, 2, 3, 4], grads, None) == [[0, 1, 2, 3, 4]]
@@ -262,6 +262,60 @@ def test_importing_tflms_does_not_import_horovod():
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_public_names_of_the_package():
+    """Every public name is importable from tflms.horovod (the callback's on first use, with Keras)."""
+    import tflms.horovod.callback
+    import tflms.keras
+
+    for name in lms_hvd.__all__:
+        assert getattr(lms_hvd, name) is not None, name
+    assert set(lms_hvd.__all__) <= set(dir(lms_hvd))
+    assert issubclass(lms_hvd.HorovodLMSCallback, tflms.keras.LMSCallback)
+    assert lms_hvd.HorovodLMSCallback is tflms.horovod.callback.HorovodLMSCallback
+    assert issubclass(lms_hvd.PlanMismatchError, RuntimeError)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = lms_hvd.nope
+
+
+class _FakeHorovod:
+    """Stands in for ``horovod.tensorflow`` in sys.modules (rank 1 of 3, or a broken one)."""
+
+    def __init__(self, initialized):
+        self._initialized = initialized
+
+    def is_initialized(self):
+        if isinstance(self._initialized, Exception):
+            raise self._initialized
+        return self._initialized
+
+    def rank(self):
+        return 1
+
+    def size(self):
+        return 3
+
+    local_rank, local_size = rank, size
+
+
+def test_horovod_is_detected_in_one_place(monkeypatch):
+    """``runtime.loaded`` decides whether Horovod runs here: imported *and* initialised; never imports it."""
+    from tflms.horovod import runtime
+
+    monkeypatch.delenv("HOROVOD_RANK", raising=False)
+    monkeypatch.setitem(sys.modules, "horovod.tensorflow", _FakeHorovod(True))
+    assert runtime.loaded() is sys.modules["horovod.tensorflow"] and lms_hvd.is_initialized()
+    ranks = (lms_hvd.rank(), lms_hvd.size(), lms_hvd.local_rank(), lms_hvd.local_size(), lms_hvd.is_root())
+    assert ranks == (1, 3, 1, 3, False)
+    for state in (False, RuntimeError("half loaded")):  # not initialised, or a library that cannot say
+        monkeypatch.setitem(sys.modules, "horovod.tensorflow", _FakeHorovod(state))
+        assert runtime.loaded() is None and not lms_hvd.is_initialized()
+        assert (lms_hvd.rank(), lms_hvd.size(), lms_hvd.is_root()) == (0, 1, True)
+        monkeypatch.setenv("HOROVOD_RANK", "0")  # ... but under horovodrun that is an error
+        with pytest.raises(RuntimeError, match=r"tflms.horovod.size\(\): this process was started by horovodrun"):
+            lms_hvd.size()
+        monkeypatch.delenv("HOROVOD_RANK")
 
 
 def test_single_process_fallbacks_and_errors(monkeypatch):

@@ -8,7 +8,10 @@ called on ``device`` anyway, and the plain one then sees the same default device
 """
 
 import inspect
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -18,6 +21,7 @@ import tensorflow as tf
 import tflms
 import tflms.core
 from tflms import LMSConfig, LMSWarning
+from tflms import _tf_internal as tfi
 from tflms.keras import LMSCallback, short_summary
 from tflms.plan import format_bytes
 
@@ -156,6 +160,15 @@ def test_keras_internals_are_as_pinned(mlp, monkeypatch):
     model._jit_compile = True  # noqa: SLF001
     assert model.jit_compile is True
     model._jit_compile = False  # noqa: SLF001
+
+    # tflms._tf_internal's wrappers of these internals.
+    assert tfi.keras_auto_jit_compile(model) == model._resolve_auto_jit_compile()  # noqa: SLF001
+    seen = []
+    monkeypatch.setattr(model, "_make_function", lambda step: seen.append(model.jit_compile) or original(step))
+    assert callable(tfi.keras_make_function(model, model.train_step, jit_compile=True))
+    assert seen == [True] and model.jit_compile is False  # set while wrapping, restored after
+    monkeypatch.undo()
+    assert tfi.keras_layers_built(model) and tfi.keras_call_has_training_arg(model) in (True, False)
 
 
 # -- numbers and structure on the model zoo --------------------------------------------
@@ -421,6 +434,29 @@ def test_bad_options():
     cfg = LMSConfig(device=DEVICE, swapout_threshold=5)
     assert LMSCallback(cfg, swapin_ahead=4).config == LMSConfig(device=DEVICE, swapout_threshold=5, swapin_ahead=4)
     assert tflms.LMSCallback is LMSCallback and "LMSCallback" in tflms.__all__
+    assert LMSCallback(horovod=False).horovod is False and type(LMSCallback(horovod=False)) is LMSCallback
+    assert list(inspect.signature(LMSCallback).parameters) == [  # __init__'s, not __new__'s
+        "config",
+        "verbose",
+        "train_step",
+        "horovod",
+        "xla",
+        "options",
+    ]
+
+
+def test_the_plain_callback_imports_nothing_of_horovod():
+    """Horovod's callback is a subclass in tflms.horovod; the plain one never loads that package."""
+    code = (
+        "import sys, tflms, tflms.keras\n"
+        "cb = tflms.LMSCallback(device='/device:CPU:1', horovod=False)\n"
+        "cb = tflms.keras.LMSCallback(swapout_threshold=3)\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(('tflms.horovod', 'horovod')))\n"
+        "assert not loaded and type(cb) is tflms.keras.LMSCallback and not cb.horovod, loaded\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
 
 
 def test_run_eagerly_warns_and_runs_plain():

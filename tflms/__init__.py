@@ -5,7 +5,8 @@ The data flow, one module a stage::
     trace        tf.function tracing (TensorFlow's)           -> ConcreteFunction
     graph        tflms.graph      GraphModel: networkx DAG of ops, levels, phases
     simulate     tflms.simulator  predicted device memory of a step (+ plan)
-    plan         tflms.planner    SwapPlan (tflms.plan): what to swap, where it comes back
+    plan         tflms.candidates which tensors may be swapped (only swaps that free memory)
+                 tflms.planner    SwapPlan (tflms.plan): what to swap, where it comes back
                  tflms.autotune   the plan's knobs for a memory budget
     rewrite      tflms.rewrite    apply a SwapPlan to a graph (swap-ins gated on the host)
     rebuild      tflms._tf_internal  a new ConcreteFunction (all private TF use is here)
@@ -31,6 +32,7 @@ name that needs it is used)::
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 __version__ = "0.1.0"
@@ -65,6 +67,9 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
+        # A submodule not imported yet (``tflms.autotune.keras_train_step`` after ``import tflms``).
+        if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            return importlib.import_module(f".{name}", __name__)
         raise AttributeError(f"module 'tflms' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value

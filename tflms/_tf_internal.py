@@ -14,6 +14,13 @@ A TensorFlow upgrade that breaks tflms should break only this module, and
   attaches a swap-in's trigger; ``Operation._set_attr`` marks
   swap ops with ``_grappler_do_not_remove`` (otherwise Grappler deletes swap-ins
   and merges swap-outs).
+* ``op_def_registry.get`` tells whether an op type exists (``tflms.config``).
+* Keras 3 (TensorFlow backend) internals used by ``LMSCallback`` (``keras_*``
+  functions below; pinned by ``tests/test_keras.py``): ``Model._make_function`` and
+  ``_jit_compile`` to install the rewritten step, ``_resolve_auto_jit_compile``,
+  ``_flatten_layers``/``_symbolic_build`` to build a model before broadcasting it, and
+  what Keras's ``train_step`` uses (``_call_has_training_arg``, ``_compute_loss``,
+  ``_loss_tracker``, ``keras.src``'s ``unscale_loss_for_distribution``).
 """
 
 from __future__ import annotations
@@ -37,6 +44,15 @@ __all__ = [
     "update_input",
     "add_control_input",
     "grappler_optimize",
+    "op_type_registered",
+    "keras_make_function",
+    "keras_auto_jit_compile",
+    "keras_layers_built",
+    "keras_symbolic_build",
+    "keras_call_has_training_arg",
+    "keras_compute_loss",
+    "keras_loss_tracker",
+    "keras_unscale_loss_for_distribution",
 ]
 
 
@@ -85,15 +101,18 @@ def rebuild(cf: ConcreteFunction, graph: Any) -> ConcreteFunction:
 
 
 def set_attr(op: Any, name: str, value: bool | str) -> None:
+    """Set attribute ``name`` of graph op ``op`` to a bool or string (``Operation._set_attr``)."""
     av = attr_value_pb2.AttrValue(b=value) if isinstance(value, bool) else attr_value_pb2.AttrValue(s=value.encode())
     op._set_attr(name, av)  # noqa: SLF001
 
 
 def update_input(op: Any, index: int, tensor: Any) -> None:
+    """Make ``tensor`` input ``index`` of graph op ``op`` (``Operation._update_input``)."""
     op._update_input(index, tensor)  # noqa: SLF001
 
 
 def add_control_input(op: Any, control: Any) -> None:
+    """Make graph op ``op`` wait for ``control`` (``Operation._add_control_input``)."""
     op._add_control_input(control)  # noqa: SLF001
 
 
@@ -127,3 +146,70 @@ def grappler_optimize(cf: ConcreteFunction, device: str, config: Any = None) -> 
         fetch.node_list.value.append(op.name)
     meta.collection_def["train_op"].CopyFrom(fetch)
     return tf_optimizer.OptimizeGraph(config or config_pb2.ConfigProto(), meta)
+
+
+# -- TensorFlow's op registry (tflms.config) -------------------------------------------
+
+
+def op_type_registered(op_type: str) -> bool:
+    """Whether TensorFlow knows the op type ``op_type`` (private ``op_def_registry.get``)."""
+    from tensorflow.python.framework import op_def_registry
+
+    return op_def_registry.get(op_type) is not None
+
+
+# -- Keras 3 internals (tflms.keras, tflms.horovod.callback; pinned in tests/test_keras.py) --
+# Imported inside the functions: a step without Keras never imports it through this module.
+
+
+def keras_make_function(model: Any, step: Any, jit_compile: bool) -> Any:
+    """``Model._make_function(step)`` with ``Model._jit_compile`` set to ``jit_compile`` meanwhile."""
+    saved = model._jit_compile  # noqa: SLF001 - read once by _make_function when it wraps the step
+    model._jit_compile = jit_compile  # noqa: SLF001
+    try:
+        return model._make_function(step)  # noqa: SLF001
+    finally:
+        model._jit_compile = saved  # noqa: SLF001
+
+
+def keras_auto_jit_compile(model: Any) -> bool | None:
+    """What Keras's ``jit_compile="auto"`` resolves to here (``Model._resolve_auto_jit_compile``); None: unknown."""
+    resolve = getattr(model, "_resolve_auto_jit_compile", None)
+    if resolve is None:
+        return None
+    try:
+        return bool(resolve())
+    except Exception:  # noqa: BLE001 - a Keras internal: any failure means "cannot tell"
+        return None
+
+
+def keras_layers_built(model: Any) -> bool:
+    """Whether every layer of ``model`` is built (``Model._flatten_layers``, Keras's own check)."""
+    return all(layer.built for layer in model._flatten_layers())  # noqa: SLF001
+
+
+def keras_symbolic_build(model: Any, data_batch: Any) -> None:
+    """Build ``model`` (and its optimizer) from symbolic ``data_batch`` (``Trainer._symbolic_build``)."""
+    model._symbolic_build(data_batch=data_batch)  # noqa: SLF001
+
+
+def keras_call_has_training_arg(model: Any) -> bool:
+    """Whether ``model.call`` takes ``training`` (``Layer._call_has_training_arg``)."""
+    return bool(model._call_has_training_arg)  # noqa: SLF001
+
+
+def keras_compute_loss(model: Any, **kwargs: Any) -> Any:
+    """``Trainer._compute_loss(**kwargs)``: the loss ``Model.train_step`` computes (``training=`` aware)."""
+    return model._compute_loss(**kwargs)  # noqa: SLF001
+
+
+def keras_loss_tracker(model: Any) -> Any:
+    """The model's loss metric that ``Model.train_step`` updates (``Trainer._loss_tracker``)."""
+    return model._loss_tracker  # noqa: SLF001
+
+
+def keras_unscale_loss_for_distribution(loss: Any) -> Any:
+    """``keras.src.losses.loss.unscale_loss_for_distribution(loss)``, as ``Model.train_step`` calls it."""
+    from keras.src.losses.loss import unscale_loss_for_distribution
+
+    return unscale_loss_for_distribution(loss)

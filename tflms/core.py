@@ -107,15 +107,10 @@ def _missing_device_message(name: str, value: str, logical: list) -> str:
 
 
 def _horovod_local_rank() -> int | None:
-    import sys
+    from .horovod.runtime import loaded  # imports nothing of Horovod itself
 
-    hvd = sys.modules.get("horovod.tensorflow")
-    if hvd is None:
-        return None
-    try:
-        return hvd.local_rank() if hvd.is_initialized() else None
-    except Exception:  # noqa: BLE001 - horovod half-initialised: behave as without it
-        return None
+    hvd = loaded()
+    return None if hvd is None else int(hvd.local_rank())
 
 
 def _no_device_message() -> str:
@@ -139,11 +134,16 @@ def optimize(
     empty, when no device is available (a warning says so), or when the function
     is already rewritten, the given function is returned unchanged.
 
-    Example:
-        >>> step = tf.function(train_step)                          # doctest: +SKIP
-        >>> cf = step.get_concrete_function(x, y)                   # doctest: +SKIP
-        >>> new_cf, plan = tflms.optimize(cf, swapout_threshold=20)  # doctest: +SKIP
-        >>> loss = new_cf(x, y)                                     # doctest: +SKIP
+    Example (a small CNN's Adam step; without a GPU, or ``device=``, a warning says
+    the step runs unrewritten, and ``new_cf`` is ``cf``):
+        >>> import tflms
+        >>> from tflms.measure import build
+        >>> model, x, y, train_step = build("cnn", batch=8, size=32)
+        >>> cf = tf.function(train_step).get_concrete_function(x, y)
+        >>> new_cf, plan = tflms.optimize(cf, swapout_threshold=20)
+        >>> len(plan.swaps) > 0 and plan.peak_bytes_after < plan.peak_bytes_before
+        True
+        >>> loss = new_cf(x, y)
     """
     config = LMSConfig.from_options(config, **options)
     if not isinstance(concrete_function, tfi.ConcreteFunction):
@@ -385,11 +385,16 @@ def function(
     :class:`tflms.LMSConfig`; ``input_signature`` and ``reduce_retracing`` go to
     ``tf.function``. ``fn`` may itself be a ``tf.function``.
 
-    Example:
-        >>> @tflms.function(swapout_threshold=40, swapin_ahead=8)  # doctest: +SKIP
-        ... def train_step(x, y): ...
-        >>> loss = train_step(x, y)                                 # doctest: +SKIP
-        >>> print(train_step.get_plan(x, y).summary())              # doctest: +SKIP
+    Example (``build`` makes a small CNN, Adam and data; the decorator works on any step):
+        >>> import tflms
+        >>> from tflms.measure import build
+        >>> model, x, y, plain_step = build("cnn", batch=8, size=32)
+        >>> @tflms.function(swapout_threshold=20, swapin_ahead=4)
+        ... def train_step(x, y):
+        ...     return plain_step(x, y)
+        >>> loss = train_step(x, y)
+        >>> print(train_step.get_plan(x, y).summary().splitlines()[0])  # doctest: +ELLIPSIS
+        tflms plan for ...: ... tensors swapped (... out, ... swap-ins), ... ops
     """
     cfg = LMSConfig.from_options(config, **options)
 

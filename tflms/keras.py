@@ -20,28 +20,34 @@ is Keras's own code. At train end the plain Keras function is put back, so ``fit
 without the callback, ``train_on_batch``, ``evaluate`` and ``predict`` run as if the
 callback had never been used. A later ``fit`` with the same callback re-installs the
 same rewritten step: nothing is traced or rewritten twice (until ``model.compile``
-makes Keras build a new train function).
+makes Keras build a new train function). The Keras internals used are wrapped in
+:mod:`tflms._tf_internal` (``keras_*``).
 
-With ``horovod=True`` (data parallelism under ``horovodrun``; pinned by
-``tests/test_horovod_keras.py``) the rewritten step is :func:`averaging_train_step`,
-Keras's ``train_step`` with the gradients averaged by
-:func:`tflms.horovod.allreduce_gradients` before ``optimizer.apply_gradients``: the
-allreduce is part of the one rewritten graph (tflms never swaps Horovod ops nor uses
-them as swap-in triggers). The callback also broadcasts rank 0's initial model and
-optimizer variables, averages the logs over the ranks and keeps the progress bar to
-rank 0 (see :class:`LMSCallback`).
+Data parallelism under ``horovodrun`` is the subclass
+:class:`tflms.horovod.HorovodLMSCallback` (in ``tflms.horovod.callback``; pinned by
+``tests/test_horovod_keras.py``), which ``LMSCallback(horovod=True)`` also makes. This
+module imports nothing of Horovod until that is asked for.
 
-Example:
-    >>> cb = tflms.LMSCallback(swapout_threshold=40, verbose=1)      # doctest: +SKIP
-    >>> model.compile(optimizer="adam", loss="mse", jit_compile=False)  # doctest: +SKIP
-    >>> model.fit(x, y, batch_size=64, epochs=3, callbacks=[cb])     # doctest: +SKIP
-    >>> print(cb.plan.summary())                                     # doctest: +SKIP
+Example (without a GPU, or ``device=``, a warning says the step trains unrewritten;
+the plan is made all the same)::
+
+    >>> import keras, numpy as np, tflms
+    >>> L = keras.layers
+    >>> model = keras.Sequential([keras.Input((64,)), L.Dense(256, activation="relu"),
+    ...                           L.Dense(256, activation="relu"), L.Dense(1)])
+    >>> model.compile(optimizer="adam", loss="mse", jit_compile=False)
+    >>> cb = tflms.LMSCallback(swapout_threshold=2)
+    >>> history = model.fit(np.ones((128, 64)), np.zeros((128, 1)), batch_size=64, epochs=2,
+    ...                     callbacks=[cb], verbose=0)
+    >>> print(cb.plan.summary().splitlines()[0])  # doctest: +ELLIPSIS
+    tflms plan for train_step: 2 tensors swapped (128.0 KiB out, 2 swap-ins), ... ops
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import logging
 import warnings
 import weakref
@@ -51,23 +57,19 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from . import horovod as lms_hvd
+from . import _tf_internal as tfi
 from .config import LMSConfig
 from .core import LMSFunction, device_memory, resolve_device
 from .core import function as lms_function
 from .errors import LMSWarning
 from .plan import SwapPlan, format_bytes
 
-__all__ = ["LMSCallback", "averaging_train_step", "XLA_MODES"]
+__all__ = ["LMSCallback", "XLA_MODES"]
 
 log = logging.getLogger("tflms")
 
 #: A replacement for ``model.train_step``: called as ``train_step(model, data)``, returns the logs.
 TrainStep = Callable[[keras.Model, Any], Any]
-
-#: Horovod op types that reduce across ranks: a ``horovod=True`` step without one of them
-#: does not average its gradients.
-_ALLREDUCE_TYPES = frozenset({"HorovodAllreduce", "HorovodGroupedAllreduce"})
 
 #: Values of ``LMSCallback(xla=...)``: what to do with a model whose ``jit_compile`` is on.
 XLA_MODES = ("disable", "error")
@@ -76,9 +78,15 @@ XLA_MODES = ("disable", "error")
 MEASURED_PEAK_KEY = "measured_peak_bytes"
 PREDICTED_PEAK_KEY = "predicted_peak_bytes"
 
-#: Models whose initial variables ``LMSCallback(horovod=True)`` broadcast in this process,
-#: mapped to (a weak reference to) the optimizer whose variables went with them.
-_BROADCAST: weakref.WeakKeyDictionary[keras.Model, Callable[[], Any]] = weakref.WeakKeyDictionary()
+
+class _InitSignature:
+    """``cls.__signature__``: the parameters of ``cls.__init__`` (without ``self``), for any subclass too."""
+
+    def __get__(self, obj: Any, cls: type) -> inspect.Signature | None:
+        if obj is not None:
+            return None  # an instance: inspect's usual rules
+        sig = inspect.signature(cls.__init__)
+        return sig.replace(parameters=list(sig.parameters.values())[1:], return_annotation=inspect.Signature.empty)
 
 
 @dataclasses.dataclass
@@ -89,48 +97,6 @@ class _Installation:
     keras_function: Callable[[Any], Any]  # what Keras built (restored at train end)
     step: LMSFunction | None  # the rewritten per-batch step (None: runs eagerly, no LMS)
     function: Callable[[Any], Any]  # what is installed as model.train_function while fitting
-
-
-def averaging_train_step(model: keras.Model, data: Any) -> dict[str, Any]:
-    """Keras 3's ``Model.train_step`` (TensorFlow backend) with Horovod gradient averaging.
-
-    The same computation as ``keras.Model.train_step``: forward pass, ``compute_loss``
-    with ``sample_weight`` (regularization losses included), the loss tracker, the
-    optimizer's loss scaling (``LossScaleOptimizer``), ``tape.gradient``, then
-    ``optimizer.apply_gradients`` and ``compute_metrics``, except that the gradients
-    are averaged over all Horovod ranks with
-    :func:`tflms.horovod.allreduce_gradients` first. With one rank (or without
-    Horovod) it trains exactly like ``keras.Model.train_step`` (pinned by a test).
-    ``LMSCallback(horovod=True)`` uses it; it can also be passed as
-    ``LMSCallback(train_step=averaging_train_step)``.
-
-    Example:
-        >>> logs = averaging_train_step(model, (x, y))  # inside a traced step  # doctest: +SKIP
-    """
-    from keras.src.losses.loss import unscale_loss_for_distribution  # what Keras's train_step calls
-
-    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-    with tf.GradientTape() as tape:
-        y_pred = model(x, training=True) if model._call_has_training_arg else model(x)  # noqa: SLF001
-        loss = model._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)  # noqa: SLF001
-        model._loss_tracker.update_state(  # noqa: SLF001
-            unscale_loss_for_distribution(loss),
-            sample_weight=tf.shape(next(i for i in keras.tree.flatten(x) if i is not None))[0],
-        )
-        if model.optimizer is not None:
-            loss = model.optimizer.scale_loss(loss)
-    if model.trainable_weights:
-        trainable_weights = model.trainable_weights
-        gradients = tape.gradient(loss, trainable_weights)
-        gradients = lms_hvd.allreduce_gradients(gradients)
-        model.optimizer.apply_gradients(zip(gradients, trainable_weights))
-    else:
-        warnings.warn("The model does not have any trainable weights.", stacklevel=2)
-    return model.compute_metrics(x, y, y_pred, sample_weight=sample_weight)
-
-
-def _overrides_train_step(model: keras.Model) -> bool:
-    return "train_step" in vars(model) or type(model).train_step is not keras.Model.train_step
 
 
 class LMSCallback(keras.callbacks.Callback):
@@ -147,7 +113,7 @@ class LMSCallback(keras.callbacks.Callback):
             swapped, bytes moved per step, the predicted device peak before and
             after, and where the device reports its memory the measured peak of that
             first step; 2 prints the full plan table (:meth:`tflms.SwapPlan.summary`)
-            instead. On rank 0 only with ``horovod``.
+            instead. On rank 0 only under Horovod.
         xla: what to do with a model compiled with XLA (``model.jit_compile`` true),
             whose swap ops XLA would drop. ``"disable"`` (default): when the XLA
             setting can come from Keras's default ``jit_compile="auto"`` (which turns
@@ -162,11 +128,11 @@ class LMSCallback(keras.callbacks.Callback):
         train_step: optional replacement for ``model.train_step``, called as
             ``train_step(model, data)`` inside the rewritten step; it must return the
             logs like ``Model.train_step``. Subclasses can override
-            :meth:`make_train_step` instead. With ``horovod=True`` it must average
-            the gradients itself (see below).
-        horovod: data-parallel training under ``horovodrun`` (see below). Without
-            Horovod initialised, in a process not started by ``horovodrun``, it
-            trains exactly like one rank.
+            :meth:`make_train_step` instead.
+        horovod: ``True`` makes a :class:`tflms.horovod.HorovodLMSCallback`
+            (data-parallel training under ``horovodrun``; the same as constructing
+            that class, which documents it), also for a subclass of this class.
+            ``False`` or ``None`` (default): this plain callback.
         **options: :class:`tflms.LMSConfig` fields, e.g. ``device='/device:GPU:0'``,
             ``swapout_threshold=40``, ``batch_size=64``. Pass ``batch_size`` when the
             batches have no static size (a partial last batch, a dataset batched
@@ -185,117 +151,51 @@ class LMSCallback(keras.callbacks.Callback):
       step, ``plan.peak_bytes_after`` (the largest over the traced signatures).
 
     Elsewhere (or when the rewrite is skipped for lack of a device) neither is added.
-    With ``horovod=True`` they are this rank's own (not averaged like the other logs).
 
     Attributes:
         plan: the :class:`tflms.SwapPlan` of the step (``None`` until the first
             training step has traced it).
         plans: plans of every input signature traced so far (usually one).
-        fingerprint: with ``horovod=True``, the plan fingerprint that every rank
-            was checked to share (``None`` before the first step).
+        horovod: False here, True in :class:`tflms.horovod.HorovodLMSCallback`.
+        fingerprint: under Horovod, the plan fingerprint that every rank was
+            checked to share; always ``None`` here.
 
     Raises:
         TypeError: unknown option (the message lists the valid ones), a
             ``train_step`` that is not callable, or a ``horovod`` that is not a bool.
         ValueError: an invalid option value; at train begin, a model compiled with
             ``jit_compile=True`` where that cannot be Keras's ``"auto"``, or with
-            ``xla="error"`` (XLA would drop the swap ops); with ``horovod=True``,
-            a model that overrides ``train_step`` (unless ``train_step=`` is given)
-            or a distribution strategy with several replicas.
-        tflms.horovod.PlanMismatchError: with ``horovod=True``, when the ranks made
-            different plans (raised on every rank after the first step).
+            ``xla="error"`` (XLA would drop the swap ops).
 
     The model runs plain, with a :class:`tflms.LMSWarning`, when it was compiled with
-    ``run_eagerly=True`` (with ``horovod=True`` the gradients are still averaged) or
-    trains under a distribution strategy with several replicas.
+    ``run_eagerly=True`` or trains under a distribution strategy with several replicas.
 
-    **Horovod** (``horovod=True``). Start every rank with ``horovodrun``, call
-    :func:`tflms.horovod.init` first, then ``fit`` as usual. The callback
-
-    * averages the gradients over the ranks inside the rewritten step
-      (:func:`averaging_train_step`, i.e. Keras's ``train_step`` plus
-      :func:`tflms.horovod.allreduce_gradients`; loss scaling, ``sample_weight``,
-      ``class_weight``, metrics as in Keras);
-    * broadcasts rank 0's model and optimizer variables (building the optimizer,
-      and a subclassed model that was never called, first) at the first ``fit`` of
-      each model, so ranks may build their models from different seeds; a later
-      ``fit`` broadcasts nothing (only the variables of a new optimizer after a
-      re-``compile``). To re-synchronise weights you changed on one rank, call
-      ``tflms.horovod.broadcast_variables(model.variables + model.optimizer.variables)``;
-    * averages the logs over the ranks, in place, at every batch end (one eager
-      allreduce of a few numbers per ``train_function`` call) and at every epoch
-      end (validation included), so ``History`` is the same on every rank. Place
-      it *before* callbacks that read the logs (``EarlyStopping``,
-      ``ReduceLROnPlateau``, ``ModelCheckpoint``) so that every rank takes the
-      same decision; Keras's own ``History`` and progress bar come after it;
-    * silences the progress bar on every rank but 0 (it sets ``verbose`` to 0 in
-      the parameters Keras hands the callbacks, before Keras's ``ProgbarLogger``
-      reads them);
-    * checks, after the first step, that every rank made the same plan
-      (:func:`tflms.horovod.assert_same_plan`), and warns when the traced step
-      holds no Horovod allreduce.
-
-    What stays yours: shard the data so that every rank runs the *same number of
-    steps* (a rank with an extra batch waits forever in the allreduce); scale the
-    learning rate (e.g. by ``tflms.horovod.size()``) if you want; save and print on
-    rank 0 (:func:`tflms.horovod.is_root`). Epoch logs are means of the per-rank
-    values: exact for mean metrics (loss, accuracy) with equal per-rank batches,
-    approximate for others (e.g. AUC, precision). ``BatchNormalization`` moving
-    statistics (and other non-trainable state updated in the forward pass) stay
-    per rank: each rank normalises with its own batch's statistics and keeps its
-    own moving averages, so evaluate/save on rank 0 (or broadcast them).
-    ``model.evaluate`` outside ``fit`` returns this rank's numbers: average them
-    with ``tflms.horovod.average_logs(model.evaluate(..., return_dict=True))``. A model
-    that overrides ``train_step`` must average its gradients itself, with
-    ``grads = tflms.horovod.allreduce_gradients(grads)`` before
-    ``apply_gradients``, and say so with ``train_step=MyModel.train_step``
-    (called as ``train_step(model, data)``); the callback then does all the rest.
-
-    Example (``train.py``, run with ``horovodrun -np 2 -H localhost:2 python train.py``)::
-
-        import keras
-        import numpy as np
-        import tensorflow as tf
-
-        import tflms
-        import tflms.horovod as lms_hvd
-
-        lms_hvd.init()  # first, before TensorFlow initialises the GPUs
-        gpus = tf.config.list_physical_devices("GPU")
-        if gpus:  # one GPU per rank
-            tf.config.set_visible_devices(gpus[lms_hvd.local_rank()], "GPU")
-
-        # The same global data on every rank (replace with yours), then one shard per
-        # rank with the same number of whole batches on every rank.
-        rng = np.random.default_rng(0)
-        x = rng.normal(size=(4096, 64, 64, 3)).astype("float32")
-        y = rng.integers(0, 10, size=(4096,))
-        batch = 32
-        per_rank = len(x) // (lms_hvd.size() * batch) * batch
-        lo = lms_hvd.rank() * per_rank
-        x, y = x[lo : lo + per_rank], y[lo : lo + per_rank]
-
-        model = keras.applications.ResNet50(weights=None, input_shape=(64, 64, 3), classes=10)
-        model.compile(
-            optimizer=keras.optimizers.SGD(0.01 * lms_hvd.size(), momentum=0.9),  # LR scaling: yours
-            loss="sparse_categorical_crossentropy",
-            metrics=["accuracy"],
-            jit_compile=False,  # XLA would drop the swap ops
-        )
-        lms = tflms.LMSCallback(horovod=True, swapout_threshold=40, verbose=True)
-        history = model.fit(x, y, batch_size=batch, epochs=3, callbacks=[lms])  # LMSCallback first
-        # history.history is the same on every rank; only rank 0 printed (and the plan, verbose=True).
-        if lms_hvd.is_root():
-            print(f"{len(lms.plan.swaps)} tensors swapped per step; history: {history.history}")
-            model.save("model.keras")
-
-    Example (one process):
-        >>> cb = tflms.LMSCallback(device="/device:GPU:0", verbose=True)    # doctest: +SKIP
-        >>> model.compile("adam", "sparse_categorical_crossentropy", jit_compile=False)  # doctest: +SKIP
-        >>> model.fit(ds, epochs=2, callbacks=[cb])                         # doctest: +SKIP
-        >>> cb.plan.swaps[0].tensor                                         # doctest: +SKIP
-        'resnet50_1/conv1_relu_1/Relu:0'
+    Example (one process; ``device=None`` is the first GPU, and without one the step
+    trains unrewritten, with a warning):
+        >>> import keras, tensorflow as tf, tflms
+        >>> from tflms.measure import build
+        >>> model, x, y, _ = build("cnn", batch=32, size=32)
+        >>> model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+        >>> ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)
+        >>> cb = tflms.LMSCallback(swapout_threshold=20)
+        >>> history = model.fit(ds, epochs=2, callbacks=[cb], verbose=0)
+        >>> cb.plan.swaps[0].tensor  # doctest: +ELLIPSIS
+        '...:0'
     """
+
+    #: Whether the callback trains data-parallel under Horovod (the subclass's answer is True).
+    horovod: bool = False
+
+    #: What help() and inspect show as the class's parameters: its ``__init__``'s, not ``__new__``'s.
+    __signature__ = _InitSignature()
+
+    def __new__(cls, *args: Any, horovod: bool | None = None, **kwargs: Any) -> LMSCallback:
+        _check_horovod(horovod)
+        if horovod and not cls.horovod:
+            from .horovod.callback import horovod_class  # imports Horovod's integration only when asked
+
+            cls = horovod_class(cls)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -303,7 +203,7 @@ class LMSCallback(keras.callbacks.Callback):
         *,
         verbose: bool | int = 0,
         train_step: TrainStep | None = None,
-        horovod: bool = False,
+        horovod: bool | None = None,
         xla: str = "disable",
         **options: Any,
     ) -> None:
@@ -317,19 +217,21 @@ class LMSCallback(keras.callbacks.Callback):
             raise TypeError(
                 f"train_step must be a callable (model, data) -> logs, or None. Received: train_step={train_step!r}"
             )
-        if not isinstance(horovod, bool):
-            raise TypeError(f"horovod must be True or False. Received: horovod={horovod!r}")
+        _check_horovod(horovod)
+        if horovod is not None and horovod != self.horovod:
+            raise ValueError(
+                f"{type(self).__name__} always trains {'under' if self.horovod else 'without'} Horovod; use "
+                f"tflms.LMSCallback(horovod={horovod}) instead. Received: horovod={horovod!r}"
+            )
         if xla not in XLA_MODES:
             raise ValueError(f"xla must be one of {', '.join(map(repr, XLA_MODES))}. Received: xla={xla!r}")
         self.verbose = verbose
-        self.horovod = horovod
         self.xla = xla
         self.fingerprint: str | None = None
         self._train_step = train_step
         self._installation: _Installation | None = None
         self._shown = 0  # plans already reported
         self._checked_batch = False  # batch dimension of the fed data looked at
-        self._broadcast_pending = False  # horovod: initial variables still to broadcast
         self._measured_device: str | None = None  # device whose peak this epoch's logs report
 
     # -- extension point -------------------------------------------------------------
@@ -338,27 +240,12 @@ class LMSCallback(keras.callbacks.Callback):
         """The per-batch step to rewrite: ``step(data) -> logs``.
 
         Default: ``model.train_step`` (so a model that overrides ``train_step`` keeps
-        its own), or the ``train_step`` given to the constructor; with
-        ``horovod=True`` and no ``train_step`` given, :func:`averaging_train_step`
-        (and a model that overrides ``train_step`` raises ``ValueError``). Override
-        this to wrap or replace the step; whatever it returns is traced into the one
-        graph that tflms rewrites.
+        its own), or the ``train_step`` given to the constructor. Override this to
+        wrap or replace the step; whatever it returns is traced into the one graph
+        that tflms rewrites.
         """
         if self._train_step is not None:
             return functools.partial(self._train_step, model)
-        if self.horovod:
-            if _overrides_train_step(model):
-                name = type(model).__name__
-                raise ValueError(
-                    f"tflms.LMSCallback(horovod=True) averages the gradients in its own copy of Keras's "
-                    f"train_step, but the model ({name}) overrides train_step, which would train every rank "
-                    "on its own gradients. Average them in your train_step, e.g. "
-                    "`grads = tflms.horovod.allreduce_gradients(grads)` before `apply_gradients`, and pass "
-                    f"`LMSCallback(horovod=True, train_step={name}.train_step)`; the callback then still "
-                    "broadcasts the initial variables, averages the logs and checks the plan. "
-                    f"Received: a model of class {name} with its own train_step"
-                )
-            return functools.partial(averaging_train_step, model)
         return model.train_step
 
     # -- public state -----------------------------------------------------------------
@@ -382,50 +269,15 @@ class LMSCallback(keras.callbacks.Callback):
 
     @property
     def async_safe(self) -> bool:
-        """Keras may call batch-end hooks from a thread pool only without ``horovod``: the log
-        averaging at batch end is a collective that every rank must issue in the same order."""
-        return not self.horovod
+        """Keras may call the batch-end hooks from a thread pool (they do nothing here)."""
+        return True
 
     # -- Keras hooks ------------------------------------------------------------------
 
-    def set_params(self, params: dict) -> None:
-        # Keras hands every callback the same params dict, this one before the ProgbarLogger
-        # it appends itself: verbose=0 here silences the progress bar of a non-root rank.
-        if self.horovod and isinstance(params, dict) and params.get("verbose", 0) != 0 and not lms_hvd.is_root():
-            params["verbose"] = 0
-        super().set_params(params)
-
     def on_train_begin(self, logs: dict | None = None) -> None:
         model = self.model
-        lms = self._supported(model)
-        if not lms and not self.horovod:
-            return
-        inst = self._installation
-        current = model.train_function
-        if inst is not None and inst.model() is model and current is inst.function:
-            pass  # still installed (a previous fit ended without on_train_end)
-        else:
-            if inst is None or inst.model() is not model or current is not inst.keras_function:
-                if current is None:  # fit always builds it first; train_on_batch-style callers may not
-                    model.make_train_function()
-                    current = model.train_function
-                inst = self._build(model, current, lms)
-                self._installation = inst
-                self._shown = 0
-                self._checked_batch = False
-                self.fingerprint = None
-            model.train_function = inst.function
-        if self.horovod:
-            # A built model is broadcast now; an unbuilt one at the first step, from the data's spec.
-            self._broadcast_pending = not self._broadcast_initial_state(model)
-
-    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-        # In place, so the callbacks after this one (Keras's progress bar among them) see the means.
-        # Eagerly: an allreduce of the logs inside the step would have no consumer in the step, and
-        # Horovod ops are stateless, so in the steps_per_execution while loop one step's could still
-        # run when the next step submits its own under the same name (Horovod refuses that).
-        if self.horovod and logs:
-            logs.update(lms_hvd.average_logs(logs, name="tflms_average_batch_logs"))
+        if self._supported(model):
+            self._install(model, lms=True)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._measured_device = self._memory_device()
@@ -436,12 +288,6 @@ class LMSCallback(keras.callbacks.Callback):
                 self._measured_device = None
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-        # Keras recomputes the epoch logs from this rank's metrics: average them (in place, so the
-        # History and progress bar that Keras appends after this callback see the averages).
-        if self.horovod and logs:
-            logs.update(lms_hvd.average_logs(logs))
-        # This rank's device memory, after the averaging: a rank whose device cannot report it
-        # must not change the set of keys that the ranks allreduce.
         if logs is not None:
             logs.update(self._memory_logs())
 
@@ -459,15 +305,60 @@ class LMSCallback(keras.callbacks.Callback):
         if model is not None and model.train_function is inst.function:
             model.train_function = inst.keras_function
 
+    # -- hooks of tflms.horovod.HorovodLMSCallback --------------------------------------
+
+    #: Appended to the ``run_eagerly=True`` warning.
+    _eager_note = ""
+
+    def _several_replicas(self, replicas: int) -> bool:
+        """A distribution strategy with ``replicas`` > 1: warn and train plain (False), or raise."""
+        warnings.warn(
+            f"tflms.LMSCallback does not support a distribution strategy with {replicas} replicas; "
+            "fit runs without LMS. Use one replica per process (e.g. Horovod).",
+            LMSWarning,
+            stacklevel=3,
+        )
+        return False
+
+    def _step_to_trace(self, model: keras.Model) -> Callable[[Any], Any]:
+        """What is traced (and rewritten) as the per-batch step: :meth:`make_train_step`'s step."""
+        return self.make_train_step(model)
+
+    def _before_run(self, model_ref: weakref.ReferenceType, iterator: Any) -> None:
+        """Called by the installed train function before each run of the step."""
+
+    def _first_plan(self, plan: SwapPlan) -> None:
+        """Called once per installation, with the first plan, on every rank."""
+
+    def _prints(self) -> bool:
+        """Whether this process prints the plan (``verbose``)."""
+        return True
+
     # -- internals --------------------------------------------------------------------
+
+    def _install(self, model: keras.Model, lms: bool) -> None:
+        """Install the callback's train function (built at most once per Keras train function)."""
+        inst = self._installation
+        current = model.train_function
+        if inst is not None and inst.model() is model and current is inst.function:
+            return  # still installed (a previous fit ended without on_train_end)
+        if inst is None or inst.model() is not model or current is not inst.keras_function:
+            if current is None:  # fit always builds it first; train_on_batch-style callers may not
+                model.make_train_function()
+                current = model.train_function
+            inst = self._build(model, current, lms)
+            self._installation = inst
+            self._shown = 0
+            self._checked_batch = False
+            self.fingerprint = None
+        model.train_function = inst.function
 
     def _supported(self, model: keras.Model) -> bool:
         """Whether the model's step can be rewritten (warns or raises when not)."""
         if model.run_eagerly:
-            averaged = " (gradients are still averaged across Horovod ranks)" if self.horovod else ""
             warnings.warn(
                 f"tflms.LMSCallback: the model was compiled with run_eagerly=True, so fit runs eagerly "
-                f"without LMS{averaged}. Compile with run_eagerly=False to swap tensors.",
+                f"without LMS{self._eager_note}. Compile with run_eagerly=False to swap tensors.",
                 LMSWarning,
                 stacklevel=2,
             )
@@ -486,28 +377,13 @@ class LMSCallback(keras.callbacks.Callback):
             )
         replicas = model.distribute_strategy.num_replicas_in_sync
         if replicas > 1:
-            if self.horovod:
-                raise ValueError(
-                    "tflms.LMSCallback(horovod=True) runs one replica per Horovod rank; it cannot also train "
-                    f"under a distribution strategy. Build and compile the model outside the strategy's scope. "
-                    f"Received: a distribution strategy with {replicas} replicas"
-                )
-            warnings.warn(
-                f"tflms.LMSCallback does not support a distribution strategy with {replicas} replicas; "
-                "fit runs without LMS. Use one replica per process (e.g. Horovod).",
-                LMSWarning,
-                stacklevel=2,
-            )
-            return False
+            return self._several_replicas(replicas)
         return True
 
     def _build(self, model: keras.Model, keras_function: Callable[[Any], Any], lms: bool = True) -> _Installation:
         # Traced as Keras traces its one_step_on_data: without AutoGraph (do_not_convert) and
         # with reduce_retracing=True.
-        step = self.make_train_step(model)
-        if self.horovod:
-            step = _checking_allreduce(step)
-        step = tf.autograph.experimental.do_not_convert(step)
+        step = tf.autograph.experimental.do_not_convert(self._step_to_trace(model))
         lms_step = lms_function(step, config=self.config, reduce_retracing=True) if lms else None
         xla = bool(model.jit_compile)
         if lms and xla:  # only where it may be Keras's jit_compile="auto": _supported raised otherwise
@@ -518,15 +394,9 @@ class LMSCallback(keras.callbacks.Callback):
                 "Compile with jit_compile=False to silence this, or pass LMSCallback(xla='error') to make it "
                 "an error.",
                 LMSWarning,
-                stacklevel=3,
+                stacklevel=4,
             )
-        # _make_function reads model.jit_compile once, when it wraps the step in its tf.function.
-        saved = model._jit_compile  # noqa: SLF001 - pinned in tests/test_keras.py
-        model._jit_compile = saved and not (lms and xla)  # noqa: SLF001
-        try:
-            run = model._make_function(lms_step if lms else step)  # noqa: SLF001 - pinned in tests/test_keras.py
-        finally:
-            model._jit_compile = saved  # noqa: SLF001
+        run = tfi.keras_make_function(model, lms_step if lms else step, jit_compile=xla and not lms)
         model_ref = weakref.ref(model)
         installation: _Installation
 
@@ -535,9 +405,7 @@ class LMSCallback(keras.callbacks.Callback):
                 self._checked_batch = True
                 if lms:
                     self._check_batch_dimension(iterator)
-            if self._broadcast_pending:
-                self._broadcast_pending = False
-                self._broadcast_initial_state(model_ref(), iterator)
+            self._before_run(model_ref, iterator)
             logs = run(iterator)
             if lms and len(lms_step.plans) > self._shown:
                 self._report(installation)
@@ -545,30 +413,6 @@ class LMSCallback(keras.callbacks.Callback):
 
         installation = _Installation(model_ref, keras_function, lms_step, train_function)
         return installation
-
-    def _broadcast_initial_state(self, model: keras.Model, iterator: Any = None) -> bool:
-        """Broadcast rank 0's model and optimizer variables, once per model (and optimizer).
-
-        Builds the optimizer first, and a model with unbuilt layers from the spec of
-        ``iterator``'s batches. Returns False (nothing done) for an unbuilt model
-        without ``iterator``. Every rank takes the same branches (collective).
-        """
-        optimizer = model.optimizer
-        done = _BROADCAST.get(model)
-        if done is not None and done() is optimizer:
-            return True
-        if not all(layer.built for layer in model._flatten_layers()):  # noqa: SLF001 - Keras's own check
-            if iterator is None:
-                return False
-            model._symbolic_build(data_batch=_symbolic_batch(iterator))  # noqa: SLF001 - builds the optimizer too
-        if optimizer is not None and not optimizer.built:
-            optimizer.build(model.trainable_variables)
-        variables = [] if done is not None else list(model.variables)
-        if optimizer is not None:
-            variables += list(optimizer.variables)
-        lms_hvd.broadcast_variables(variables, root_rank=0)
-        _BROADCAST[model] = weakref.ref(optimizer) if optimizer is not None else _none
-        return True
 
     def _check_batch_dimension(self, iterator: Any) -> None:
         """Warn when the planner would size tensors with batch 1 for lack of ``batch_size``."""
@@ -588,10 +432,9 @@ class LMSCallback(keras.callbacks.Callback):
 
     def _report(self, inst: _Installation) -> None:
         plans = inst.step.plans
-        if self.horovod and self._shown == 0 and plans:
-            # Collective: every rank traced its first step in the same train_function call.
-            self.fingerprint = lms_hvd.assert_same_plan(plans[0])
-        root = not self.horovod or lms_hvd.is_root()
+        if self._shown == 0 and plans:
+            self._first_plan(plans[0])
+        root = self._prints()
         measured = self._measured_peak() if self.verbose == 1 and root else None
         for plan in plans[self._shown :]:
             log.info("tflms.LMSCallback: %d tensors swapped in %s", len(plan.swaps), plan.function)
@@ -634,10 +477,16 @@ def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
     ``measured_peak`` (bytes, the device's measured peak of the first step) is shown
     next to the predicted one when given.
 
-    Example:
-        >>> print(short_summary(cb.plan))  # doctest: +SKIP
-        tflms plan for train_step: 11 tensors swapped, 13.8 MiB out and 20.2 MiB back in per step (15 swap-ins)
-        predicted device peak (simulator): 17.7 MiB -> 13.2 MiB (26% less); full table: LMSCallback(verbose=2)
+    Example (for ``cb.plan`` after ``fit`` with ``cb = LMSCallback(...)``; here a plan of
+    :func:`tflms.optimize`):
+        >>> import tensorflow as tf, tflms
+        >>> from tflms.measure import build
+        >>> _, x, y, train_step = build("cnn", batch=16, size=32)
+        >>> cf = tf.function(train_step).get_concrete_function(x, y)
+        >>> plan = tflms.make_plan(tflms.GraphModel.from_func_graph(cf.graph), tflms.LMSConfig(swapout_threshold=20))
+        >>> print(short_summary(plan))  # doctest: +ELLIPSIS
+        tflms plan for ...: ... tensors swapped, ... MiB out and ... MiB back in per step (... swap-ins)
+        predicted device peak (simulator): ... MiB -> ... MiB (...% less); full table: LMSCallback(verbose=2)
     """
     before, after = plan.peak_bytes_before, plan.peak_bytes_after
     back = sum(s.bytes * len(s.swap_ins) for s in plan.swaps)
@@ -656,68 +505,25 @@ def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
     return "\n".join(lines)
 
 
+def _check_horovod(horovod: Any) -> None:
+    if horovod is not None and not isinstance(horovod, bool):
+        raise TypeError(f"horovod must be True or False. Received: horovod={horovod!r}")
+
+
 def _auto_would_choose_xla(model: keras.Model) -> bool:
     """Whether Keras's ``jit_compile="auto"`` turns XLA on for ``model`` here (a GPU, no strategy, ...).
 
     Then ``model.jit_compile == True`` may be Keras's default rather than the user's request.
     Keras's own resolution (pinned in tests/test_keras.py); when it cannot be asked, True.
     """
-    resolve = getattr(model, "_resolve_auto_jit_compile", None)
-    if resolve is None:
-        return True
-    try:
-        return bool(resolve())
-    except Exception:  # noqa: BLE001 - a Keras internal: any failure means "cannot tell"
-        return True
+    auto = tfi.keras_auto_jit_compile(model)
+    return True if auto is None else auto
 
 
-def _none() -> None:
-    return None
+def __getattr__(name: str) -> Any:
+    # Moved to tflms.horovod.callback (importing it imports tflms.horovod): still reachable here.
+    if name == "averaging_train_step":
+        from .horovod.callback import averaging_train_step
 
-
-def _symbolic_batch(iterator: Any) -> Any:
-    """Keras tensors shaped like the batches ``iterator`` yields (for ``model._symbolic_build``)."""
-    spec = getattr(iterator, "element_spec", None)
-    if spec is None:
-        raise ValueError(
-            "tflms.LMSCallback(horovod=True) must broadcast the initial variables before the first step, "
-            "but the model is not built and fit's batches have no element_spec to build it from. Build the "
-            "model before fit, e.g. by calling it on a batch: model(x[:1]). "
-            f"Received: iterator={iterator!r}"
-        )
-
-    def symbolic(s: Any) -> Any:
-        return keras.KerasTensor(s.shape, s.dtype.name) if isinstance(s, tf.TensorSpec) else None
-
-    return tf.nest.map_structure(symbolic, spec)
-
-
-def _checking_allreduce(step: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``step`` that, traced on several Horovod ranks, warns when it holds no Horovod allreduce.
-
-    A ``horovod=True`` step without an allreduce does not average its gradients.
-    """
-
-    @functools.wraps(step)
-    def checked(data: Any) -> Any:
-        logs = step(data)
-        if tf.inside_function() and lms_hvd.size() > 1 and not _has_allreduce(tf.compat.v1.get_default_graph()):
-            warnings.warn(
-                "tflms.LMSCallback(horovod=True): the training step holds no Horovod allreduce, so every "
-                "rank applies its own gradients and the ranks drift apart. Average the gradients in your "
-                "train_step with tflms.horovod.allreduce_gradients(grads) before apply_gradients.",
-                LMSWarning,
-                stacklevel=2,
-            )
-        return logs
-
-    checked.__name__ = getattr(step, "__name__", "train_step")  # names the traced graph and the plan
-    return checked
-
-
-def _has_allreduce(graph: tf.Graph) -> bool:
-    """Whether ``graph``, or a function it calls, holds a Horovod allreduce op."""
-    if any(op.type in _ALLREDUCE_TYPES for op in graph.get_operations()):
-        return True
-    library = graph.as_graph_def().library
-    return any(node.op in _ALLREDUCE_TYPES for f in library.function for node in f.node_def)
+        return averaging_train_step
+    raise AttributeError(f"module 'tflms.keras' has no attribute {name!r}")

@@ -1,12 +1,14 @@
 """Worker of tests/test_horovod_keras.py, started by ``horovodrun --gloo -np 2``.
 
-``model.fit`` with ``tflms.LMSCallback(horovod=True)``, each rank on its own shard
+``model.fit`` with ``tflms.horovod.HorovodLMSCallback`` (in one place spelt
+``tflms.LMSCallback(horovod=True)``, which makes the same), each rank on its own shard
 of the data. Cases (``--cases``, run in this order in one process):
 
 * ``horovod``: the CNN of jobkit built from a rank-dependent seed, 2 epochs with
   validation (progress bar and plan summary on), then a second ``fit`` of 1 epoch
-  with a new callback. Writes ``initial.npz`` (rank 0, after the broadcast) and
-  per rank the final state, the ``History`` and the batch logs.
+  with a new callback (made by ``tflms.LMSCallback(horovod=True)``). Writes
+  ``initial.npz`` (rank 0, after the broadcast) and per rank the final state, the
+  ``History`` and the batch logs.
 * ``plain``: the negative control: the same CNN from the *same* seed on every rank,
   ``tflms.LMSCallback()`` without ``horovod``: nothing is averaged.
 * ``bn``: the CNN with BatchNormalization, ``steps_per_execution=2``; rank 1's
@@ -17,7 +19,7 @@ of the data. Cases (``--cases``, run in this order in one process):
 * ``eager``: a functional MLP compiled with ``run_eagerly=True`` (no LMS, gradients
   still averaged), rank-dependent seed.
 * ``own_step``: a model with its own ``train_step`` passed as
-  ``LMSCallback(horovod=True, train_step=...)``: once averaging its gradients with
+  ``HorovodLMSCallback(train_step=...)``: once averaging its gradients with
   ``tflms.horovod.allreduce_gradients``, once forgetting to (a warning, ranks differ).
 
 Per rank ``<out>/<case>_rank<r>.npz`` (final model + optimizer variables) and
@@ -210,11 +212,12 @@ def save(out: str, name: str, arrays: list) -> None:
 
 def run_horovod(out: str, rank: int, size: int, report: dict) -> None:
     import tflms
+    import tflms.horovod as lms_hvd
 
     model = compile_model(jobkit.build_cnn(rank_seed(rank)))
     x, y = shard(train_data(size), rank, size)
     val = shard(val_data(size), rank, size)
-    lms = tflms.LMSCallback(horovod=True, verbose=True, **jobkit.LMS_OPTIONS)
+    lms = lms_hvd.HorovodLMSCallback(verbose=True, **jobkit.LMS_OPTIONS)
     pre, rec = Recorder.make(), Recorder.make()  # before and after the LMSCallback
     first = model.fit(
         x, y, batch_size=B, epochs=EPOCHS, shuffle=False, validation_data=val, callbacks=[pre, lms, rec]
@@ -223,6 +226,7 @@ def run_horovod(out: str, rank: int, size: int, report: dict) -> None:
     if rank == 0:
         save(out, "initial.npz", initial)
     again = tflms.LMSCallback(horovod=True, **jobkit.LMS_OPTIONS)  # a new callback: still no second broadcast
+    assert type(again) is lms_hvd.HorovodLMSCallback
     second = model.fit(x, y, batch_size=B, epochs=1, shuffle=False, callbacks=[again, rec], verbose=0).history
     save(out, f"horovod_rank{rank}.npz", [v.numpy() for v in state(model)])
     report["horovod"] = {
@@ -246,7 +250,7 @@ def run_plain(out: str, rank: int, size: int, report: dict) -> None:
     import tflms
 
     model = compile_model(jobkit.build_cnn(0))  # the same initial weights on every rank
-    model.optimizer.build(model.trainable_variables)  # as LMSCallback(horovod=True) does: the same initial state
+    model.optimizer.build(model.trainable_variables)  # as HorovodLMSCallback does: the same initial state
     x, y = shard(train_data(size), rank, size)
     rec = Recorder.make()
     lms = tflms.LMSCallback(**jobkit.LMS_OPTIONS)
@@ -262,7 +266,7 @@ def run_plain(out: str, rank: int, size: int, report: dict) -> None:
 def run_bn(out: str, rank: int, size: int, report: dict) -> None:
     import numpy as np
 
-    import tflms
+    import tflms.horovod as lms_hvd
 
     model = compile_model(build_bn_cnn(rank_seed(rank)), steps_per_execution=2)
     bn = model.layers[1]
@@ -270,7 +274,7 @@ def run_bn(out: str, rank: int, size: int, report: dict) -> None:
         bn.moving_mean.assign(np.full(bn.moving_mean.shape, 0.5, "float32"))
         bn.moving_variance.assign(np.full(bn.moving_variance.shape, 2.0, "float32"))
     x, y = shard(train_data(size), rank, size)
-    lms = tflms.LMSCallback(horovod=True, **jobkit.LMS_OPTIONS)
+    lms = lms_hvd.HorovodLMSCallback(**jobkit.LMS_OPTIONS)
     rec = Recorder.make()
     history = model.fit(x, y, batch_size=B, epochs=EPOCHS, shuffle=False, callbacks=[lms, rec]).history
     trainable = {id(v) for v in model.trainable_variables}
@@ -288,12 +292,12 @@ def run_bn(out: str, rank: int, size: int, report: dict) -> None:
 
 
 def run_subclassed(out: str, rank: int, size: int, report: dict) -> None:
-    import tflms
+    import tflms.horovod as lms_hvd
 
     model = compile_model(subclassed_mlp(rank_seed(rank)))
     assert not model.built and not model.variables
     x, y = shard(features(STEPS * size * B, seed=13), rank, size)
-    lms = tflms.LMSCallback(horovod=True, batch_size=B, **jobkit.LMS_OPTIONS)
+    lms = lms_hvd.HorovodLMSCallback(batch_size=B, **jobkit.LMS_OPTIONS)
     history = model.fit(x, y, batch_size=B, epochs=EPOCHS, shuffle=False, callbacks=[lms], verbose=0).history
     save(out, f"subclassed_rank{rank}.npz", [v.numpy() for v in state(model)])
     report["subclassed"] = {"history": history, "plan": plan_report(lms), "n_state": len(state(model))}
@@ -303,10 +307,11 @@ def run_eager(out: str, rank: int, size: int, report: dict) -> None:
     import warnings
 
     import tflms
+    import tflms.horovod as lms_hvd
 
     model = compile_model(build_mlp(rank_seed(rank)), run_eagerly=True)
     x, y = shard(features(STEPS * size * B, seed=14), rank, size)
-    lms = tflms.LMSCallback(horovod=True, **jobkit.LMS_OPTIONS)
+    lms = lms_hvd.HorovodLMSCallback(**jobkit.LMS_OPTIONS)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         history = model.fit(x, y, batch_size=B, epochs=EPOCHS, shuffle=False, callbacks=[lms], verbose=0).history
@@ -343,16 +348,17 @@ def own_step_model(seed: int, average: bool):
 
 
 def run_own_step(out: str, rank: int, size: int, report: dict) -> None:
-    """A model with its own train_step, passed as LMSCallback(horovod=True, train_step=...)."""
+    """A model with its own train_step, passed as HorovodLMSCallback(train_step=...)."""
     import warnings
 
     import tflms
+    import tflms.horovod as lms_hvd
 
     x, y = shard(features(STEPS * size * B, seed=15), rank, size)
     report["own_step"] = {}
     for average in (True, False):
         model = compile_model(own_step_model(rank_seed(rank), average), metrics=())
-        lms = tflms.LMSCallback(horovod=True, train_step=type(model).train_step, **jobkit.LMS_OPTIONS)
+        lms = lms_hvd.HorovodLMSCallback(train_step=type(model).train_step, **jobkit.LMS_OPTIONS)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             history = model.fit(x, y, batch_size=B, epochs=1, shuffle=False, callbacks=[lms], verbose=0).history
@@ -394,7 +400,7 @@ def main() -> None:
         broadcasts.append(len(variables))
         return original(variables, root_rank=root_rank)
 
-    lms_hvd.broadcast_variables = counting_broadcast  # what LMSCallback calls
+    lms_hvd.broadcast_variables = counting_broadcast  # HorovodLMSCallback calls it through the package
     report: dict = {"rank": rank, "size": size}
     for case in args.cases.split(","):
         broadcasts.clear()
