@@ -10,7 +10,11 @@ STAMP := $(VENV)/.tflms-installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: run test install horovod lint bench
+DOCTESTS := tflms/autotune.py tflms/config.py tflms/core.py tflms/devices.py tflms/graph.py tflms/keras.py tflms/plan.py \
+	tflms/plot.py tflms/simulator.py tflms/testbed.py tflms/horovod
+PYTEST := $(PY) -m pytest -q
+
+.PHONY: run test install horovod lint bench test-unit test-integration test-distributed test-docs test-gpu
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,8 +34,28 @@ lint: install
 	$(PY) -m ruff check tflms tests benchmarks
 	$(PY) -m ruff format --check tflms tests benchmarks
 
-test: horovod lint
-	$(PY) -m pytest -q tests --doctest-modules tflms/config.py tflms/devices.py tflms/graph.py tflms/simulator.py tflms/testbed.py
+# Test tiers (markers set by path in tests/conftest.py; see the README's Tests section).
+# `make test` runs every tier: the unit tier first (seconds, no TensorFlow) so that it
+# fails fast, before the Horovod build; then integration, distributed, docs and gpu (the
+# gpu tier skips without a GPU) in one pytest run.
+test: test-unit horovod lint
+	$(PYTEST) tests --ignore=tests/unit --doctest-modules $(DOCTESTS) --durations=15
+
+test-unit: install
+	$(PYTEST) tests/unit
+
+test-integration: install
+	$(PYTEST) tests --ignore=tests/unit -m integration
+
+test-distributed: horovod
+	$(PYTEST) tests --ignore=tests/unit -m distributed
+
+test-docs: install
+	$(PYTEST) tests --ignore=tests/unit -m docs --doctest-modules $(DOCTESTS)
+
+# Here a missing GPU is a failure, not a skip.
+test-gpu: install
+	TFLMS_TEST_GPU=1 $(PYTEST) tests --ignore=tests/unit -m gpu
 
 bench: install
 	$(PY) benchmarks/pass_speed.py

@@ -1,26 +1,105 @@
-"""The README's benchmark tables are the ones the benchmark JSON produces."""
+"""The README against what it describes: its benchmark tables are the ones the benchmark
+JSON produces, its two commands are Makefile targets that CI runs and that run every test
+tier, and the tflms names its code examples use exist."""
 
+import ast
+import importlib
 import importlib.util
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
 spec = importlib.util.spec_from_file_location("report", ROOT / "benchmarks" / "report.py")
 report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
+
+
+def _blocks(lang):
+    return re.findall(rf"^```{lang}\n(.*?)^```", README, flags=re.S | re.M)
+
+
+def _readme_commands():
+    """The commands of the README's bash block (``make run``, ``make test``), comments dropped."""
+    (block,) = _blocks("bash")
+    return [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
+
+
+def _make_dry_run(target):
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    out = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [line.strip() for line in out.stdout.splitlines()]
 
 
 @pytest.mark.parametrize("name", sorted(report.TABLES))
 def test_readme_table_matches_the_benchmark_json(name):
     table = report.table(name)
     assert table is not None, f"benchmarks/results/{name}.json is missing: run the benchmark"
-    assert table in (ROOT / "README.md").read_text(), f"README's {name} table differs from the JSON: paste report.py's"
+    assert table in README, f"README's {name} table differs from the JSON: paste report.py's"
 
 
 def test_readme_commands_are_the_makefile_targets_ci_runs():
-    readme = (ROOT / "README.md").read_text()
+    commands = _readme_commands()
+    assert commands == ["make run", "make test"]
     makefile = (ROOT / "Makefile").read_text()
-    assert "make run" in readme and "make test" in readme
-    assert "\nrun:" in makefile and "\ntest:" in makefile
-    assert "make test" in (ROOT / ".ci" / "run").read_text()
+    targets = set(re.findall(r"^([\w-]+):", makefile, flags=re.M))
+    phony = set(re.search(r"^\.PHONY:(.*)$", makefile, flags=re.M).group(1).split())
+    for command in commands:
+        target = command.split()[1]
+        assert target in targets and target in phony, f"README's `{command}`: no phony Makefile target {target!r}"
+    # CI runs the README's test command itself, as a command (not in a comment).
+    ci = [line.strip() for line in (ROOT / ".ci" / "run").read_text().splitlines() if not line.lstrip().startswith("#")]
+    assert "make test" in ci
+
+
+def test_make_test_runs_every_tier_unit_first():
+    lines = _make_dry_run("test")
+    pytest_runs = [line for line in lines if " -m pytest " in line]
+    # The unit tier alone first (fails fast, needs no TensorFlow), before the Horovod build and lint.
+    assert pytest_runs[0].endswith("-m pytest -q tests/unit")
+    assert lines.index(pytest_runs[0]) < min(i for i, line in enumerate(lines) if "build_horovod" in line)
+    # Then one run over every other tier: all of tests/ but the unit tier, no marker filter,
+    # with the modules' doctests.
+    (rest,) = pytest_runs[1:]
+    args = rest.split(" -m pytest ")[1].split()
+    assert "tests" in args and "--ignore=tests/unit" in args and "-m" not in args and "-k" not in args
+    assert "--doctest-modules" in args and "tflms/config.py" in args
+    assert "make test" in _readme_commands()
+
+
+def test_make_run_runs_the_demo():
+    assert any(line.endswith("-m tflms demo") for line in _make_dry_run("run"))
+
+
+def _tflms_names(code):
+    """(module, name) for every tflms name a code example imports or uses as ``alias.name``."""
+    aliases, used = {}, []
+    tree = ast.parse(code)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "tflms":
+                    aliases[a.asname or a.name.split(".")[0]] = a.name if a.asname else "tflms"
+                    used.append((a.name, None))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "tflms":
+            used += [(node.module, a.name) for a in node.names]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+            used.append((aliases[node.value.id], node.attr))
+    return used
+
+
+def test_readme_code_examples_use_names_that_exist():
+    used = [pair for block in _blocks("python") for pair in _tflms_names(block)]
+    assert ("tflms", "function") in used and ("tflms", "LMSCallback") in used  # the parser found the examples
+    for module, name in used:
+        mod = importlib.import_module(module)
+        if name is not None:
+            exists = hasattr(mod, name) or importlib.util.find_spec(f"{module}.{name}") is not None  # or a submodule
+            assert exists, f"the README uses {module}.{name}, which does not exist"

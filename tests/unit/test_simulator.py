@@ -1,3 +1,5 @@
+"""The simulator's peaks on hand-built graphs, worked out by hand."""
+
 from tflms import LMSConfig, make_plan
 from tflms.graph import GraphModel
 from tflms.plan import Swap, SwapIn

@@ -1,0 +1,40 @@
+"""The gpu tier: a rewritten step on a real GPU (``/GPU:0``, host ``/CPU:0``).
+
+Skipped without a GPU; with ``TFLMS_TEST_GPU=1`` (``make test-gpu``) a missing GPU is a
+failure instead (tests/conftest.py). The peak is the allocator's own
+(``tf.config.experimental.get_memory_info``), not the simulator's.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+import tflms
+from tflms.measure import build
+
+GPU = "/device:GPU:0"
+HOST = "/device:CPU:0"
+
+
+def _train(lms: bool, steps: int = 3):
+    """Losses and the real peak (bytes above what was allocated before) of ``steps`` steps."""
+    model, x, y, train_step = build("cnn", batch=64, size=64, seed=0)  # the same initial state both times
+    with tf.device(GPU):
+        x, y = tf.identity(x), tf.identity(y)
+        step = tflms.function(train_step, device=GPU, host=HOST) if lms else tf.function(train_step)
+        step.get_concrete_function(x, y)  # trace (and rewrite) before measuring
+        tf.config.experimental.reset_memory_stats("GPU:0")
+        base = tf.config.experimental.get_memory_info("GPU:0")["current"]
+        losses = [float(step(x, y)) for _ in range(steps)]
+        peak = tf.config.experimental.get_memory_info("GPU:0")["peak"] - base
+    plan = step.get_plan(x, y) if lms else None
+    return np.array(losses), peak, plan
+
+
+def test_rewritten_step_on_the_gpu_trains_like_plain_with_a_lower_real_peak():
+    plain_losses, plain_peak, _ = _train(lms=False)
+    lms_losses, lms_peak, plan = _train(lms=True)
+    assert plan.swaps and plan.peak_bytes_after < plan.peak_bytes_before
+    # Swapping moves tensors, it does not change them (op determinism is on: tests/conftest.py).
+    np.testing.assert_allclose(lms_losses, plain_losses, rtol=1e-5)
+    assert plain_losses[-1] < plain_losses[0]  # it trained
+    assert lms_peak < plain_peak, (lms_peak, plain_peak, plan.summary())

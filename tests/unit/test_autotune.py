@@ -1,0 +1,92 @@
+"""Autotuning to a memory budget on hand-built graphs (simulator; no TensorFlow)."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import tflms
+from tflms import BudgetError, LMSConfig, Simulator, make_plan
+from tflms.config import parse_bytes
+from tflms.planner import candidate_swaps
+
+from graphs import chain_model
+
+HOST = "/device:CPU:0"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("16GiB", 16 * 2**30), ("1.5 GiB", 3 * 2**29), ("500MB", 500 * 10**6), ("64k", 65536), ("123", 123), (7, 7)],
+)
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["", "GiB", "12 parsecs", "-5GiB", 0, -1, True, 1.5, "0B"])
+def test_bad_budget_names_the_argument(bad):
+    with pytest.raises(ValueError, match="budget=") as err:
+        LMSConfig(budget=bad)
+    assert "Received" in str(err.value)
+
+
+def test_prefix_peaks_match_fresh_simulations():
+    model = chain_model(n_fwd=10, variable_bytes=64)
+    swaps = candidate_swaps(model, LMSConfig(swapout_threshold=2, swapin_ahead=2, min_bytes=0))
+    assert len(swaps) >= 5
+    sim = Simulator(model)
+    expected = [tflms.simulate(model, swaps[:n]).peak_bytes for n in range(len(swaps) + 1)]
+    assert list(sim.prefix_peaks(swaps)) == expected
+
+
+def _budgets(model):
+    sim = Simulator(model, HOST)
+    plain = sim.peak()
+    with pytest.raises(BudgetError) as err:
+        make_plan(model, LMSConfig(budget=1, min_bytes=0))
+    best = err.value.best_peak_bytes
+    assert best < plain
+    return plain, best
+
+
+def test_budgets_on_a_hand_built_chain():
+    model = chain_model(n_fwd=12, variable_bytes=1000)
+    plain, best = _budgets(model)
+    for budget in (plain + 1, plain, (plain + best) // 2, best):
+        plan = make_plan(model, LMSConfig(budget=budget, min_bytes=0))
+        assert plan.peak_bytes_after <= budget
+        assert plan.options["budget"] == budget
+        # The chosen knobs are recorded and reproduce the plan without a budget.
+        again = make_plan(model, LMSConfig.from_dict({**plan.options, "budget": None}))
+        assert again.swaps == plan.swaps
+    assert make_plan(model, LMSConfig(budget=plain, min_bytes=0)).swaps == ()
+    with pytest.raises(BudgetError) as err:
+        make_plan(model, LMSConfig(budget=best - 1, min_bytes=0))
+    assert err.value.best_peak_bytes == best and err.value.plain_peak_bytes == plain
+    assert f"budget={best - 1}" in str(err.value)
+    assert isinstance(err.value, ValueError)
+
+
+def test_tighter_budgets_move_more_bytes():
+    model = chain_model(n_fwd=12)
+    plain, best = _budgets(model)
+    moved = []
+    for budget in np.linspace(plain - 1, best, 5).astype(int):
+        plan = make_plan(model, LMSConfig(budget=int(budget), min_bytes=0))
+        moved.append(sum(s.bytes * (1 + len(s.swap_ins)) for s in plan.swaps))
+    assert moved == sorted(moved) and moved[0] < moved[-1]
+
+
+def test_config_replace_keeps_validation():
+    with pytest.raises(ValueError, match="budget="):
+        dataclasses.replace(LMSConfig(), budget="nope")
+
+
+def test_batch_size_result_prints_the_budget_in_both_units():
+    si = tflms.BatchSizeResult(budget=16 * 10**9, without_lms=10, with_lms=30, limit=1024)
+    binary = tflms.BatchSizeResult(budget=16 * 2**30, without_lms=10, with_lms=30, limit=1024)
+    assert str(si).startswith("largest batch within 14.9 GiB = 16.0 GB (simulator prediction): 10 without LMS")
+    assert str(binary).startswith("largest batch within 16.0 GiB = 17.2 GB (simulator prediction)")
+    assert str(tflms.BatchSizeResult(budget=500, without_lms=0, with_lms=0, limit=8)).startswith(
+        "largest batch within 500 B (simulator prediction): 0 without LMS, 0 with LMS"
+    )
