@@ -61,12 +61,12 @@ def run_steps(setup: Setup, step: Callable, n: int = 3, device: str | None = "/d
     return np.array(losses), [v.numpy() for v in setup.state()]
 
 
-def _classification(name, model, batch, input_shape, classes, seed=0):
+def _classification(name, model, batch, input_shape, classes, seed=0, optimizer=None):
     rng = np.random.default_rng(seed)
     x = tf.constant(rng.normal(size=(batch, *input_shape)).astype("float32"))
     y = tf.constant(rng.integers(0, classes, size=(batch,)).astype("int32"))
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-    return Setup(name, model, loss, keras.optimizers.Adam(1e-3), x, y)
+    return Setup(name, model, loss, optimizer or keras.optimizers.Adam(1e-3), x, y)
 
 
 def mlp() -> Setup:
@@ -142,4 +142,50 @@ def lstm() -> Setup:
     return _classification("lstm", model, 32, (20, 16), 5)
 
 
-ZOO = {"mlp": mlp, "cnn": cnn, "resnet50": resnet50, "transformer": transformer, "lstm": lstm}
+def nasnet(batch: int = 2) -> Setup:
+    """NASNetMobile at 32x32 with SGD: separable convolutions, many small concatenations
+    and ``MaxPool`` in the reduction cells (see ``tflms.candidates.PINNED_INPUTS``)."""
+    keras.utils.set_random_seed(6)
+    model = keras.applications.NASNetMobile(
+        weights=None, input_shape=(32, 32, 3), classes=10, classifier_activation=None
+    )
+    return _classification("nasnet", model, batch, (32, 32, 3), 10, optimizer=keras.optimizers.SGD(0.01))
+
+
+def unet3d(batch: int = 2, size: int = 16) -> Setup:
+    """A small 3-D U-Net: Conv3D (bias, ReLU) pairs, MaxPool3D down, UpSampling3D up, skip
+    concatenations, per-voxel softmax (see ``tflms.candidates.PINNED_INPUTS``)."""
+    keras.utils.set_random_seed(7)
+    L = keras.layers
+
+    def block(h, filters):
+        for _ in range(2):
+            h = L.Conv3D(filters, 3, padding="same", activation="relu")(h)
+        return h
+
+    inp = keras.Input((size, size, size, 1))
+    skips, h = [], inp
+    for filters in (8, 16):
+        h = block(h, filters)
+        skips.append(h)
+        h = L.MaxPooling3D(2)(h)
+    h = block(h, 32)
+    for filters, skip in zip((16, 8), reversed(skips)):
+        h = block(L.Concatenate()([L.UpSampling3D(2)(h), skip]), filters)
+    out = L.Conv3D(3, 1, activation="softmax")(h)
+    rng = np.random.default_rng(7)
+    x = tf.constant(rng.normal(size=(batch, size, size, size, 1)).astype("float32"))
+    y = tf.constant(rng.integers(0, 3, size=(batch, size, size, size)).astype("int32"))
+    loss = keras.losses.SparseCategoricalCrossentropy()
+    return Setup("unet3d", keras.Model(inp, out), loss, keras.optimizers.Adam(1e-3), x, y)
+
+
+ZOO = {
+    "mlp": mlp,
+    "cnn": cnn,
+    "resnet50": resnet50,
+    "transformer": transformer,
+    "lstm": lstm,
+    "nasnet": nasnet,
+    "unet3d": unet3d,
+}

@@ -2,10 +2,11 @@
 
 For each swap: one ``Identity`` on ``host`` (the swap-out) reading the device
 tensor; for each swap-in a second ``Identity`` **on the host** reading the
-swap-out, with a control input from its trigger; the consumers of the group (on
-the device) rewired to it. Every swap op carries ``_grappler_do_not_remove=True``
-and ``_tflms_swap`` ("out"/"in"), and is named under ``tflms_swapout/`` or
-``tflms_swapin/``.
+swap-out, with a control input from its trigger, then an ``Identity`` on the device
+(the landing) reading the swap-in; the consumers of the group (on the device)
+rewired to the landing. Every swap op carries ``_grappler_do_not_remove=True`` and
+``_tflms_swap`` ("out"/"in"/"landing"), and is named under ``tflms_swapout/``,
+``tflms_swapin/`` or ``tflms_landing/``.
 
 Why the swap-in sits on the host: TensorFlow's partitioner turns each edge between
 devices into a send on the producing side and a receive on the consuming side,
@@ -17,6 +18,14 @@ swap-in runs only after its trigger, so the device buffer exists only from the
 trigger to the group's last consumer. Each swap-in is its own host tensor, so
 each group gets its own transfer (TensorFlow makes one send/receive pair per
 tensor and destination device).
+
+Why the landing: the consumers then read a tensor of their own device, as in the
+plain step. Grappler leaves alone some rewrites whose inputs sit on another device:
+constant folding's push-down (``Mul(C, Mul(x, y))`` -> ``Mul(x, Mul(C, y))``) checks
+that the parent and both leaves share a device, so with ``y`` read straight from the
+host swap-in the constant stays where it was and the product rounds differently (one
+ULP in the transformer of ``tests/zoo.py``). The landing forwards the received
+buffer: it costs no memory and does not change when the tensor arrives.
 """
 
 from __future__ import annotations
@@ -28,10 +37,11 @@ import tensorflow as tf
 from . import _tf_internal as tfi
 from .plan import SwapPlan
 
-__all__ = ["apply_plan", "SWAP_OUT_SCOPE", "SWAP_IN_SCOPE", "SWAP_ATTR", "is_rewritten"]
+__all__ = ["apply_plan", "SWAP_OUT_SCOPE", "SWAP_IN_SCOPE", "LANDING_SCOPE", "SWAP_ATTR", "is_rewritten"]
 
 SWAP_OUT_SCOPE = "tflms_swapout"
 SWAP_IN_SCOPE = "tflms_swapin"
+LANDING_SCOPE = "tflms_landing"
 SWAP_ATTR = "_tflms_swap"
 
 
@@ -48,13 +58,14 @@ def _plan_error(plan: SwapPlan, what: str) -> ValueError:
 
 
 def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on: str = "host") -> dict[str, int]:
-    """Edit ``graph`` in place; return op-count changes, e.g. ``{'swap_out': 3, 'swap_in': 4}``.
+    """Edit ``graph`` in place; return op-count changes, e.g.
+    ``{'swap_out': 3, 'swap_in': 4, 'landing': 4}``.
 
     ``device`` is where the step runs (its unplaced ops and the consumers of swap-ins);
     every swap op is placed on ``host``. ``swap_in_on='device'`` instead places the
     swap-ins on ``device``, as tflms 0.1 did: the copy back then happens right after the
-    swap-out and frees nothing. It exists only so that a test can pin that TensorFlow
-    fact; never use it to train.
+    swap-out and frees nothing (and there is no landing). It exists only so that a test
+    can pin that TensorFlow fact; never use it to train.
     """
     if swap_in_on not in ("host", "device"):
         raise ValueError(f"swap_in_on must be 'host' or 'device'. Received: swap_in_on={swap_in_on!r}")
@@ -80,17 +91,29 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
                 ]
                 for s, out in zip(plan.swaps, outs)
             ]
-    for swap, tensor, out, group in zip(plan.swaps, tensors, outs, backs):
+        if swap_in_on == "host":
+            with tf.device(device):
+                lands = [
+                    [tf.identity(b, name=f"{LANDING_SCOPE}/{b.op.name[len(SWAP_IN_SCOPE) + 1 :]}") for b in group]
+                    for group in backs
+                ]
+        else:
+            lands = backs
+    for swap, tensor, out, group, landed in zip(plan.swaps, tensors, outs, backs, lands):
         tfi.set_attr(out.op, "_grappler_do_not_remove", True)
         tfi.set_attr(out.op, SWAP_ATTR, "out")
-        for swap_in, back in zip(swap.swap_ins, group):
+        for swap_in, back, land in zip(swap.swap_ins, group, landed):
             tfi.set_attr(back.op, "_grappler_do_not_remove", True)
             tfi.set_attr(back.op, SWAP_ATTR, "in")
+            if land is not back:
+                tfi.set_attr(land.op, "_grappler_do_not_remove", True)
+                tfi.set_attr(land.op, SWAP_ATTR, "landing")
             if swap_in.trigger is not None:
                 tfi.add_control_input(back.op, lookup("trigger op", graph.get_operation_by_name, swap_in.trigger))
             for op_name, index in swap_in.consumers:
                 op = lookup("consumer op", graph.get_operation_by_name, op_name)
                 if index >= len(op.inputs) or op.inputs[index].name != tensor.name:
                     raise _plan_error(plan, f"input {index} of {op_name!r} is not {swap.tensor!r}")
-                tfi.update_input(op, index, back)
-    return {"swap_out": len(outs), "swap_in": sum(len(g) for g in backs)}
+                tfi.update_input(op, index, land)
+    n_in = sum(len(g) for g in backs)
+    return {"swap_out": len(outs), "swap_in": n_in, "landing": n_in if swap_in_on == "host" else 0}
