@@ -6,9 +6,11 @@ The rules are those listed in :mod:`tflms.planner`; this module holds the part t
 
 from __future__ import annotations
 
+import networkx as nx
+
 from .config import LMSConfig
 from .devices import same_device
-from .graph import CONTROL_FLOW_OP_TYPES, GraphModel, TensorInfo
+from .graph import ALIAS_OP_TYPES, CONTROL_FLOW_OP_TYPES, GraphModel, TensorInfo
 from .plan import Swap, SwapIn
 
 __all__ = ["candidate_swaps", "is_collective", "EXCLUDED_PRODUCER_TYPES", "EXCLUDED_DTYPES"]
@@ -21,6 +23,34 @@ EXCLUDED_PRODUCER_TYPES = (
     | CONTROL_FLOW_OP_TYPES
 )
 EXCLUDED_DTYPES = frozenset({"resource", "variant", "string", "int32"})
+#: Backward inputs that must stay a direct edge from their forward producer, as
+#: ``(op type, input index)``. On CPU, oneDNN's graph rewrite (TensorFlow's MKL layout
+#: pass, run after partitioning) turns ``MaxPoolGrad``/``MaxPool3DGrad`` into
+#: ``_MklNativeMaxPool(3D)Grad`` only when input 1 (the pooled output) comes straight from
+#: the ``MaxPool``/``MaxPool3D`` (it then also reads the forward op's workspace), and
+#: ``LRNGrad`` into oneDNN's only when its input 2 comes straight from the ``LRN``. Fed by
+#: a swap-in (a ``_Recv`` after partitioning), the op keeps TensorFlow's own kernel, which
+#: routes the gradient of tied maxima differently (``MaxPool3DGrad`` gives it to every
+#: tied input): the step is no longer bit-identical. A tensor read by such an input far
+#: in the backward pass is not swapped: its device copy must live until then anyway.
+PINNED_INPUTS = frozenset({("MaxPoolGrad", 1), ("MaxPool3DGrad", 1), ("LRNGrad", 2)})
+#: Ops that read only their input's shape, never its data.
+SHAPE_OP_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+#: Ops whose output buffer stays on the device whatever the plan does (weights, the
+#: step's inputs, constants): swapping a view of one frees nothing.
+RESIDENT_OP_TYPES = frozenset({"Placeholder", "_Arg", "Const", "VarHandleOp", "VariableV2"})
+
+
+def buffer_owner(model: GraphModel, tensor: str) -> TensorInfo:
+    """The tensor whose buffer ``tensor`` shares: followed back through
+    :data:`tflms.graph.ALIAS_OP_TYPES` ops (output i of ``IdentityN`` is its input i)."""
+    t = model.tensors[tensor]
+    while True:
+        op_type = model.dag.nodes[t.op]["type"]
+        ins = model.inputs_of[t.op]
+        if op_type not in ALIAS_OP_TYPES or not ins:
+            return t
+        t = model.tensors[ins[t.index if op_type == "IdentityN" and t.index < len(ins) else 0]]
 
 
 def is_collective(op_type: str) -> bool:
@@ -45,6 +75,8 @@ def _is_candidate(model: GraphModel, t: TensorInfo, config: LMSConfig) -> bool:
         return False
     if same_device(node["device"], config.host):
         return False
+    if model.dag.nodes[buffer_owner(model, t.name).op]["type"] in RESIDENT_OP_TYPES:
+        return False  # a view of a weight, an input or a constant: it stays on the device anyway
     if config.incl_types and op_type not in config.incl_types:
         return False
     if op_type in config.excl_types:
@@ -64,6 +96,18 @@ def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig) -> Swap | 
         for c, i in t.consumers
         if nodes[c]["phase"] == "backward" and nodes[c]["level"] - level > config.swapout_threshold
     )
+    # Shape readers need no data: they keep reading the device copy, never a swap-in. With
+    # a static shape Grappler folds them into constants; otherwise they run as soon as their
+    # inputs exist, unless one waits for the backward pass: that one would keep the device
+    # copy alive until then, and the swap would free nothing.
+    shape_readers = [c for _, c, _ in far if nodes[c]["type"] in SHAPE_OP_TYPES]
+    if shape_readers:
+        static = t.shape is not None and None not in t.shape
+        if not static and any(_waits_for_backward(model, c) for c in shape_readers):
+            return None
+        far = [item for item in far if nodes[item[1]]["type"] not in SHAPE_OP_TYPES]
+    if any((nodes[c]["type"], i) in PINNED_INPUTS for _, c, i in far):
+        return None  # the device copy lives until that backward op anyway: a swap would free nothing
     if not far:
         return None
     groups: list[list[tuple[int, str, int]]] = []
@@ -76,6 +120,8 @@ def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig) -> Swap | 
     for group in groups:
         first_level, first_op, _ = group[0]
         trigger = _find_trigger(model, first_op, first_level - config.swapin_ahead, level, config)
+        if trigger is None:
+            return None  # nothing would hold the swap-in back: it would come back right after it left
         swap_ins.append(
             SwapIn(
                 consumers=tuple((c, i) for _, c, i in group),
@@ -95,6 +141,12 @@ def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig) -> Swap | 
         distance=far[0][0] - level,
         swap_ins=tuple(swap_ins),
     )
+
+
+def _waits_for_backward(model: GraphModel, op: str) -> bool:
+    """Whether ``op`` depends (through data or control edges) on a backward op."""
+    nodes = model.dag.nodes
+    return any(nodes[a]["phase"] == "backward" for a in nx.ancestors(model.dag, op))
 
 
 def _find_trigger(
