@@ -220,10 +220,13 @@ def max_batch_size(
     ``rel_tol`` > 0 trades exactness for fewer evaluations: each result is then a
     size that fits, within that fraction below the true largest one.
 
-    Example:
-        >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")  # doctest: +SKIP
-        >>> print(tflms.max_batch_size(model, "16GiB"))                              # doctest: +SKIP
-        largest batch within 16.0 GiB (simulator prediction): 96 without LMS, 1150 with LMS (x12.0)
+    Example (a small CNN; the figures are the simulator's):
+        >>> import tflms
+        >>> from tflms.measure import build
+        >>> model = build("cnn", batch=1, size=32)[0]
+        >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=False)
+        >>> print(tflms.max_batch_size(model, "64MiB", rel_tol=0.05))  # doctest: +ELLIPSIS
+        largest batch within 64.0 MiB = 67.1 MB (simulator prediction): ... without LMS, ... with LMS (x...)
     """
     from ._util import paused_gc
 
@@ -303,8 +306,13 @@ def keras_train_step(
     ``model`` is no ``keras.Model``.
 
     Example:
-        >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")  # doctest: +SKIP
-        >>> cf = keras_train_step(model)  # ConcreteFunction(x, y), batch dimension None  # doctest: +SKIP
+        >>> import keras
+        >>> model = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Conv2D(8, 3), keras.layers.Flatten(),
+        ...                           keras.layers.Dense(10)])
+        >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+        >>> cf = keras_train_step(model)
+        >>> [(s.shape.as_list(), s.dtype.name) for s in cf.structured_input_signature[0]]
+        [([None, 32, 32, 3], 'float32'), ([None], 'int32')]
     """
     import keras
     import tensorflow as tf

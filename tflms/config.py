@@ -27,6 +27,10 @@ from .devices import KNOWN_DEVICE_TYPES
 __all__ = ["LMSConfig", "KNOWN_DEVICE_TYPES", "parse_bytes"]
 
 
+#: Default ``min_bytes``: 4 KiB (see the README's knobs: a larger default waits for new measurements).
+MIN_BYTES = 4096
+
+
 def _received(name: str, value: Any) -> str:
     return f"Received: {name}={value!r}"
 
@@ -110,9 +114,9 @@ def _check_names(name: str, value: Any) -> tuple[str, ...]:
 def _check_op_types(name: str, value: tuple[str, ...]) -> None:
     if not value:
         return
-    from tensorflow.python.framework import op_def_registry
+    from ._tf_internal import op_type_registered  # imports TensorFlow: only when op types are given
 
-    unknown = [t for t in value if op_def_registry.get(t) is None]
+    unknown = [t for t in value if not op_type_registered(t)]
     if unknown:
         raise ValueError(
             f"{name} names op types TensorFlow does not know: {', '.join(unknown)}. Use op type "
@@ -135,7 +139,8 @@ class LMSConfig:
             before the first consumer it serves (larger = earlier prefetch).
         swapin_groupby: consumers whose levels lie within this many levels of the
             first one in a group share one swap-in.
-        min_bytes: tensors smaller than this are never swapped.
+        min_bytes: tensors smaller than this are never swapped (default
+            :data:`MIN_BYTES`).
         n_tensors: swap at most this many tensors (the largest first); ``None`` = all.
         incl_scopes / excl_scopes: op-name prefixes; a tensor is a candidate only if its
             producer matches an include prefix (when any is given) and no exclude prefix.
@@ -154,7 +159,7 @@ class LMSConfig:
     swapout_threshold: int = 10
     swapin_ahead: int = 3
     swapin_groupby: int = 5
-    min_bytes: int = 4096
+    min_bytes: int = MIN_BYTES
     n_tensors: int | None = None
     incl_scopes: tuple[str, ...] = ()
     excl_scopes: tuple[str, ...] = ()

@@ -139,9 +139,14 @@ class SwapPlan:
         of the (not rewritten) traced step. ``kwargs`` go to :func:`tflms.plot_memory`.
 
         Example:
-            >>> new_cf, plan = tflms.optimize(cf, device="/device:GPU:0")  # doctest: +SKIP
-            >>> plan.plot("memory.png")                                   # doctest: +SKIP
-            PosixPath('memory.png')
+            >>> import tempfile, tensorflow as tf, tflms
+            >>> from tflms.measure import build
+            >>> model, x, y, train_step = build("cnn", batch=8, size=32)
+            >>> cf = tf.function(train_step).get_concrete_function(x, y)
+            >>> graph = tflms.GraphModel.from_func_graph(cf.graph)
+            >>> plan = tflms.make_plan(graph, tflms.LMSConfig(swapout_threshold=20))
+            >>> plan.plot(tempfile.mkdtemp() + "/memory.png").name
+            'memory.png'
         """
         from .plot import plot_memory
 

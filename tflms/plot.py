@@ -13,10 +13,17 @@ matplotlib is an optional dependency (``pip install tflms[plot]``); it is import
 only when a plot is drawn. The figure is rendered with Agg without pyplot, so it
 works headless and leaves the session's matplotlib backend alone.
 
-Example:
-    >>> new_cf, plan = tflms.optimize(cf, device="/device:GPU:0")   # doctest: +SKIP
-    >>> plan.plot("memory.png")                                     # doctest: +SKIP
-    >>> tflms.plot_memory(tflms.GraphModel.from_func_graph(cf.graph), plan, "memory.png")  # doctest: +SKIP
+Example (``new_cf, plan = tflms.optimize(cf)`` gives a plan that remembers its
+model, and then ``plan.plot("memory.png")`` is enough)::
+
+    >>> import tempfile, tensorflow as tf, tflms
+    >>> from tflms.measure import build
+    >>> model, x, y, train_step = build("cnn", batch=8, size=32)
+    >>> cf = tf.function(train_step).get_concrete_function(x, y)
+    >>> graph = tflms.GraphModel.from_func_graph(cf.graph)
+    >>> plan = tflms.make_plan(graph, tflms.LMSConfig(swapout_threshold=20))
+    >>> tflms.plot_memory(graph, plan, tempfile.mkdtemp() + "/memory.png").stat().st_size > 0
+    True
 """
 
 from __future__ import annotations
@@ -358,11 +365,16 @@ def plot_memory(
     See :func:`memory_plot_data` for the numbers drawn and :meth:`tflms.SwapPlan.plot`
     for plans that remember their model.
 
-    Example:
-        >>> model = tflms.GraphModel.from_func_graph(cf.graph)                 # doctest: +SKIP
-        >>> plan = tflms.make_plan(model, tflms.LMSConfig(budget="6GiB"))     # doctest: +SKIP
-        >>> tflms.plot_memory(model, plan, "memory.png", title="ResNet50, batch 64")  # doctest: +SKIP
-        PosixPath('memory.png')
+    Example (the module's example has the imports; a plan tuned to a budget also
+    draws the budget line):
+        >>> import tempfile, tensorflow as tf, tflms
+        >>> from tflms.measure import build
+        >>> _, x, y, train_step = build("cnn", batch=8, size=32)
+        >>> model = tflms.GraphModel.from_func_graph(tf.function(train_step).get_concrete_function(x, y).graph)
+        >>> budget = int(0.9 * tflms.simulate(model, ()).peak_bytes)
+        >>> plan = tflms.make_plan(model, tflms.LMSConfig(budget=budget, swapout_threshold=20))
+        >>> tflms.plot_memory(model, plan, tempfile.mkdtemp() + "/memory.png", title="CNN, batch 8").suffix
+        '.png'
     """
     data = memory_plot_data(model, plan)
     try:
