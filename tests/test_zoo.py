@@ -149,17 +149,26 @@ def test_pooled_outputs_stay_on_the_device_for_onednn():
 
 
 def test_consumers_read_swap_ins_through_a_device_landing():
-    """The cause of the transformer's one-ULP drift: read straight from the host swap-in,
-    a GELU-gradient product keeps Grappler from pushing a constant down (constant folding
-    checks that all leaves share the parent's device), and rounds differently. With the
-    landing Identity on the device, the step is bit-identical (the zoo test above)."""
-    from tflms.rewrite import LANDING_SCOPE
+    """Device ops never read a host swap-in directly: each reads a landing Identity on the
+    device. Why (issue 10): on an earlier machine, read straight from the host swap-in, a
+    GELU-gradient product of the transformer kept Grappler from pushing a constant down
+    (constant folding checks that all leaves share the parent's device) and the second
+    loss moved by one ULP. On a 2-CPU AMD EPYC that bypass was bit-identical with both
+    oneDNN's and Eigen's kernels, so only the 1e-6 bound is held for it here."""
+    from tflms.devices import same_device
+    from tflms.rewrite import LANDING_SCOPE, SWAP_IN_SCOPE
 
     setup = zoo.transformer()
     cf = tf.function(setup.step_fn()).get_concrete_function(setup.x, setup.y)
-    new_cf, _ = tflms.optimize(cf, device=DEVICE)
-    # The TensorFlow fact: bypass the landings (consumers read the host swap-ins) and the
-    # second loss moves by one ULP.
+    new_cf, plan = tflms.optimize(cf, device=DEVICE)
+    assert plan.swaps
+    swap_ins = [op for op in new_cf.graph.get_operations() if op.name.startswith(SWAP_IN_SCOPE + "/")]
+    assert len(swap_ins) == plan.n_swap_ins
+    for op in swap_ins:
+        readers = op.outputs[0].consumers()
+        assert readers and all(r.name.startswith(LANDING_SCOPE + "/") for r in readers), op.name
+        assert all(same_device(r.device, DEVICE) for r in readers), op.name
+    # Bypass the landings (consumers read the host swap-ins).
     graph = tfi.copy_graph(new_cf)
     for land in [op for op in graph.get_operations() if op.name.startswith(LANDING_SCOPE + "/")]:
         for consumer in list(land.outputs[0].consumers()):
@@ -171,5 +180,5 @@ def test_consumers_read_swap_ins_through_a_device_landing():
     losses_lms, _ = zoo.run_steps(setup, new_cf, n=2)
     losses_bypassed, _ = zoo.run_steps(setup, bypassed, n=2)
     np.testing.assert_array_equal(losses_lms, losses_plain)
-    assert losses_bypassed[0] == losses_plain[0] and losses_bypassed[1] != losses_plain[1]
+    assert losses_bypassed[0] == losses_plain[0]
     np.testing.assert_allclose(losses_bypassed, losses_plain, rtol=1e-6)

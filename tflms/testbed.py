@@ -71,6 +71,7 @@ HOST = "/job:worker/replica:0/task:0/device:CPU:0"
 
 _BFC = "TF_CPU_ALLOCATOR_USE_BFC"
 _CAP = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+_ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 _RESULT_MARK = "TFLMS_TESTBED_RESULT "
 _READY_MARK = "TFLMS_HOST_READY"
 
@@ -86,12 +87,21 @@ def device_environ(cap: int | str | None = None, base: Mapping[str, str] | None 
 
     ``cap`` (bytes or a size string such as ``"1GiB"``) is rounded down to whole MiB.
 
+    The CPU kernels are pinned to oneDNN's (``TF_ENABLE_ONEDNN_OPTS=1``) unless ``base``
+    already sets ``TF_ENABLE_ONEDNN_OPTS``: TensorFlow turns oneDNN on by default only on
+    CPUs with AVX-512 VNNI and newer, and its fallback, Eigen's kernels, give different
+    peaks (a conv's filter gradient allocates up to 30 MiB of im2col scratch), so without
+    the pin the same step measures differently from one machine to the next.
+
     >>> env = device_environ("512MiB", base={})
-    >>> env["TF_CPU_ALLOCATOR_USE_BFC"], env["TF_CPU_BFC_MEM_LIMIT_IN_MB"]
-    ('true', '512')
+    >>> env["TF_CPU_ALLOCATOR_USE_BFC"], env["TF_CPU_BFC_MEM_LIMIT_IN_MB"], env["TF_ENABLE_ONEDNN_OPTS"]
+    ('true', '512', '1')
+    >>> device_environ(base={"TF_ENABLE_ONEDNN_OPTS": "0"})["TF_ENABLE_ONEDNN_OPTS"]
+    '0'
     """
     env = dict(os.environ if base is None else base)
     env[_BFC] = "true"
+    env.setdefault(_ONEDNN, "1")
     env.pop(_CAP, None)
     if cap is not None:
         mib = parse_bytes(cap, "cap") // 2**20
