@@ -31,9 +31,7 @@ name that needs it is used)::
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-from typing import Any
+from ._util import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -64,17 +62,5 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        # A submodule not imported yet (``tflms.autotune.keras_train_step`` after ``import tflms``).
-        if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-            return importlib.import_module(f".{name}", __name__)
-        raise AttributeError(f"module 'tflms' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+# A submodule not imported yet is imported too (``tflms.autotune.keras_train_step`` after ``import tflms``).
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals(), submodules=True)

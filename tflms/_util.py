@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
+import importlib.util
+from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["format_bytes", "format_sizes", "paused_gc"]
+__all__ = ["format_bytes", "format_sizes", "lazy_exports", "paused_gc"]
 
 
 def format_bytes(n: float) -> str:
@@ -46,3 +49,26 @@ def paused_gc() -> Any:
     finally:
         if enabled:
             gc.enable()
+
+
+def lazy_exports(
+    package: str, exports: Mapping[str, str], namespace: dict[str, Any], submodules: bool = False
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``__getattr__`` and ``__dir__`` for ``package`` whose names in ``exports`` (name ->
+    submodule) are imported on first use and then cached in ``namespace`` (its globals).
+    With ``submodules``, any other public name that is a submodule is imported too."""
+
+    def __getattr__(name: str) -> Any:
+        module = exports.get(name)
+        if module is None:
+            if submodules and not name.startswith("_") and importlib.util.find_spec(f"{package}.{name}"):
+                return importlib.import_module(f".{name}", package)
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(f".{module}", package), name)
+        namespace[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(namespace) | set(exports))
+
+    return __getattr__, __dir__

@@ -3,7 +3,7 @@
 Every rank traces the same step, so tflms plans and rewrites it identically on
 every rank (:func:`assert_same_plan` checks that); Horovod's collective ops are
 never swapped and never chosen as swap-in triggers (see
-:func:`tflms.planner.is_collective`). Under Horovod, ``tflms.function`` with
+:func:`tflms.candidates.is_collective`). Under Horovod, ``tflms.function`` with
 ``device=None`` uses the local-rank GPU (:func:`tflms.resolve_device`).
 
 Horovod is optional: it is imported lazily, only by the functions that need it,
@@ -57,9 +57,7 @@ Example (run with ``horovodrun --gloo -np 2 -H localhost:2 python train.py``)::
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from .._util import lazy_exports
 from .gradients import DEFAULT_GROUP_BYTES, DistributedGradientTape, allreduce_gradients
 from .runtime import init, is_initialized, is_root, local_rank, local_size, rank, size
 from .sync import PlanMismatchError, allgather_scalar, assert_same_plan, average_logs
@@ -90,14 +88,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tflms.horovod' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
