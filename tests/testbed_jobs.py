@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 
-def decorated_step_reports_memory(model: str = "cnn", batch: int = 32) -> dict[str, Any]:
+def decorated_step_reports_memory(model: str = "cnn", batch: int = 32, steps: int = 3) -> dict[str, Any]:
     """A model of tflms.measure.MODELS through ``@tflms.function`` with the test bed's device and host:
-    losses of the plain and rewritten steps from the same state, and each one's
-    measured peak next to the prediction (``LMSFunction.memory_report``)."""
+    losses of the plain and rewritten steps from the same state (one warm-up step, then
+    ``steps``), each one's steady-state measured peak, and the rewritten step's
+    ``LMSFunction.memory_report`` over the same steps next to the prediction."""
     import tensorflow as tf
 
     import tflms
@@ -25,16 +26,14 @@ def decorated_step_reports_memory(model: str = "cnn", batch: int = 32) -> dict[s
     for name, fn in (("plain", plain), ("lms", lms)):
         for v, value in zip(state, initial):
             v.assign(value)
-        if name == "lms":
-            lms.get_plan(x, y)  # trace and rewrite before the measured steps
-        losses = []
-        testbed.reset_peak()
         with tf.device(testbed.DEVICE):
-            for _ in range(2):
+            losses = [float(fn(x, y))]  # warm-up: the first call instantiates the function
+            if name == "lms":
+                lms.reset_peak(x, y)
+            else:
+                testbed.reset_peak()
+            for _ in range(steps):
                 losses.append(float(fn(x, y)))
         out[name] = {"losses": losses, "peak": testbed.memory()["peak"]}
-    lms.reset_peak(x, y)
-    with tf.device(testbed.DEVICE):
-        lms(x, y)
     out["report"] = lms.memory_report(x, y)
     return out

@@ -24,7 +24,7 @@ from typing import Any
 from . import devices
 from .devices import KNOWN_DEVICE_TYPES
 
-__all__ = ["LMSConfig", "KNOWN_DEVICE_TYPES", "parse_bytes"]
+__all__ = ["LMSConfig", "KNOWN_DEVICE_TYPES", "check_int", "parse_bytes"]
 
 
 #: Default ``min_bytes``: 4 KiB (see the README's knobs: a larger default waits for new measurements).
@@ -70,7 +70,8 @@ def parse_bytes(value: Any, name: str = "size") -> int:
     raise ValueError(f"{name} is not a valid size. {hint} {_received(name, value)}")
 
 
-def _check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
+def check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is an int >= ``minimum`` (or allowed None)."""
     if value is None and allow_none:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -177,12 +178,12 @@ class LMSConfig:
                 "device and host must differ: tensors are swapped from device to host. "
                 f"Received: device={self.device!r}, host={self.host!r}"
             )
-        _check_int("swapout_threshold", self.swapout_threshold, 0)
-        _check_int("swapin_ahead", self.swapin_ahead, 1)
-        _check_int("swapin_groupby", self.swapin_groupby, 0)
-        _check_int("min_bytes", self.min_bytes, 0)
-        _check_int("n_tensors", self.n_tensors, 0, allow_none=True)
-        _check_int("batch_size", self.batch_size, 1, allow_none=True)
+        check_int("swapout_threshold", self.swapout_threshold, 0)
+        check_int("swapin_ahead", self.swapin_ahead, 1)
+        check_int("swapin_groupby", self.swapin_groupby, 0)
+        check_int("min_bytes", self.min_bytes, 0)
+        check_int("n_tensors", self.n_tensors, 0, allow_none=True)
+        check_int("batch_size", self.batch_size, 1, allow_none=True)
         if self.budget is not None:
             set_(self, "budget", parse_bytes(self.budget, "budget"))
         for name in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):
