@@ -98,23 +98,60 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB"
 
 
+def _range(values: list[float], fmt: str = "{:,.0f}", unit: str = "") -> str:
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
+
+
+def _step(row: dict) -> str:
+    return {"plain": "plain", "lms": "tflms", "lms_device_gated": "tflms, swap-ins on the device"}[row["mode"]]
+
+
+def _measured_header(data: dict) -> str:
+    return (
+        f"_{_header(data)}; **measured** on the two-process test bed ({len(data['rows'][0]['runs'])} fresh "
+        f"processes per model and batch; steady-state peak: the largest per-step peak of {data['steps']} steps "
+        f"after {data['warmup']} warm-up step)"
+    )
+
+
 def simulator_accuracy(data: dict) -> str:
     lines = [
-        f"_{_header(data)}; **measured** on the two-process test bed vs **predicted** by the simulator_",
+        _measured_header(data) + " vs **predicted** by the simulator_",
         "",
-        "| model | batch | step | measured peak | per step (min-max) | predicted peak | measured / predicted |",
+        "| model | batch | step | measured steady peak (runs) | first step | predicted peak | measured / predicted |",
         "|---|---:|---|---:|---:|---:|---:|",
     ]
     for r in data["rows"]:
-        step = "tflms" if r.get("lms") else "plain"
-        if r.get("status", "ok") != "ok" or "measured" not in r:
-            lines.append(f"| {r['model']} | {r['batch']} | {step} | (run failed: {r.get('status')}) | | | |")
+        if not r["runs"]:
+            lines.append(f"| {r['model']} | {r['batch']} | {_step(r)} | (failed) | | | |")
             continue
-        peaks = r.get("peaks") or [r["measured"]]
-        per_step = f"{min(peaks) / 2**20:,.0f}-{_mib(max(peaks))}"
+        mib = [p / 2**20 for p in r["runs"]]
+        ratios = [p / r["predicted"] for p in r["runs"]]
         lines.append(
-            f"| {r['model']} | {r['batch']} | {step} | {_mib(r['measured'])} | {per_step} "
-            f"| {_mib(r['predicted'])} | {r['measured'] / r['predicted']:.2f} |"
+            f"| {r['model']} | {r['batch']} | {_step(r)} | {_range(mib, unit=' MiB')} "
+            f"| {_mib(max(r['first_peaks']))} | {_mib(r['predicted'])} | {_range(ratios, '{:.2f}')} |"
+        )
+    return "\n".join(lines)
+
+
+def testbed_memory(data: dict) -> str:
+    """tflms / plain per run, from the simulator-accuracy JSON (both steps ran in each process)."""
+    lines = [
+        _measured_header(data) + "; both steps from the same weights in each process_",
+        "",
+        "| model | batch | step | plain steady peak | its steady peak | / plain (per run) |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    plain = {(r["model"], r["batch"]): r for r in data["rows"] if r["mode"] == "plain"}
+    for r in data["rows"]:
+        base = plain.get((r["model"], r["batch"]))
+        if r["mode"] == "plain" or base is None or not r["runs"] or len(base["runs"]) != len(r["runs"]):
+            continue
+        ratios = [p / b for p, b in zip(r["runs"], base["runs"])]
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {_step(r)} | {_range([p / 2**20 for p in base['runs']], unit=' MiB')} "
+            f"| {_range([p / 2**20 for p in r['runs']], unit=' MiB')} | {_range(ratios, '{:.2f}')} |"
         )
     return "\n".join(lines)
 
@@ -145,13 +182,18 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "capacity": capacity,
     "cpu_overhead": cpu_overhead,
     "simulator_accuracy": simulator_accuracy,
+    "testbed_memory": testbed_memory,
     "testbed_capacity": testbed_capacity,
 }
 
 
+#: Tables rendered from another table's JSON.
+SOURCES = {"testbed_memory": "simulator_accuracy"}
+
+
 def table(name: str, results: Path = RESULTS) -> str | None:
     """The markdown table of ``results/<name>.json``, or None if it was not run."""
-    path = results / f"{name}.json"
+    path = results / f"{SOURCES.get(name, name)}.json"
     return TABLES[name](json.loads(path.read_text())) if path.exists() else None
 
 

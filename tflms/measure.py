@@ -10,7 +10,8 @@ predictions, as plain JSON data. :func:`measure` starts such a process for you::
     >>> r = measure("cnn", batch=8, steps=2)                      # doctest: +SKIP
     >>> r.value["plain"]["peak"], r.value["lms"]["peak"], r.value["lms"]["predicted"]  # doctest: +SKIP
 
-Used by the real-memory tests, ``benchmarks/testbed_memory.py`` and ``tflms demo``.
+Used by the real-memory tests, ``benchmarks/simulator_accuracy.py``,
+``benchmarks/testbed_capacity.py`` and ``tflms demo``.
 """
 
 from __future__ import annotations
