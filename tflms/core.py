@@ -182,13 +182,14 @@ def _optimize(
         reason = "the function is already rewritten by tflms; left unchanged"
         return concrete_function, empty_plan(model, config, Simulator(model, config.host).peak(), reason), None
     plan = make_plan(model, config)
+    # A device or host that does not exist is an error even when nothing is swapped.
+    device = resolve_device(config)
+    check_host(config)
     if not plan.swaps:
         return concrete_function, plan, None
-    device = resolve_device(config)
     if device is None:
         warnings.warn(_no_device_message(), LMSWarning, stacklevel=stacklevel)
         return concrete_function, plan, None
-    check_host(config)
     new_graph = tfi.copy_graph(concrete_function) if copy else graph
     new_graph.name = f"{graph.name}_tflms"
     counts = apply_plan(new_graph, plan, device=device, host=config.host)
