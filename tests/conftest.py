@@ -31,6 +31,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 DEVICE = "/device:CPU:1"
+# The test models are small: many of their activations are under the default min_bytes
+# (256 KiB), so the tests that need swaps lower it to the former default, 4 KiB.
+SMALL = {"min_bytes": 4096}
 HOST = "/device:CPU:0"
 
 TESTS = Path(__file__).resolve().parent

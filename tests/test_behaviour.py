@@ -11,7 +11,7 @@ import tflms
 from tflms import LMSConfig, LMSWarning
 
 import zoo
-from conftest import DEVICE, HOST
+from conftest import DEVICE, HOST, SMALL
 from helpers import check_structure, check_survives_grappler, swap_ops
 
 # What tflms does on a machine without a GPU; on a GPU machine there is none to miss.
@@ -45,7 +45,7 @@ def test_decorator_forms_give_the_same_plan(mlp):
 
 
 def test_one_rewritten_function_per_signature(mlp):
-    lms = tflms.function(mlp.step_fn(), device=DEVICE)
+    lms = tflms.function(mlp.step_fn(), device=DEVICE, **SMALL)
     cf1 = lms.get_concrete_function(mlp.x, mlp.y)
     assert lms.get_concrete_function(mlp.x, mlp.y) is cf1
     assert lms.get_plan(mlp.x, mlp.y) is lms.get_plan(mlp.x, mlp.y)
@@ -59,16 +59,16 @@ def test_one_rewritten_function_per_signature(mlp):
 def test_optimize_leaves_the_original_alone_and_is_idempotent(mlp):
     cf = tf.function(mlp.step_fn()).get_concrete_function(mlp.x, mlp.y)
     n_ops = len(cf.graph.get_operations())
-    new_cf, plan = tflms.optimize(cf, device=DEVICE)
+    new_cf, plan = tflms.optimize(cf, device=DEVICE, **SMALL)
     assert new_cf is not cf and len(plan.swaps) >= 1
     assert len(cf.graph.get_operations()) == n_ops and swap_ops(cf.graph) == ([], [])
-    again, plan2 = tflms.optimize(new_cf, device=DEVICE)
+    again, plan2 = tflms.optimize(new_cf, device=DEVICE, **SMALL)
     assert again is new_cf and plan2 is plan
     # Recognised from the graph alone too (not only through the registry).
     from tflms import _tf_internal as tfi
 
     copy = tfi.rebuild(new_cf, tfi.copy_graph(new_cf))
-    same, plan3 = tflms.optimize(copy, device=DEVICE)
+    same, plan3 = tflms.optimize(copy, device=DEVICE, **SMALL)
     assert same is copy and plan3.swaps == () and "already rewritten" in plan3.reason
     with pytest.raises(TypeError, match="ConcreteFunction"):
         tflms.optimize(mlp.step_fn())
@@ -78,7 +78,7 @@ def test_optimize_leaves_the_original_alone_and_is_idempotent(mlp):
 def test_no_gpu_and_no_device_plans_but_skips_rewrite_with_a_warning(mlp):
     assert not tf.config.list_logical_devices("GPU")
     fn = mlp.step_fn()
-    lms = tflms.function(fn)
+    lms = tflms.function(fn, **SMALL)
     with pytest.warns(LMSWarning, match="no GPU found and no `device`") as record:
         losses, variables = zoo.run_steps(mlp, lms, n=2)
     assert len(record) == 1
@@ -106,8 +106,8 @@ def test_inference_function_is_left_unchanged(mlp):
 def test_unknown_batch_dimension_uses_batch_size(mlp):
     fn = mlp.step_fn()
     spec = [tf.TensorSpec((None, 64), tf.float32), tf.TensorSpec((None,), tf.int32)]
-    small = tflms.function(fn, input_signature=spec, device=DEVICE)
-    big = tflms.function(fn, input_signature=spec, device=DEVICE, batch_size=64)
+    small = tflms.function(fn, input_signature=spec, device=DEVICE, **SMALL)
+    big = tflms.function(fn, input_signature=spec, device=DEVICE, batch_size=64, **SMALL)
     p_small, p_big = small.get_plan(mlp.x, mlp.y), big.get_plan(mlp.x, mlp.y)
     # With batch 1 the 256-float activations (1 KiB) are below min_bytes; with 64 they qualify.
     assert p_small.swaps == ()
@@ -156,7 +156,7 @@ def test_control_flow_bodies_are_not_rewritten():
         return losses, [v.numpy() for v in variables]
 
     plain = tf.function(fn)
-    lms = tflms.function(fn, device=DEVICE, swapout_threshold=5)
+    lms = tflms.function(fn, device=DEVICE, swapout_threshold=5, **SMALL)
     ref = run(plain)
     got = run(lms)
     np.testing.assert_array_equal(got[0], ref[0])
@@ -167,7 +167,7 @@ def test_control_flow_bodies_are_not_rewritten():
     check_structure(lms.get_concrete_function(x, flag), plan, DEVICE, HOST)
     # Rewrite the plain trace itself, to compare bodies with the very functions it had.
     original = plain.get_concrete_function(x, flag)
-    cf, plan = tflms.optimize(original, device=DEVICE, swapout_threshold=5)
+    cf, plan = tflms.optimize(original, device=DEVICE, swapout_threshold=5, **SMALL)
     check_structure(cf, plan, DEVICE, HOST)
     check_survives_grappler(cf, DEVICE)
     cf_types = ("While", "StatelessWhile", "If", "StatelessIf")
@@ -233,7 +233,7 @@ def test_method_decoration_binds_per_instance():
             )
             self.opt = keras.optimizers.SGD(0.01)
 
-        @tflms.function(device=DEVICE, swapout_threshold=3)
+        @tflms.function(device=DEVICE, swapout_threshold=3, **SMALL)
         def step(self, x):
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(self.model(x) ** 2)
@@ -251,7 +251,7 @@ def test_method_decoration_binds_per_instance():
 def test_optimize_in_place_edits_the_given_graph_only_when_asked(mlp):
     fn = mlp.step_fn()
     cf = tf.function(fn).get_concrete_function(mlp.x, mlp.y)
-    new_cf, plan = tflms.optimize(cf, device=DEVICE, copy=False)
+    new_cf, plan = tflms.optimize(cf, device=DEVICE, copy=False, **SMALL)
     assert new_cf is not cf and new_cf.graph is cf.graph
     check_structure(new_cf, plan, DEVICE, HOST)
     # The given function keeps running the plain step it was built from.
@@ -267,9 +267,9 @@ def test_no_device_warning_points_at_the_callers_line(mlp):
     """Whichever entry point plans, the warning names the user's file, not tflms's."""
     cf = tf.function(mlp.step_fn()).get_concrete_function(mlp.x, mlp.y)
     calls = [
-        lambda: tflms.optimize(cf),
-        lambda: tflms.function(mlp.step_fn())(mlp.x, mlp.y),
-        lambda: tflms.function(mlp.step_fn()).get_plan(mlp.x, mlp.y),
+        lambda: tflms.optimize(cf, **SMALL),
+        lambda: tflms.function(mlp.step_fn(), **SMALL)(mlp.x, mlp.y),
+        lambda: tflms.function(mlp.step_fn(), **SMALL).get_plan(mlp.x, mlp.y),
     ]
     for call in calls:
         with pytest.warns(LMSWarning, match="no GPU found") as record:
@@ -285,7 +285,9 @@ def test_xla_steps_are_refused_not_silently_dropped(mlp):
     with pytest.raises(ValueError, match="XLA would drop the swap ops.*jit_compile=True"):
         tflms.optimize(cf, device=DEVICE)
     # Without XLA the same step is rewritten.
-    new_cf, plan = tflms.optimize(tf.function(mlp.step_fn()).get_concrete_function(mlp.x, mlp.y), device=DEVICE)
+    new_cf, plan = tflms.optimize(
+        tf.function(mlp.step_fn()).get_concrete_function(mlp.x, mlp.y), device=DEVICE, **SMALL
+    )
     assert plan.swaps and swap_ops(new_cf.graph)[0]
 
 

@@ -26,7 +26,7 @@ from tflms.keras import LMSCallback, short_summary
 from tflms.plan import format_bytes
 
 import zoo
-from conftest import DEVICE, HOST
+from conftest import DEVICE, HOST, SMALL
 from helpers import check_structure, check_survives_grappler, swap_ops
 
 #: As for tflms.function (tests/test_zoo.py, where the reason is given): since swap-ins are gated on
@@ -179,7 +179,7 @@ def test_fit_is_bit_identical_and_rewritten(name):
     setup = _compile(zoo.ZOO[name]())
     plain = _fit(setup)
     keras_function = setup.model.train_function
-    cb = LMSCallback(device=DEVICE)
+    cb = LMSCallback(device=DEVICE, **SMALL)
     lms = _fit(setup, [cb])
     _assert_same(lms, plain, rtol=NOT_BIT_IDENTICAL.get(name))  # the same known exception as tflms.function's
     setup.reset()  # training really moved the weights
@@ -206,7 +206,7 @@ def test_fit_twice_rewrites_once_and_continues_like_plain(mlp, monkeypatch):
     plain = _fit(mlp, epochs=1)
     plain_again = _fit(mlp, epochs=1, reset=False)
 
-    cb = LMSCallback(device=DEVICE)
+    cb = LMSCallback(device=DEVICE, **SMALL)
     first = _fit(mlp, [cb], epochs=1)
     installed, plan = mlp.model.train_function, cb.plan
     second = _fit(mlp, [cb], epochs=1, reset=False)
@@ -224,7 +224,7 @@ def test_without_the_callback_fit_is_plain_again(mlp):
     before = Spy()
     plain = _fit(mlp, [before])
     keras_function = before.installed
-    cb = LMSCallback(device=DEVICE)
+    cb = LMSCallback(device=DEVICE, **SMALL)
     during = Spy()
     _fit(mlp, [cb, during])
     assert during.installed is not keras_function  # the LMS function ran during fit
@@ -244,7 +244,7 @@ def test_without_the_callback_fit_is_plain_again(mlp):
 
 
 def test_recompile_rebuilds_the_step(mlp):
-    cb = LMSCallback(device=DEVICE)
+    cb = LMSCallback(device=DEVICE, **SMALL)
     _fit(mlp, [cb], epochs=1)
     step = cb.step
     _compile(mlp, steps_per_execution=2)
@@ -254,7 +254,7 @@ def test_recompile_rebuilds_the_step(mlp):
 
 def test_evaluate_and_predict_are_unchanged(mlp):
     x, y = _data(mlp)
-    cb = LMSCallback(device=DEVICE)
+    cb = LMSCallback(device=DEVICE, **SMALL)
     _fit(mlp, [cb])
     with tf.device(DEVICE):
         test_fn, predict_fn = mlp.model.test_function, mlp.model.predict_function
@@ -269,13 +269,13 @@ def test_evaluate_and_predict_are_unchanged(mlp):
 
 
 def test_verbose_prints_the_summary_once(mlp, capsys):
-    quiet = LMSCallback(device=DEVICE)
+    quiet = LMSCallback(device=DEVICE, **SMALL)
     _fit(mlp, [quiet], epochs=1)
     assert capsys.readouterr().out == ""
 
     # verbose=True (1): two lines with the numbers, once, not the table.
     _compile(mlp)
-    loud = LMSCallback(device=DEVICE, verbose=True)
+    loud = LMSCallback(device=DEVICE, **SMALL, verbose=True)
     _fit(mlp, [loud])
     _fit(mlp, [loud])
     out = capsys.readouterr().out
@@ -293,7 +293,7 @@ def test_verbose_prints_the_summary_once(mlp, capsys):
 
     # verbose=2: the full table, once.
     _compile(mlp)
-    table = LMSCallback(device=DEVICE, verbose=2)
+    table = LMSCallback(device=DEVICE, **SMALL, verbose=2)
     _fit(mlp, [table])
     out = capsys.readouterr().out
     assert out.count(table.plan.summary()) == 1 and out.count("tflms plan for") == 1
@@ -307,7 +307,7 @@ def test_steps_per_execution_3():
     setup = _compile(zoo.mlp(), steps_per_execution=3)
     # 4 batches: one execution of 3 and one of 1 per epoch.
     plain = _fit(setup, batches=4)
-    cb = LMSCallback(device=DEVICE)
+    cb = LMSCallback(device=DEVICE, **SMALL)
     _assert_same(_fit(setup, [cb], batches=4), plain)
     assert len(cb.plan.swaps) >= 1 and cb.plans == [cb.plan]
 
@@ -324,7 +324,7 @@ def test_validation_class_weight_and_sample_weight():
     }
     for kwargs in runs.values():
         plain = _fit(setup, **kwargs)
-        cb = LMSCallback(device=DEVICE)
+        cb = LMSCallback(device=DEVICE, **SMALL)
         lms = _fit(setup, [cb], **kwargs)
         _assert_same(lms, plain)
         assert len(cb.plan.swaps) >= 1
@@ -382,7 +382,7 @@ def test_subclassed_and_own_train_step(kind):
     model = SubclassedMLP() if kind == "subclassed" else _own_train_step_model()
     setup = _setup(kind, model, 7)
     plain = _fit(setup)
-    cb = LMSCallback(device=DEVICE)
+    cb = LMSCallback(device=DEVICE, **SMALL)
     lms = _fit(setup, [cb])
     _assert_same(lms, plain)
     assert len(cb.plan.swaps) >= 1
@@ -399,7 +399,7 @@ def test_train_step_hook_runs_inside_the_rewritten_step(mlp):
         logs = model.train_step(data)
         return {**logs, "batch": tf.cast(tf.shape(data[0])[0], "float32")}
 
-    cb = LMSCallback(device=DEVICE, train_step=train_step)
+    cb = LMSCallback(device=DEVICE, **SMALL, train_step=train_step)
     hist, _ = _fit(mlp, [cb])
     assert traced == [True] and hist["batch"] == [64.0, 64.0]
     assert len(cb.plan.swaps) >= 1
@@ -411,7 +411,7 @@ def test_train_step_hook_runs_inside_the_rewritten_step(mlp):
             return lambda data: {**inner(data), "sub": tf.constant(1.0)}
 
     _compile(mlp)
-    hist, _ = _fit(mlp, [Sub(device=DEVICE)], epochs=1)
+    hist, _ = _fit(mlp, [Sub(device=DEVICE, **SMALL)], epochs=1)
     assert hist["sub"] == [1.0]
 
 
@@ -462,7 +462,7 @@ def test_the_plain_callback_imports_nothing_of_horovod():
 def test_run_eagerly_warns_and_runs_plain():
     setup = _compile(zoo.mlp(), run_eagerly=True)
     plain = _fit(setup, epochs=1)
-    cb = LMSCallback(device=DEVICE)
+    cb = LMSCallback(device=DEVICE, **SMALL)
     with pytest.warns(LMSWarning, match="run_eagerly=True"):
         lms = _fit(setup, [cb], epochs=1)
     _assert_same(lms, plain)
@@ -476,7 +476,7 @@ def test_jit_compile_is_refused(mlp):
     assert mlp.model._resolve_auto_jit_compile() is False  # noqa: SLF001
     mlp.model._jit_compile = True  # noqa: SLF001
     with pytest.raises(ValueError, match="explicitly.*jit_compile=False.*Received: model.jit_compile=True"):
-        _fit(mlp, [LMSCallback(device=DEVICE)], epochs=1)
+        _fit(mlp, [LMSCallback(device=DEVICE, **SMALL)], epochs=1)
     assert mlp.model.train_function is keras_function
 
 
@@ -492,7 +492,7 @@ def test_jit_compile_auto_on_a_gpu_trains_without_xla_and_warns_once(monkeypatch
     xla_seen = []  # model.jit_compile when a train function is built (Keras's tf.function reads it then)
     make = model._make_function  # noqa: SLF001
     monkeypatch.setattr(model, "_make_function", lambda step: xla_seen.append(model.jit_compile) or make(step))
-    cb = LMSCallback(device=DEVICE)
+    cb = LMSCallback(device=DEVICE, **SMALL)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         lms = _fit(setup, [cb])
@@ -512,14 +512,14 @@ def test_jit_compile_auto_on_a_gpu_trains_without_xla_and_warns_once(monkeypatch
 
     # xla="error": the same model is refused.
     with pytest.raises(ValueError, match=r"xla='error'\) was given.*Received: model.jit_compile=True, xla='error'"):
-        _fit(setup, [LMSCallback(device=DEVICE, xla="error")], epochs=1)
+        _fit(setup, [LMSCallback(device=DEVICE, **SMALL, xla="error")], epochs=1)
 
 
 def test_without_a_device_it_warns_and_trains_plain(mlp):
     if tf.config.list_logical_devices("GPU"):
         pytest.skip("a GPU is present: the default device is the GPU")
     plain = _fit(mlp, epochs=1)
-    cb = LMSCallback()
+    cb = LMSCallback(**SMALL)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         lms = _fit(mlp, [cb], epochs=1)
@@ -536,7 +536,7 @@ def test_several_replicas_warn_and_run_plain():
         model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32), keras.layers.Dense(10)])
         setup = _setup("mirrored", model, 8)
     plain = _fit(setup, epochs=1)
-    cb = LMSCallback(device=DEVICE)
+    cb = LMSCallback(device=DEVICE, **SMALL)
     with pytest.warns(LMSWarning, match="2 replicas"):
         lms = _fit(setup, [cb], epochs=1)
     _assert_same(lms, plain)
@@ -548,12 +548,12 @@ def test_unknown_batch_dimension_warns_and_batch_size_fixes_it(mlp):
     x, y = _data(mlp, 2)
     data = (x[:96], y[:96])
     plain = _fit(mlp, data=data)
-    cb = LMSCallback(device=DEVICE)
+    cb = LMSCallback(device=DEVICE, **SMALL)
     with pytest.warns(LMSWarning, match="unknown batch dimension.*batch_size"):
         _fit(mlp, [cb], data=data)
     assert cb.plan.swaps == ()  # sized as batch 1: every activation is under min_bytes
     _compile(mlp)
-    cb = LMSCallback(device=DEVICE, batch_size=64)
+    cb = LMSCallback(device=DEVICE, batch_size=64, **SMALL)
     with warnings.catch_warnings():
         warnings.simplefilter("error", LMSWarning)
         lms = _fit(mlp, [cb], data=data)
@@ -576,7 +576,7 @@ def test_train_step_is_traced_like_keras_without_autograph():
     model = PythonIfStep([keras.Input((64,)), keras.layers.Dense(10)])
     setup = _setup("python_if", model, 9)
     errors = []
-    for callbacks in ([], [LMSCallback(device=DEVICE)]):
+    for callbacks in ([], [LMSCallback(device=DEVICE, **SMALL)]):
         with pytest.raises(Exception) as info:
             _fit(setup, callbacks, epochs=1)
         errors.append(type(info.value))

@@ -17,7 +17,7 @@ import tensorflow as tf
 from tflms.keras import MEASURED_PEAK_KEY, PREDICTED_PEAK_KEY, LMSCallback
 
 import zoo
-from conftest import DEVICE
+from conftest import DEVICE, SMALL
 
 HOG_BYTES = 64 * 2**20
 
@@ -54,7 +54,9 @@ SCRIPT = textwrap.dedent(
                 del t
 
 
-    lms = tflms.LMSCallback(device="/device:CPU:1", host="/device:CPU:0", swapout_threshold=2, verbose=1)
+    lms = tflms.LMSCallback(
+        device="/device:CPU:1", host="/device:CPU:0", swapout_threshold=2, min_bytes=4096, verbose=1
+    )
     history = model.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0, callbacks=[lms, Hog()])
     print("RESULT " + json.dumps({{
         "history": history.history,
@@ -107,7 +109,7 @@ def test_a_device_that_cannot_report_memory_adds_nothing_and_does_not_fail(monke
 
     monkeypatch.setattr(tf.config.experimental, "get_memory_info", refuse)
     monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", refuse)
-    cb = LMSCallback(device=DEVICE)
+    cb = LMSCallback(device=DEVICE, **SMALL)
     with tf.device(DEVICE):
         history = setup.model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False, callbacks=[cb])
     assert set(history.history) == {"loss"} and len(cb.plan.swaps) >= 1
@@ -127,7 +129,7 @@ def test_entries_come_from_the_allocator_and_the_plan(monkeypatch):
 
     monkeypatch.setattr(tf.config.experimental, "get_memory_info", memory_info)
     monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", resets.append)
-    cb = LMSCallback(device=DEVICE)
+    cb = LMSCallback(device=DEVICE, **SMALL)
     with tf.device(DEVICE):
         history = setup.model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False, callbacks=[cb])
     # Per epoch: a probe and a reset at epoch begin, one read at epoch end (reads 2 and 4).

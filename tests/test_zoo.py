@@ -10,7 +10,7 @@ import tflms
 from tflms import _tf_internal as tfi
 
 import zoo
-from conftest import DEVICE, HOST
+from conftest import DEVICE, HOST, SMALL
 from helpers import check_structure, check_survives_grappler, swap_ops
 
 #: Models whose rewritten step is not bit-identical, with the tolerance held and why: none.
@@ -34,7 +34,7 @@ def test_lms_training_is_bit_identical_and_structured(name):
     setup = zoo.ZOO[name]()
     fn = setup.step_fn()
     plain = tf.function(fn)
-    lms = tflms.function(fn, device=DEVICE)
+    lms = tflms.function(fn, device=DEVICE, **SMALL)
 
     losses_plain, vars_plain = zoo.run_steps(setup, plain, n=3)
     losses_lms, vars_lms = zoo.run_steps(setup, lms, n=3)
@@ -64,7 +64,7 @@ def test_lms_training_is_bit_identical_and_structured(name):
 def test_resnet50_plan_lowers_the_predicted_peak():
     setup = zoo.resnet50(batch=16, size=128)
     cf = tf.function(setup.step_fn()).get_concrete_function(setup.x, setup.y)
-    new_cf, plan = tflms.optimize(cf, device=DEVICE)
+    new_cf, plan = tflms.optimize(cf, device=DEVICE, **SMALL)
     assert plan.peak_bytes_after < plan.peak_bytes_before
     # Variables (weights + 2 Adam slots + counters) are part of both peaks.
     n_weights = sum(int(np.prod(v.shape)) for v in setup.model.trainable_variables)
@@ -103,7 +103,7 @@ def test_pooled_outputs_stay_on_the_device_for_onednn():
 
     setup = zoo.unet3d()
     cf = tf.function(setup.step_fn()).get_concrete_function(setup.x, setup.y)
-    new_cf, plan = tflms.optimize(cf, device=DEVICE)
+    new_cf, plan = tflms.optimize(cf, device=DEVICE, **SMALL)
     pinned = {
         op.inputs[i].name
         for op in cf.graph.get_operations()
@@ -160,7 +160,7 @@ def test_consumers_read_swap_ins_through_a_device_landing():
 
     setup = zoo.transformer()
     cf = tf.function(setup.step_fn()).get_concrete_function(setup.x, setup.y)
-    new_cf, plan = tflms.optimize(cf, device=DEVICE)
+    new_cf, plan = tflms.optimize(cf, device=DEVICE, **SMALL)
     assert plan.swaps
     swap_ins = [op for op in new_cf.graph.get_operations() if op.name.startswith(SWAP_IN_SCOPE + "/")]
     assert len(swap_ins) == plan.n_swap_ins

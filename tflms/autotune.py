@@ -8,8 +8,9 @@
    :data:`GROUPBYS`), with the latest prefetch (``swapin_ahead=1``), the peak of
    every largest-first prefix of the candidates is predicted
    (:meth:`Simulator.prefix_peaks`) and the shortest fitting prefix kept; the
-   combination moving the fewest bytes (swap-outs plus swap-ins) wins, ties going
-   to fewer tensors, then larger thresholds and groups. If none fits,
+   combination with the least predicted link time wins (:func:`tflms.plan.link_seconds`:
+   each swap-out and swap-in costs ``link_latency + bytes / link_bandwidth``), ties
+   going to fewer tensors, then larger thresholds and groups. If none fits,
    :class:`BudgetError` carries the lowest predicted peak of all those prefixes.
    Swapping more is not always lower (a tensor read by several backward ops gets
    one swap-in copy per consumer group, and overlapping copies can cost more
@@ -34,7 +35,7 @@ from .candidates import candidate_swaps
 from .config import LMSConfig, parse_bytes
 from .errors import BudgetError
 from .graph import GraphModel
-from .plan import Swap, format_sizes
+from .plan import Swap, format_sizes, link_seconds
 from .simulator import Simulator
 
 __all__ = ["tune", "max_batch_size", "keras_train_step", "BatchSizeResult", "THRESHOLDS", "GROUPBYS", "AHEADS"]
@@ -42,11 +43,6 @@ __all__ = ["tune", "max_batch_size", "keras_train_step", "BatchSizeResult", "THR
 THRESHOLDS = (0, 5, 10, 20, 40, 80, 160, 320, 640, 1280)
 GROUPBYS = (0, 5, 20, 80)
 AHEADS = (64, 32, 16, 8, 4, 2, 1)
-
-
-def traffic(swaps: Sequence[Swap]) -> int:
-    """Bytes moved per step: each swap-out once, each swap-in once."""
-    return sum(s.bytes * (1 + len(s.swap_ins)) for s in swaps)
 
 
 def _knobs(config: LMSConfig, threshold: int, ahead: int, groupby: int) -> LMSConfig:
@@ -94,7 +90,8 @@ def _search(model: GraphModel, config: LMSConfig, sim: Simulator, budget: int) -
         fitting = np.flatnonzero(peaks <= budget)
         for n in {int(fitting[0]), int(np.argmin(peaks))} if len(fitting) else ():
             if peaks[n] <= budget:
-                candidates.add(((traffic(swaps[:n]), n, -threshold, -groupby), threshold, groupby, n))
+                cost = link_seconds(swaps[:n], config.link_bandwidth, config.link_latency)
+                candidates.add(((cost, n, -threshold, -groupby), threshold, groupby, n))
     best = None
     for key, threshold, groupby, n in sorted(candidates):
         if sim.peak(grid[threshold, groupby][:n]) <= budget:

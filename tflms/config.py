@@ -24,11 +24,20 @@ from typing import Any
 from . import devices
 from .devices import KNOWN_DEVICE_TYPES
 
-__all__ = ["LMSConfig", "KNOWN_DEVICE_TYPES", "check_int", "parse_bytes"]
+__all__ = ["LMSConfig", "KNOWN_DEVICE_TYPES", "LINK_BANDWIDTH", "LINK_LATENCY", "MIN_BYTES", "check_int", "parse_bytes"]
 
 
-#: Default ``min_bytes``: 4 KiB (see the README's knobs: a larger default waits for new measurements).
-MIN_BYTES = 4096
+#: Default ``link_bandwidth``, bytes per second: a PCIe Gen4 x16 host link as achieved by
+#: pinned copies (about 25 GB/s of its 31.5 GB/s per direction).
+LINK_BANDWIDTH = 25 * 10**9
+#: Default ``link_latency``, seconds: the fixed cost of one transfer (copy launch, events,
+#: TensorFlow's send/receive), of the order of 10 µs.
+LINK_LATENCY = 10e-6
+#: Default ``min_bytes``: 256 KiB, about ``LINK_BANDWIDTH * LINK_LATENCY`` (250 kB). A
+#: smaller transfer spends over half its link time on the fixed cost, and the most it can
+#: free is its own size: ResNet50's ``[1, 1, 1, C]`` BatchNorm tensors (4-8 KiB) cost
+#: their transfers' latency and free nothing that matters.
+MIN_BYTES = 256 * 1024
 
 
 def _received(name: str, value: Any) -> str:
@@ -77,6 +86,32 @@ def check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> 
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         none = " or None" if allow_none else ""
         raise ValueError(f"{name} must be an integer >= {minimum}{none}. {_received(name, value)}")
+
+
+def _check_bandwidth(name: str, value: Any) -> int:
+    """Bytes per second from a positive number or a size string (``"25GB"``, ``"25GB/s"``)."""
+    import math
+
+    if isinstance(value, float) and math.isfinite(value) and value >= 1:
+        return int(value)
+    if isinstance(value, str) and value.rstrip().lower().endswith("/s"):
+        value = value.rstrip()[:-2]
+    try:
+        return parse_bytes(value, name)
+    except ValueError:
+        raise ValueError(
+            f"{name} must be bytes per second: a positive number (25e9) or a size string ('25GB/s'). "
+            f"{_received(name, value)}"
+        ) from None
+
+
+def _check_seconds(name: str, value: Any) -> float:
+    """``value`` as a float number of seconds >= 0, or ``ValueError`` naming ``name``."""
+    import math
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a number of seconds >= 0, e.g. 10e-6. {_received(name, value)}")
+    return float(value)
 
 
 def _check_device(name: str, value: Any, allow_none: bool) -> str | None:
@@ -141,7 +176,8 @@ class LMSConfig:
         swapin_groupby: consumers whose levels lie within this many levels of the
             first one in a group share one swap-in.
         min_bytes: tensors smaller than this are never swapped (default
-            :data:`MIN_BYTES`).
+            :data:`MIN_BYTES`, 256 KiB: about ``link_bandwidth * link_latency`` of the
+            default link; for another link, that product is a good value).
         n_tensors: swap at most this many tensors (the largest first); ``None`` = all.
         incl_scopes / excl_scopes: op-name prefixes; a tensor is a candidate only if its
             producer matches an include prefix (when any is given) and no exclude prefix.
@@ -153,6 +189,12 @@ class LMSConfig:
             ``swapout_threshold``, ``swapin_ahead``, ``swapin_groupby`` and ``n_tensors``
             itself (:mod:`tflms.autotune`); an unreachable budget raises
             :class:`tflms.BudgetError` carrying the best achievable predicted peak.
+        link_bandwidth: bytes per second of the device-host link, each direction (an int
+            or a size string read as per second: ``"25GB"``); default
+            :data:`LINK_BANDWIDTH` (PCIe Gen4 x16).
+        link_latency: fixed cost of one transfer in seconds; default :data:`LINK_LATENCY`.
+            With ``link_bandwidth`` it gives a plan's predicted link time
+            (:attr:`tflms.SwapPlan.link_seconds`), which the autotuner minimises.
     """
 
     device: str | None = None
@@ -168,6 +210,8 @@ class LMSConfig:
     excl_types: tuple[str, ...] = ()
     batch_size: int | None = None
     budget: int | None = None
+    link_bandwidth: int = LINK_BANDWIDTH
+    link_latency: float = LINK_LATENCY
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -186,6 +230,8 @@ class LMSConfig:
         check_int("batch_size", self.batch_size, 1, allow_none=True)
         if self.budget is not None:
             set_(self, "budget", parse_bytes(self.budget, "budget"))
+        set_(self, "link_bandwidth", _check_bandwidth("link_bandwidth", self.link_bandwidth))
+        set_(self, "link_latency", _check_seconds("link_latency", self.link_latency))
         for name in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):
             set_(self, name, _check_names(name, getattr(self, name)))
         _check_op_types("incl_types", self.incl_types)

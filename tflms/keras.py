@@ -33,14 +33,14 @@ the plan is made all the same)::
 
     >>> import keras, numpy as np, tflms
     >>> L = keras.layers
-    >>> model = keras.Sequential([keras.Input((64,)), L.Dense(256, activation="relu"),
-    ...                           L.Dense(256, activation="relu"), L.Dense(1)])
+    >>> model = keras.Sequential([keras.Input((64,)), L.Dense(1024, activation="relu"),
+    ...                           L.Dense(1024, activation="relu"), L.Dense(1)])
     >>> model.compile(optimizer="adam", loss="mse", jit_compile=False)
     >>> cb = tflms.LMSCallback(swapout_threshold=2)
     >>> history = model.fit(np.ones((128, 64)), np.zeros((128, 1)), batch_size=64, epochs=2,
     ...                     callbacks=[cb], verbose=0)
     >>> print(cb.plan.summary().splitlines()[0])  # doctest: +ELLIPSIS
-    tflms plan for train_step: 2 tensors swapped (128.0 KiB out, 2 swap-ins), ... ops
+    tflms plan for train_step: 2 tensors swapped (512.0 KiB out, 2 swap-ins), ... ops
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
     from .graph import GraphModel
 
-__all__ = ["SwapIn", "Swap", "SwapPlan", "FORMAT_VERSION", "format_bytes", "format_sizes"]
+__all__ = ["SwapIn", "Swap", "SwapPlan", "FORMAT_VERSION", "format_bytes", "format_sizes", "link_seconds"]
 
 FORMAT_VERSION = 1
 
@@ -67,6 +67,18 @@ class Swap:
     level: int
     distance: int
     swap_ins: tuple[SwapIn, ...]
+
+
+def link_seconds(swaps: Iterable[Swap], bandwidth: float, latency: float) -> float:
+    """Predicted link time of ``swaps`` per step: ``latency + bytes / bandwidth`` per transfer.
+
+    Every swap-out and every swap-in is one transfer.
+
+    >>> s = Swap("a:0", "a", "Relu", "float32", (1000, 250), 10**6, 3, 40, (SwapIn((("g", 0),), "t", 43, 41),) * 2)
+    >>> round(link_seconds([s], bandwidth=1e9, latency=1e-5), 6)  # 3 transfers of 1 ms + 10 us
+    0.00303
+    """
+    return sum((1 + len(s.swap_ins)) * (latency + s.bytes / bandwidth) for s in swaps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +125,25 @@ class SwapPlan:
     @property
     def n_swap_ins(self) -> int:
         return sum(len(s.swap_ins) for s in self.swaps)
+
+    @property
+    def link_seconds(self) -> float:
+        """Predicted time the swaps keep the device-host link busy per step (seconds).
+
+        :func:`link_seconds` at the plan's ``link_bandwidth`` and ``link_latency`` options
+        (their defaults for a plan saved before those options existed). While the step
+        waits for a swap-in, the host-to-device link is busy with it or with swap-ins
+        queued before it, so this bounds the time transfers add to a step, as long as
+        they do not take processors from the compute (on a GPU they run on copy engines;
+        on the CPU test bed they compete, and steps slowed by more).
+        """
+        return link_seconds(self.swaps, *self._link())
+
+    def _link(self) -> tuple[float, float]:
+        """(bandwidth, latency) of the plan's options, their defaults where absent."""
+        from .config import LINK_BANDWIDTH, LINK_LATENCY
+
+        return self.options.get("link_bandwidth", LINK_BANDWIDTH), self.options.get("link_latency", LINK_LATENCY)
 
     def __len__(self) -> int:
         return len(self.swaps)
@@ -237,6 +268,13 @@ class SwapPlan:
             f"predicted device peak (simulator): {format_bytes(before)} -> {format_bytes(after)} "
             f"({abs(saved):.1f}% {'less' if saved >= 0 else 'more'}; variables {format_bytes(self.variable_bytes)})",
         ]
+        if self.swaps:
+            bandwidth, latency = self._link()
+            lines.append(
+                f"predicted link time per step: {self.link_seconds * 1e3:.2f} ms at {bandwidth / 1e9:g} GB/s and "
+                f"{latency * 1e6:g} us per transfer (at most what the transfers add to a step, when they do "
+                "not compete with compute)"
+            )
         if self.reason:
             lines.append(f"note: {self.reason}")
         if not self.swaps:

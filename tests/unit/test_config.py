@@ -30,6 +30,12 @@ def test_defaults_and_canonical_devices():
         ({"host": None}, "host"),
         ({"device": "/device:CPU:0"}, "device"),  # same as host
         ({"incl_scopes": [""]}, "incl_scopes"),
+        ({"link_bandwidth": 0}, "link_bandwidth"),
+        ({"link_bandwidth": "fast"}, "link_bandwidth"),
+        ({"link_bandwidth": float("inf")}, "link_bandwidth"),
+        ({"link_latency": -1e-6}, "link_latency"),
+        ({"link_latency": "10us"}, "link_latency"),
+        ({"link_latency": float("nan")}, "link_latency"),
     ],
 )
 def test_invalid_options_name_argument_and_value(kwargs, name):
@@ -37,6 +43,12 @@ def test_invalid_options_name_argument_and_value(kwargs, name):
         LMSConfig(**kwargs)
     msg = str(err.value)
     assert f"{name}=" in msg and "Received" in msg
+
+
+@pytest.mark.parametrize("value", [16 * 10**9, 16e9, "16GB", "16 GB/s", "16GB/s"])
+def test_link_bandwidth_is_bytes_per_second(value):
+    assert LMSConfig(link_bandwidth=value).link_bandwidth == 16 * 10**9
+    assert LMSConfig(link_latency=0).link_latency == 0.0
 
 
 def test_from_options_rejects_unknown_names():

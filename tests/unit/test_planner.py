@@ -138,6 +138,25 @@ def test_summary_lists_every_swap_and_the_peaks():
         assert all(si.trigger in text for si in s.swap_ins)
 
 
+def test_plan_predicts_its_link_time_from_the_link_options():
+    model = chain_model(n_fwd=8, size=(256, 256))
+    base = {"swapout_threshold": 2, "swapin_groupby": 0}
+    plan = make_plan(model, LMSConfig(**base))
+    transfers = len(plan.swaps) + plan.n_swap_ins
+    assert transfers > len(plan.swaps) > 0
+    # Defaults: 25 GB/s and 10 us per transfer; every transfer here moves 256 KiB.
+    assert plan.link_seconds == pytest.approx(transfers * (10e-6 + 256 * 1024 / 25e9))
+    assert f"predicted link time per step: {plan.link_seconds * 1e3:.2f} ms at 25 GB/s and 10 us" in plan.summary()
+    slow = make_plan(model, LMSConfig(**base, link_bandwidth="1GB/s", link_latency=1e-3))
+    assert slow.swaps == plan.swaps  # the link options change predictions, not the plan
+    assert slow.link_seconds == pytest.approx(transfers * (1e-3 + 256 * 1024 / 1e9))
+    assert SwapPlan.from_json(slow.to_json()).link_seconds == slow.link_seconds
+    # A plan saved before the link options existed is read with their defaults.
+    data = json.loads(plan.to_json())
+    del data["options"]["link_bandwidth"], data["options"]["link_latency"]
+    assert SwapPlan.from_dict(data).link_seconds == pytest.approx(plan.link_seconds)
+
+
 def test_trigger_falls_back_below_an_empty_window():
     # The consumer's only recent input comes from a forward op; the nearest backward
     # ancestor lies below the window and is used rather than no trigger.
@@ -248,12 +267,17 @@ def test_shape_readers_need_no_swap_in():
 
 
 def test_min_bytes_leaves_out_tensors_too_small_for_a_transfer():
-    from tflms.config import MIN_BYTES
+    from tflms.config import LINK_BANDWIDTH, LINK_LATENCY, MIN_BYTES
 
-    assert LMSConfig().min_bytes == MIN_BYTES == 4096
+    # The default is the size whose transfer time equals the fixed cost of a transfer.
+    assert LMSConfig().min_bytes == MIN_BYTES == 256 * 1024
+    assert 0.9 < MIN_BYTES / (LINK_BANDWIDTH * LINK_LATENCY) < 1.1
     small = chain_model(n_fwd=8, size=(8, 64))  # 2 KiB activations
+    bn_like = chain_model(n_fwd=8, size=(1, 2048))  # 8 KiB, a ResNet50 [1, 1, 1, 2048] BatchNorm tensor
+    below = chain_model(n_fwd=8, size=(256, 255))  # 1 KiB under 256 KiB
     large = chain_model(n_fwd=8, size=(256, 256))  # 256 KiB activations
-    assert make_plan(small, LMSConfig(swapout_threshold=2)).swaps == ()
+    for model in (small, bn_like, below):
+        assert make_plan(model, LMSConfig(swapout_threshold=2)).swaps == ()
     assert len(make_plan(large, LMSConfig(swapout_threshold=2)).swaps) > 0
     assert make_plan(large, LMSConfig(swapout_threshold=2, min_bytes=256 * 1024 + 1)).swaps == ()
     assert len(make_plan(small, LMSConfig(swapout_threshold=2, min_bytes=0)).swaps) > 0
