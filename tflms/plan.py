@@ -132,10 +132,11 @@ class SwapPlan:
 
         :func:`link_seconds` at the plan's ``link_bandwidth`` and ``link_latency`` options
         (their defaults for a plan saved before those options existed). While the step
-        waits for a swap-in, the host-to-device link is busy with it or with swap-ins
-        queued before it, so this bounds the time transfers add to a step, as long as
-        they do not take processors from the compute (on a GPU they run on copy engines;
-        on the CPU test bed they compete, and steps slowed by more).
+        waits for a swap-in, the link is busy, in one direction or the other, with that
+        swap-in, its swap-out or transfers queued before them, so this bounds the time
+        the transfers add to a step, as long as they do not take processors from the
+        compute (on a GPU copies run on copy engines; on the CPU test bed they compete
+        for the same cores, so the bound does not apply there).
         """
         return link_seconds(self.swaps, *self._link())
 
