@@ -73,6 +73,11 @@ def _is_candidate(model: GraphModel, t: TensorInfo, config: LMSConfig) -> bool:
         return False
     if t.dtype in EXCLUDED_DTYPES or t.rank is None or t.rank < 2 or t.bytes < config.min_bytes:
         return False
+    if any(d is None for d in t.shape[1:]):
+        # Its size cannot be told (only the leading, batch dimension is sized by batch_size):
+        # the plan's bytes and the simulator's swap-in copy would be guesses, e.g. a
+        # Tensordot Reshape to (None, None) counted as batch x 4 bytes.
+        return False
     if same_device(node["device"], config.host):
         return False
     if model.dag.nodes[buffer_owner(model, t.name).op]["type"] in RESIDENT_OP_TYPES:

@@ -5,7 +5,8 @@ Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`
 * Candidates are outputs of *forward* ops that have at least one *backward*
   consumer more than ``swapout_threshold`` levels after the producer ("far"
   consumers). Excluded: tensors smaller than ``min_bytes``, of rank < 2 or unknown
-  rank, of dtype resource/variant/string/int32; outputs of ``Const``,
+  rank, with an unknown dimension other than the leading one (their size would be a
+  guess), of dtype resource/variant/string/int32; outputs of ``Const``,
   ``Placeholder`` (the caller holds function arguments anyway), constant fills
   (``Fill``/``ZerosLike``/``OnesLike``: cheaper to keep than to move), variable
   reads (they alias the variable), Horovod collectives and functional control flow

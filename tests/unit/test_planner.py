@@ -108,6 +108,24 @@ def test_excluded_dtypes_ranks_and_host_tensors():
     assert "no tensor qualifies" in plan.reason
 
 
+def test_tensors_with_an_unknown_inner_dimension_are_not_swapped():
+    # Traced with an unknown batch, BERT's Tensordot Reshapes are (None, None): such a size
+    # is a guess (batch x 4 bytes here), so the tensor is never planned.
+    unsized, sized = ("float32", (None, None), 64 * 4, True), ("float32", (None, 256), 64 * 256 * 4, True)
+    ops = [
+        op("x", "Placeholder", outputs=[sized]),
+        op("a", "Relu", ["x:0"], [sized]),
+        op("r", "BatchMatMulV2", ["a:0"], [unsized]),
+        op("b", "Relu", ["r:0"], [sized]),
+        op("c", "Relu", ["b:0"], [sized]),
+        op("gradient_tape/g0", "Relu", ["c:0"], [sized]),
+        op("gradient_tape/g1", "Relu", ["gradient_tape/g0:0"], [sized]),
+        op("gradient_tape/g2", "Mul", ["gradient_tape/g1:0", "a:0", "r:0"], [sized]),
+    ]
+    plan = make_plan(GraphModel.from_ops(ops), LMSConfig(swapout_threshold=1, min_bytes=0))
+    assert [s.tensor for s in plan.swaps] == ["a:0"]
+
+
 def test_no_backward_ops_gives_an_empty_plan_with_a_reason():
     ops = [op("a", "Relu", outputs=[f32(64, 64)]), op("b", "Relu", ["a:0"], [f32(64, 64)])]
     plan = make_plan(GraphModel.from_ops(ops), LMSConfig())
