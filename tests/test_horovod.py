@@ -219,7 +219,7 @@ def test_benchmark_script_prints_throughput_on_rank_0_only(horovod_available, tm
     run = horovodrun(
         REPO / "benchmarks" / "horovod_train.py",
         *("--model", "MobileNetV3Small", "--image-size", "32", "--batch", "2", "--steps", "2"),
-        *("--swapout-threshold", "5", "--swapin-ahead", "2", "--json", str(out)),
+        *("--swapout-threshold", "5", "--swapin-ahead", "2", "--min-bytes", "4096", "--json", str(out)),
     )
     assert run.returncode == 0, run.stdout[-6000:]
     lines = run.stdout.splitlines()

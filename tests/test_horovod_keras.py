@@ -31,7 +31,7 @@ import tflms.keras
 from tflms import LMSWarning
 
 import zoo
-from conftest import DEVICE, HOST
+from conftest import DEVICE, HOST, SMALL
 
 if str(JOBS) not in sys.path:  # test_horovod put it there already
     sys.path.insert(0, str(JOBS))
@@ -303,7 +303,7 @@ def test_one_process_horovod_true_trains_like_keras_fit(one_process, name):
     }[name]
     plain = _fit(setup, **kwargs)
     plain_again = _fit(setup, epochs=1, reset=False, **kwargs)
-    cb = lms_hvd.HorovodLMSCallback(device=DEVICE)
+    cb = lms_hvd.HorovodLMSCallback(device=DEVICE, **SMALL)
     assert cb.horovod and not cb.async_safe
     _assert_same(_fit(setup, [cb], **kwargs), plain)
     _assert_same(_fit(setup, [cb], epochs=1, reset=False, **kwargs), plain_again)  # a second fit continues
@@ -312,20 +312,20 @@ def test_one_process_horovod_true_trains_like_keras_fit(one_process, name):
     _compile(setup, run_eagerly=True, **metrics)
     plain = _fit(setup, epochs=1, **kwargs)
     with pytest.warns(LMSWarning, match="still averaged"):
-        _assert_same(_fit(setup, [lms_hvd.HorovodLMSCallback(device=DEVICE)], epochs=1, **kwargs), plain)
+        _assert_same(_fit(setup, [lms_hvd.HorovodLMSCallback(device=DEVICE, **SMALL)], epochs=1, **kwargs), plain)
 
 
 def test_one_process_lmscallback_horovod_true_is_the_horovod_callback(one_process):
     """``tflms.LMSCallback(horovod=True)`` (the older spelling) makes a HorovodLMSCallback: same training."""
     setup = _compile(zoo.mlp())
     plain = _fit(setup)
-    cb = tflms.LMSCallback(device=DEVICE, horovod=True)
+    cb = tflms.LMSCallback(device=DEVICE, **SMALL, horovod=True)
     assert type(cb) is lms_hvd.HorovodLMSCallback and isinstance(cb, tflms.LMSCallback) and cb.horovod
     assert tflms.keras.averaging_train_step is lms_hvd.averaging_train_step  # still importable from tflms.keras
     _assert_same(_fit(setup, [cb]), plain)
     assert len(cb.plan.swaps) >= 1 and cb.fingerprint == cb.plan.fingerprint()
     # The plain callback trains the same numbers, without the Horovod parts.
-    plain_cb = tflms.LMSCallback(device=DEVICE, horovod=False)
+    plain_cb = tflms.LMSCallback(device=DEVICE, **SMALL, horovod=False)
     assert type(plain_cb) is tflms.LMSCallback and cb.async_safe is False and plain_cb.async_safe is True
     _assert_same(_fit(setup, [plain_cb]), plain)
     assert plain_cb.fingerprint is None and plain_cb.plan.fingerprint() == cb.plan.fingerprint()
@@ -338,7 +338,7 @@ def test_one_process_lmscallback_horovod_true_is_the_horovod_callback(one_proces
             Counting.made += 1
             return super().make_train_step(model)
 
-    sub = Counting(device=DEVICE, horovod=True)
+    sub = Counting(device=DEVICE, **SMALL, horovod=True)
     assert type(sub).__mro__[1:3] == (Counting, lms_hvd.HorovodLMSCallback)
     assert type(Counting(horovod=True)) is type(sub)
     _assert_same(_fit(setup, [sub]), plain)
@@ -355,32 +355,32 @@ def test_initial_variables_are_broadcast_once_per_model_in_the_process(one_proce
     setup = _compile(zoo.mlp())
     plain = _fit(setup, epochs=1)
     state = len(setup.state())
-    _assert_same(_fit(setup, [lms_hvd.HorovodLMSCallback(device=DEVICE)], epochs=1), plain)
+    _assert_same(_fit(setup, [lms_hvd.HorovodLMSCallback(device=DEVICE, **SMALL)], epochs=1), plain)
     assert calls == [state]  # model and (built first) optimizer variables
-    _fit(setup, [lms_hvd.HorovodLMSCallback(device=DEVICE)], epochs=1, reset=False)
+    _fit(setup, [lms_hvd.HorovodLMSCallback(device=DEVICE, **SMALL)], epochs=1, reset=False)
     assert calls == [state]  # the same model and optimizer: nothing more
     # Compiled again with a new optimizer: only the new optimizer's variables.
     setup.model.compile(optimizer=keras.optimizers.SGD(0.1), loss=setup.loss, jit_compile=False)
-    _fit(setup, [tflms.LMSCallback(device=DEVICE, horovod=True)], epochs=1, reset=False)
+    _fit(setup, [tflms.LMSCallback(device=DEVICE, **SMALL, horovod=True)], epochs=1, reset=False)
     assert calls == [state, len(setup.model.optimizer.variables)] and setup.model.optimizer is not setup.optimizer
 
 
 def test_only_the_root_rank_prints(one_process, monkeypatch, capsys):
     setup = _compile(zoo.mlp())
-    _fit(setup, [lms_hvd.HorovodLMSCallback(device=DEVICE, verbose=True)], verbose=1)
+    _fit(setup, [lms_hvd.HorovodLMSCallback(device=DEVICE, **SMALL, verbose=True)], verbose=1)
     root = capsys.readouterr().out
     assert "Epoch 1/2" in root and "/step" in root and "tflms plan for" in root
     # As rank 1: Keras's progress bar reads verbose=0 from the params the callback rewrote.
     monkeypatch.setattr(lms_hvd, "is_root", lambda: False)
     _compile(setup)
-    cb = lms_hvd.HorovodLMSCallback(device=DEVICE, verbose=True)
+    cb = lms_hvd.HorovodLMSCallback(device=DEVICE, **SMALL, verbose=True)
     history, _ = _fit(setup, [cb], verbose=1)
     with tf.device(DEVICE):
         setup.model.evaluate(setup.x, setup.y, verbose=1, callbacks=[cb])
     assert capsys.readouterr().out == ""
     assert set(history) == {"loss"} and cb.params["verbose"] == 0
     # A plain callback leaves the progress bar alone.
-    _fit(setup, [tflms.LMSCallback(device=DEVICE)], verbose=1)
+    _fit(setup, [tflms.LMSCallback(device=DEVICE, **SMALL)], verbose=1)
     assert "Epoch 1/2" in capsys.readouterr().out
 
 
@@ -405,9 +405,9 @@ def test_own_train_step_is_refused_unless_given_as_hook(one_process):
     plain = _fit(setup)
     keras_function = setup.model.train_function
     with pytest.raises(ValueError, match=r"overrides train_step.*allreduce_gradients.*train_step=OwnStep\.train_step"):
-        _fit(setup, [lms_hvd.HorovodLMSCallback(device=DEVICE)])
+        _fit(setup, [lms_hvd.HorovodLMSCallback(device=DEVICE, **SMALL)])
     assert setup.model.train_function is keras_function
-    cb = lms_hvd.HorovodLMSCallback(device=DEVICE, train_step=OwnStep.train_step)
+    cb = lms_hvd.HorovodLMSCallback(device=DEVICE, **SMALL, train_step=OwnStep.train_step)
     _assert_same(_fit(setup, [cb]), plain)
     assert len(cb.plan.swaps) >= 1
 
@@ -422,12 +422,12 @@ def test_bad_setups(one_process, monkeypatch):
         model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
         setup = _compile(zoo.Setup("m", model, keras.losses.MeanSquaredError(), keras.optimizers.SGD(), *_xy()))
     with pytest.raises(ValueError, match="horovod=True.*2 replicas"):
-        _fit(setup, [lms_hvd.HorovodLMSCallback(device=DEVICE)], epochs=1)
+        _fit(setup, [lms_hvd.HorovodLMSCallback(device=DEVICE, **SMALL)], epochs=1)
     # Started by horovodrun but Horovod never initialised: refuse instead of training alone.
     setup = _compile(zoo.mlp())
     monkeypatch.setenv("HOROVOD_RANK", "1")
     with pytest.raises(RuntimeError, match=r"tflms.horovod.init\(\)"):
-        _fit(setup, [lms_hvd.HorovodLMSCallback(device=DEVICE)], epochs=1, verbose=1)
+        _fit(setup, [lms_hvd.HorovodLMSCallback(device=DEVICE, **SMALL)], epochs=1, verbose=1)
 
 
 def _xy():

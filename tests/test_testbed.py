@@ -18,7 +18,7 @@ import tflms
 from tflms import LMSConfig, testbed
 from tflms.measure import measure
 
-from conftest import DEVICE
+from conftest import DEVICE, SMALL
 
 # TensorFlow's CPU kernels are not bit-reproducible here for these models: two plain runs of
 # ResNet50 96² b32 in one process (same weights, op determinism on) differed from step 2 on,
@@ -194,7 +194,8 @@ def test_memory_report_without_a_measuring_allocator_says_none():
     import zoo
 
     setup = zoo.mlp()
-    step = tflms.function(setup.step_fn(), device=DEVICE)
+    step = tflms.function(setup.step_fn(), device=DEVICE, **SMALL)
+    assert step.get_plan(setup.x, setup.y).swaps
     with __import__("tensorflow").device(DEVICE):
         step(setup.x, setup.y)
     report = step.memory_report(setup.x, setup.y)
