@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -90,14 +91,11 @@ def check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> 
 
 def _check_bandwidth(name: str, value: Any) -> int:
     """Bytes per second from a positive number or a size string (``"25GB"``, ``"25GB/s"``)."""
-    import math
-
     if isinstance(value, float) and math.isfinite(value) and value >= 1:
         return int(value)
-    if isinstance(value, str) and value.rstrip().lower().endswith("/s"):
-        value = value.rstrip()[:-2]
+    per_second = isinstance(value, str) and value.rstrip().lower().endswith("/s")
     try:
-        return parse_bytes(value, name)
+        return parse_bytes(value.rstrip()[:-2] if per_second else value, name)
     except ValueError:
         raise ValueError(
             f"{name} must be bytes per second: a positive number (25e9) or a size string ('25GB/s'). "
@@ -107,8 +105,6 @@ def _check_bandwidth(name: str, value: Any) -> int:
 
 def _check_seconds(name: str, value: Any) -> float:
     """``value`` as a float number of seconds >= 0, or ``ValueError`` naming ``name``."""
-    import math
-
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a number of seconds >= 0, e.g. 10e-6. {_received(name, value)}")
     return float(value)

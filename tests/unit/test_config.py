@@ -32,6 +32,7 @@ def test_defaults_and_canonical_devices():
         ({"incl_scopes": [""]}, "incl_scopes"),
         ({"link_bandwidth": 0}, "link_bandwidth"),
         ({"link_bandwidth": "fast"}, "link_bandwidth"),
+        ({"link_bandwidth": "fast/s"}, "link_bandwidth"),
         ({"link_bandwidth": float("inf")}, "link_bandwidth"),
         ({"link_latency": -1e-6}, "link_latency"),
         ({"link_latency": "10us"}, "link_latency"),
