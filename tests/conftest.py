@@ -57,6 +57,7 @@ SLOW_TESTS = (
     "resnet50",
     "test_testbed.py::test_rewritten_step_measures_less_than_plain",
     "test_testbed.py::test_tflms_function_frees_memory",
+    "test_testbed.py::test_recompute_frees",
     "test_keras_memory.py::test_measured_and_predicted_peaks",
     "test_keras_memory.py::test_no_measured_entry_without_the_bfc_allocator",
     "test_notebook.py::test_notebook_runs",

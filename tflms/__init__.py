@@ -6,9 +6,10 @@ The data flow, one module a stage::
     graph        tflms.graph      GraphModel: networkx DAG of ops, levels, phases
     simulate     tflms.simulator  predicted device memory of a step (+ plan)
     plan         tflms.candidates which tensors may be swapped (only swaps that free memory)
+                 tflms.recompute  which candidates to recompute instead (cost model)
                  tflms.planner    SwapPlan (tflms.plan): what to swap, where it comes back
                  tflms.autotune   the plan's knobs for a memory budget
-    rewrite      tflms.rewrite    apply a SwapPlan to a graph (swap-ins gated on the host)
+    rewrite      tflms.rewrite    apply a SwapPlan to a graph (recompute clones, swap-ins gated on the host)
     rebuild      tflms._tf_internal  a new ConcreteFunction (all private TF use is here)
     integrations tflms.core (optimize, @tflms.function), tflms.keras (LMSCallback),
                  tflms.horovod (horovodrun)
@@ -49,6 +50,7 @@ _EXPORTS = {
     "TflmsError": "errors",
     "GraphModel": "graph",
     "LMSCallback": "keras",
+    "Recompute": "plan",
     "Swap": "plan",
     "SwapIn": "plan",
     "SwapPlan": "plan",

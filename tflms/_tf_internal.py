@@ -14,6 +14,8 @@ A TensorFlow upgrade that breaks tflms should break only this module, and
   attaches a swap-in's trigger; ``Operation._set_attr`` marks
   swap ops with ``_grappler_do_not_remove`` (otherwise Grappler deletes swap-ins
   and merges swap-outs).
+* ``Graph._create_op_internal`` makes a recompute's clone of a forward op (same type,
+  attributes and op def, other inputs and name).
 * ``op_def_registry.get`` tells whether an op type exists (``tflms.config``).
 * Keras 3 (TensorFlow backend) internals used by ``LMSCallback`` (``keras_*``
   functions below; pinned by ``tests/test_keras.py``): ``Model._make_function`` and
@@ -43,6 +45,7 @@ __all__ = [
     "set_attr",
     "update_input",
     "add_control_input",
+    "clone_op",
     "grappler_optimize",
     "op_type_registered",
     "keras_make_function",
@@ -114,6 +117,19 @@ def update_input(op: Any, index: int, tensor: Any) -> None:
 def add_control_input(op: Any, control: Any) -> None:
     """Make graph op ``op`` wait for ``control`` (``Operation._add_control_input``)."""
     op._add_control_input(control)  # noqa: SLF001
+
+
+def clone_op(graph: Any, op: Any, inputs: list, name: str) -> Any:
+    """A new op in ``graph`` like ``op`` (type, attributes except colocation) reading ``inputs``,
+    named exactly ``name`` (``Graph._create_op_internal``); ``ValueError`` if the name is taken."""
+    attrs = {k: v for k, v in op.node_def.attr.items() if k != "_class"}
+    with graph.name_scope(None):
+        new = graph._create_op_internal(  # noqa: SLF001
+            op.type, inputs, dtypes=[t.dtype for t in op.outputs], name=name, attrs=attrs, op_def=op.op_def
+        )
+    if new.name != name:
+        raise ValueError(f"tflms: cannot name the clone of {op.name!r} {name!r}: that name is taken ({new.name!r})")
+    return new
 
 
 def grappler_optimize(cf: ConcreteFunction, device: str, config: Any = None) -> Any:

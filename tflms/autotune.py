@@ -211,7 +211,8 @@ def max_batch_size(
       traced once with an unknown batch dimension (see :func:`keras_train_step`);
     * a callable ``factory(batch_size) -> ConcreteFunction`` (retraced per size).
 
-    "With LMS" means the autotuner (:func:`tune`) finds a plan that fits.
+    "With LMS" means the autotuner (:func:`tune`) finds a plan that fits (with
+    ``recompute=True``: on the model with the recomputes applied, as :func:`tflms.make_plan` does).
     ``budget`` may also come from ``config.budget`` (or ``budget=`` among the
     options); naming two different budgets is an error.
     ``rel_tol`` > 0 trades exactness for fewer evaluations: each result is then a
@@ -249,6 +250,11 @@ def max_batch_size(
                 model = graph_of(batch)
                 sim = Simulator(model, cfg.host)
                 plain = sim.peak() <= budget
+                if not plain and cfg.recompute:
+                    from .recompute import plan_recomputes, recomputed_model
+
+                    model = recomputed_model(model, plan_recomputes(model, cfg))
+                    sim = Simulator(model, cfg.host)
                 cache[batch] = (plain, plain or _search(model, cfg, sim, budget)[0] is not None)
         return cache[batch]
 

@@ -197,7 +197,7 @@ def _plan(args: argparse.Namespace) -> int:
     x_spec, y_spec = step.structured_input_signature[0]
     print(f"{args.model}: inputs {_specs_text(x_spec)}; labels {_specs_text(y_spec)}; batch {args.batch}")
     gm = tflms.GraphModel.from_func_graph(step.graph, batch_size=args.batch)
-    config = tflms.LMSConfig(budget=None if args.budget is None else int(args.budget))
+    config = tflms.LMSConfig(budget=None if args.budget is None else int(args.budget), recompute=args.recompute)
     try:
         plan = tflms.make_plan(gm, config)
     except tflms.BudgetError as err:
@@ -217,7 +217,7 @@ def _plan(args: argparse.Namespace) -> int:
         plot_memory(gm, plan, args.plot)
         print(f"wrote {args.plot}")
     if args.max_batch:
-        print(tflms.max_batch_size(step, int(args.budget)))
+        print(tflms.max_batch_size(step, int(args.budget), recompute=args.recompute))
     return 0
 
 
@@ -285,6 +285,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--label-dtype", help="dtype of the labels, e.g. int32 (default: int32 for a sparse loss, else float32)"
     )
     p.add_argument("--budget", type=_parse_size, help="device memory budget, e.g. 16GiB: autotune to it")
+    p.add_argument(
+        "--recompute",
+        action="store_true",
+        help="recompute cheap element-wise tensors instead of swapping them where the cost model predicts less time",
+    )
     p.add_argument("--json", help="write the plan JSON here")
     p.add_argument("--plot", help="write the memory timeline PNG here")
     p.add_argument("--max-batch", action="store_true", help="also print the largest batch that fits the budget")

@@ -25,7 +25,16 @@ from typing import Any
 from . import devices
 from .devices import KNOWN_DEVICE_TYPES
 
-__all__ = ["LMSConfig", "KNOWN_DEVICE_TYPES", "LINK_BANDWIDTH", "LINK_LATENCY", "MIN_BYTES", "check_int", "parse_bytes"]
+__all__ = [
+    "LMSConfig",
+    "KNOWN_DEVICE_TYPES",
+    "LINK_BANDWIDTH",
+    "LINK_LATENCY",
+    "DEVICE_BANDWIDTH",
+    "MIN_BYTES",
+    "check_int",
+    "parse_bytes",
+]
 
 
 #: Default ``link_bandwidth``, bytes per second: a PCIe Gen4 x16 host link as achieved by
@@ -39,6 +48,11 @@ LINK_LATENCY = 10e-6
 #: free is its own size: ResNet50's ``[1, 1, 1, C]`` BatchNorm tensors (4-8 KiB) cost
 #: their transfers' latency and free nothing that matters.
 MIN_BYTES = 256 * 1024
+#: Default ``device_bandwidth``, bytes per second: the device memory bandwidth that
+#: recomputed element-wise ops are limited by (1 TB/s: a V100's HBM2 gives 0.9, an A100's
+#: 1.6-2, an H100's 3.35). Compute time is estimated from bytes read and written, not
+#: FLOPs, because only memory-bound element-wise ops are recomputed.
+DEVICE_BANDWIDTH = 10**12
 
 
 def _received(name: str, value: Any) -> str:
@@ -191,6 +205,14 @@ class LMSConfig:
         link_latency: fixed cost of one transfer in seconds; default :data:`LINK_LATENCY`.
             With ``link_bandwidth`` it gives a plan's predicted link time
             (:attr:`tflms.SwapPlan.link_seconds`), which the autotuner minimises.
+        recompute: when ``True``, a swap candidate whose producer is a chain of cheap
+            element-wise ops over tensors that are on the device anyway at the backward
+            pass (weights, tensors under ``min_bytes``, other swapped tensors) is
+            recomputed just before its backward consumers instead of swapped, if the
+            cost model (:mod:`tflms.recompute`) predicts less time. Default ``False``.
+        device_bandwidth: device memory bandwidth in bytes per second (like
+            ``link_bandwidth``); the recompute cost model's compute speed. Default
+            :data:`DEVICE_BANDWIDTH`.
     """
 
     device: str | None = None
@@ -208,6 +230,8 @@ class LMSConfig:
     budget: int | None = None
     link_bandwidth: int = LINK_BANDWIDTH
     link_latency: float = LINK_LATENCY
+    recompute: bool = False
+    device_bandwidth: int = DEVICE_BANDWIDTH
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -228,6 +252,9 @@ class LMSConfig:
             set_(self, "budget", parse_bytes(self.budget, "budget"))
         set_(self, "link_bandwidth", _check_bandwidth("link_bandwidth", self.link_bandwidth))
         set_(self, "link_latency", _check_seconds("link_latency", self.link_latency))
+        if not isinstance(self.recompute, bool):
+            raise ValueError(f"recompute must be True or False. {_received('recompute', self.recompute)}")
+        set_(self, "device_bandwidth", _check_bandwidth("device_bandwidth", self.device_bandwidth))
         for name in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):
             set_(self, name, _check_names(name, getattr(self, name)))
         _check_op_types("incl_types", self.incl_types)

@@ -185,7 +185,7 @@ def _optimize(
     # A device or host that does not exist is an error even when nothing is swapped.
     device = resolve_device(config)
     check_host(config)
-    if not plan.swaps:
+    if not plan.swaps and not plan.recomputes:
         return concrete_function, plan, None
     if device is None:
         warnings.warn(_no_device_message(), LMSWarning, stacklevel=stacklevel)
@@ -196,13 +196,14 @@ def _optimize(
     new_cf = tfi.rebuild(concrete_function, new_graph)
     _REWRITTEN[new_cf] = plan
     log.info(
-        "tflms: %s: Identity +%d (swap-out %d, swap-in %d) on %s/%s",
+        "tflms: %s: Identity +%d (swap-out %d, swap-in %d) on %s/%s, %d recompute clones",
         graph.name,
         counts["swap_out"] + counts["swap_in"],
         counts["swap_out"],
         counts["swap_in"],
         device,
         config.host,
+        counts["recompute"],
     )
     return new_cf, plan, device
 

@@ -15,12 +15,12 @@ never look at TensorFlow objects.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import networkx as nx
 
-__all__ = ["TensorInfo", "GraphModel", "BACKWARD_SCOPES", "UPDATE_OP_TYPES", "ALIAS_OP_TYPES"]
+__all__ = ["TensorInfo", "GraphModel", "BACKWARD_SCOPES", "UPDATE_OP_TYPES", "ALIAS_OP_TYPES", "with_recomputes"]
 
 #: Name-scope components under which TensorFlow builds gradient ops.
 BACKWARD_SCOPES = ("gradient_tape", "gradients")
@@ -253,6 +253,49 @@ class GraphModel:
                 data["phase"] = "update"
             else:
                 data["phase"] = "forward"
+
+
+def with_recomputes(model: GraphModel, recomputes: Sequence[Any]) -> GraphModel:
+    """``model`` with the clones of ``recomputes`` (:class:`tflms.plan.Recompute`) added, and
+    each group's consumers reading its clones; ``model`` itself when there are none.
+
+    Per group, each op of the chain gets a clone named :meth:`Recompute.clone`, reading the
+    clones before it and the original tensors otherwise, with a control edge from the
+    group's trigger: the ops the rewrite adds (:mod:`tflms.rewrite`), so that the planner
+    and the simulator see the step as it will run.
+    """
+    if not recomputes:
+        return model
+    dag, tensors = model.dag, model.tensors
+    records: dict[str, dict[str, Any]] = {}
+    for name, data in dag.nodes(data=True):
+        records[name] = {
+            "name": name,
+            "type": data["type"],
+            "device": data["device"],
+            "inputs": list(model.inputs_of[name]),
+            "outputs": [(t.dtype, t.shape, t.bytes, t.estimated) for t in map(tensors.get, model.outputs_of[name])],
+            "control_inputs": [u for u in dag.predecessors(name) if dag.edges[u, name]["control"]],
+        }
+    for rc in recomputes:
+        for k, group in enumerate(rc.groups):
+            for name in rc.ops:
+                inputs = [
+                    rc.clone(model.tensors[t].op, k) + t[len(model.tensors[t].op) :]
+                    if model.tensors[t].op in rc.ops
+                    else t
+                    for t in model.inputs_of[name]
+                ]
+                clone = rc.clone(name, k)
+                records[clone] = {**records[name], "name": clone, "inputs": inputs, "control_inputs": [group.trigger]}
+            for consumer, index in group.consumers:
+                if records[consumer]["inputs"][index] != rc.tensor:
+                    raise ValueError(
+                        f"The recompute of {rc.tensor!r} does not fit this model: input {index} of {consumer!r} "
+                        f"is {records[consumer]['inputs'][index]!r}. Make the plan from this model."
+                    )
+                records[consumer]["inputs"][index] = rc.output(k)
+    return GraphModel.from_ops(records.values(), variable_bytes=model.variable_bytes, name=model.name)
 
 
 def _reach(neighbours: Any, sources: set[str]) -> set[str]:

@@ -140,6 +140,9 @@ def measure_step(
     ``'lms'``, ``n_swaps``, ``n_swap_ins``, ``swapped_bytes`` and the plan's ``options``.
     ``'lms_device_gated'`` applies the same plan with the swap-ins on the device (as tflms
     0.1 did; see :func:`tflms.rewrite.apply_plan`): the negative control.
+    ``'lms_recompute'`` is ``'lms'`` with ``recompute=True`` (:mod:`tflms.recompute`);
+    its entry also has ``n_recomputes`` and ``recomputed_bytes``. Every ``lms`` mode's entry
+    has the plan's predicted ``link_seconds`` and ``recompute_seconds``.
     """
     import tensorflow as tf
 
@@ -152,10 +155,11 @@ def measure_step(
 
     check_int("steps", steps, 1)
     check_int("warmup", warmup, 0)
-    unknown = sorted(set(modes) - {"plain", "lms", "lms_device_gated"})
+    unknown = sorted(set(modes) - {"plain", "lms", "lms_device_gated", "lms_recompute"})
     if unknown or not modes:
         raise ValueError(
-            f"modes must be a non-empty list of 'plain', 'lms' and 'lms_device_gated'. Received: modes={modes!r}"
+            "modes must be a non-empty list of 'plain', 'lms', 'lms_device_gated' and 'lms_recompute'. "
+            f"Received: modes={modes!r}"
         )
     tf.config.experimental.enable_op_determinism()
     keras_model, x, y, train_step = build(model, batch, size)
@@ -175,7 +179,8 @@ def measure_step(
         entry: dict[str, Any] = {}
         step = cf
         if mode.startswith("lms"):
-            step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **(options or {}))
+            extra = {"recompute": True} if mode == "lms_recompute" else {}
+            step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **{**(options or {}), **extra})
             if mode == "lms_device_gated":  # the negative control: tflms 0.1's swap-in placement
                 graph = tfi.copy_graph(cf)
                 apply_plan(graph, plan, testbed.DEVICE, testbed.HOST, swap_in_on="device")
@@ -185,6 +190,10 @@ def measure_step(
                 n_swaps=len(plan.swaps),
                 n_swap_ins=plan.n_swap_ins,
                 swapped_bytes=plan.swapped_bytes,
+                n_recomputes=len(plan.recomputes),
+                recomputed_bytes=plan.recomputed_bytes,
+                link_seconds=plan.link_seconds,
+                recompute_seconds=plan.recompute_seconds,
                 options=dict(plan.options),
             )
         else:

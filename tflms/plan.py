@@ -5,9 +5,10 @@ The planner and the rewriter meet only here. A plan can be printed
 :meth:`SwapPlan.from_json`), edited by hand, compared against a golden, and
 broadcast so that every Horovod rank applies the same plan.
 
-JSON format (``format_version`` 1), a top-level object::
+JSON format (``format_version`` 2; version 1, without ``recomputes``, is still read),
+a top-level object::
 
-    {"format_version": 1, "function": "...", "options": {...LMSConfig...},
+    {"format_version": 2, "function": "...", "options": {...LMSConfig...},
      "n_ops": 1234, "peak_bytes_before": ..., "peak_bytes_after": ...,
      "variable_bytes": ..., "reason": "",
      "swaps": [{"tensor": "conv1/Relu:0", "producer": "conv1/Relu",
@@ -15,7 +16,16 @@ JSON format (``format_version`` 1), a top-level object::
                 "bytes": 2097152, "level": 12, "distance": 57,
                 "swap_ins": [{"consumers": [["gradient_tape/conv1/ReluGrad", 1]],
                               "trigger": "gradient_tape/conv2/...", "level": 69,
-                              "trigger_level": 66}]}]}
+                              "trigger_level": 66}]}],
+     "recomputes": [{"tensor": "conv2/Relu:0", "producer": "conv2/Relu",
+                     "ops": ["conv2/bn/mul_1", "conv2/bn/add_1", "conv2/Relu"],
+                     "bytes": 2097152, "work_bytes": 14680064, "level": 20, "distance": 50,
+                     "groups": [{"consumers": [["gradient_tape/conv3/Conv2DBackpropFilter", 0]],
+                                 "trigger": "gradient_tape/conv3/...", "level": 70,
+                                 "trigger_level": 69}]}]}
+
+A swap's consumer may be a recompute's clone (``tflms_recompute/<producer>/<group>/<op>``):
+the recompute reads a swapped tensor. The rewrite applies the recomputes first.
 """
 
 from __future__ import annotations
@@ -34,9 +44,27 @@ if TYPE_CHECKING:
 
     from .graph import GraphModel
 
-__all__ = ["SwapIn", "Swap", "SwapPlan", "FORMAT_VERSION", "format_bytes", "format_sizes", "link_seconds"]
+__all__ = [
+    "SwapIn",
+    "Swap",
+    "Recompute",
+    "SwapPlan",
+    "FORMAT_VERSION",
+    "RECOMPUTE_SCOPE",
+    "OP_LATENCY",
+    "format_bytes",
+    "format_sizes",
+    "link_seconds",
+    "recompute_seconds",
+]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+#: Plan format versions :meth:`SwapPlan.from_dict` reads (1: before recompute existed).
+READ_VERSIONS = (1, 2)
+#: Name scope of the ops a recompute adds (clones of forward ops).
+RECOMPUTE_SCOPE = "tflms_recompute"
+#: Fixed cost of one recomputed op in seconds (a kernel launch), in the recompute cost model.
+OP_LATENCY = 5e-6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +95,47 @@ class Swap:
     level: int
     distance: int
     swap_ins: tuple[SwapIn, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Recompute:
+    """One recomputed tensor: its forward producer chain is run again before each group
+    of its backward consumers, instead of swapping it.
+
+    ``ops`` are the forward ops cloned, in execution order; the last is ``producer``.
+    Their other inputs are on the device at the backward pass anyway (weights, small
+    tensors, tensors swapped in for other backward ops). ``groups`` are the consumer
+    groups, each with its own clones and a trigger (a :class:`SwapIn` record: the clones
+    run after ``trigger``). ``work_bytes`` is what one run of the chain reads and writes.
+    """
+
+    tensor: str
+    producer: str
+    ops: tuple[str, ...]
+    bytes: int
+    work_bytes: int
+    level: int
+    distance: int
+    groups: tuple[SwapIn, ...]
+
+    def clone(self, op: str, group: int) -> str:
+        """Name of the clone of ``op`` for consumer group ``group``."""
+        return f"{RECOMPUTE_SCOPE}/{self.producer}/{group}/{op}"
+
+    def output(self, group: int) -> str:
+        """Name of the tensor that feeds group ``group``'s consumers."""
+        return self.clone(self.producer, group) + self.tensor[len(self.producer) :]
+
+
+def recompute_seconds(recomputes: Iterable[Recompute], device_bandwidth: float) -> float:
+    """Predicted compute time the recomputes add per step: per group, ``OP_LATENCY`` per op
+    plus ``work_bytes / device_bandwidth`` (element-wise ops are memory-bound).
+
+    >>> r = Recompute("b:0", "b", ("a", "b"), 10**6, 4 * 10**6, 3, 40, (SwapIn((("g", 0),), "t", 43, 42),))
+    >>> round(recompute_seconds([r], device_bandwidth=1e12), 6)  # 2 x 5 us + 4 us
+    1.4e-05
+    """
+    return sum(len(r.groups) * (len(r.ops) * OP_LATENCY + r.work_bytes / device_bandwidth) for r in recomputes)
 
 
 def link_seconds(swaps: Iterable[Swap], bandwidth: float, latency: float) -> float:
@@ -105,6 +174,7 @@ class SwapPlan:
     variable_bytes: int
     reason: str = ""
     format_version: int = FORMAT_VERSION
+    recomputes: tuple[Recompute, ...] = ()
 
     def __post_init__(self) -> None:
         # Frozen means frozen: the options are a read-only view of a private copy.
@@ -140,6 +210,24 @@ class SwapPlan:
         """
         return link_seconds(self.swaps, *self._link())
 
+    @property
+    def recompute_seconds(self) -> float:
+        """Predicted compute time the recomputes add per step (seconds): :func:`recompute_seconds`
+        at the plan's ``device_bandwidth`` option."""
+        from .config import DEVICE_BANDWIDTH
+
+        return recompute_seconds(self.recomputes, self.options.get("device_bandwidth", DEVICE_BANDWIDTH))
+
+    @property
+    def step_seconds(self) -> float:
+        """Predicted time the plan adds to a step, at most: :attr:`link_seconds` + :attr:`recompute_seconds`."""
+        return self.link_seconds + self.recompute_seconds
+
+    @property
+    def recomputed_bytes(self) -> int:
+        """Bytes of the tensors recomputed instead of kept or swapped."""
+        return sum(r.bytes for r in self.recomputes)
+
     def _link(self) -> tuple[float, float]:
         """(bandwidth, latency) of the plan's options, their defaults where absent."""
         from .config import LINK_BANDWIDTH, LINK_LATENCY
@@ -147,7 +235,8 @@ class SwapPlan:
         return self.options.get("link_bandwidth", LINK_BANDWIDTH), self.options.get("link_latency", LINK_LATENCY)
 
     def __len__(self) -> int:
-        return len(self.swaps)
+        """Number of decisions: swapped plus recomputed tensors."""
+        return len(self.swaps) + len(self.recomputes)
 
     # ---------------------------------------------------------------- plotting
     def with_model(self, model: GraphModel) -> SwapPlan:
@@ -198,6 +287,7 @@ class SwapPlan:
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["swaps"] = [dataclasses.asdict(s) for s in self.swaps]
+        d["recomputes"] = [dataclasses.asdict(r) for r in self.recomputes]
         d["options"] = dict(self.options)
         return _jsonable(d)
 
@@ -212,9 +302,9 @@ class SwapPlan:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SwapPlan:
         version = d.get("format_version")
-        if version != FORMAT_VERSION:
+        if version not in READ_VERSIONS:
             raise ValueError(
-                f"Unsupported plan format_version; this tflms reads {FORMAT_VERSION}. "
+                f"Unsupported plan format_version; this tflms reads {' and '.join(map(str, READ_VERSIONS))}. "
                 f"Received: format_version={version!r}"
             )
         missing = [k for k in ("swaps", "peak_bytes_before", "peak_bytes_after", "options") if k not in d]
@@ -230,17 +320,22 @@ class SwapPlan:
                 bytes=s["bytes"],
                 level=s["level"],
                 distance=s["distance"],
-                swap_ins=tuple(
-                    SwapIn(
-                        consumers=tuple((c[0], c[1]) for c in si["consumers"]),
-                        trigger=si["trigger"],
-                        level=si["level"],
-                        trigger_level=si["trigger_level"],
-                    )
-                    for si in s["swap_ins"]
-                ),
+                swap_ins=tuple(_swap_in(si) for si in s["swap_ins"]),
             )
             for s in d["swaps"]
+        )
+        recomputes = tuple(
+            Recompute(
+                tensor=r["tensor"],
+                producer=r["producer"],
+                ops=tuple(r["ops"]),
+                bytes=r["bytes"],
+                work_bytes=r["work_bytes"],
+                level=r["level"],
+                distance=r["distance"],
+                groups=tuple(_swap_in(g) for g in r["groups"]),
+            )
+            for r in d.get("recomputes", ())
         )
         return cls(
             function=d.get("function", ""),
@@ -251,7 +346,7 @@ class SwapPlan:
             peak_bytes_after=d["peak_bytes_after"],
             variable_bytes=d.get("variable_bytes", 0),
             reason=d.get("reason", ""),
-            format_version=version,
+            recomputes=recomputes,
         )
 
     @classmethod
@@ -260,12 +355,15 @@ class SwapPlan:
 
     # ---------------------------------------------------------------- printing
     def summary(self, max_rows: int | None = 50) -> str:
-        """A table of the swaps plus the predicted peaks."""
+        """A table of the swaps (and recomputes) plus the predicted peaks and time."""
         before, after = self.peak_bytes_before, self.peak_bytes_after
         saved = (1 - after / before) * 100 if before else 0.0
+        recomputed = (
+            f", {len(self.recomputes)} recomputed ({format_bytes(self.recomputed_bytes)})" if self.recomputes else ""
+        )
         lines = [
             f"tflms plan for {self.function or '<function>'}: {len(self.swaps)} tensors swapped "
-            f"({format_bytes(self.swapped_bytes)} out, {self.n_swap_ins} swap-ins), {self.n_ops} ops",
+            f"({format_bytes(self.swapped_bytes)} out, {self.n_swap_ins} swap-ins){recomputed}, {self.n_ops} ops",
             f"predicted device peak (simulator): {format_bytes(before)} -> {format_bytes(after)} "
             f"({abs(saved):.1f}% {'less' if saved >= 0 else 'more'}; variables {format_bytes(self.variable_bytes)})",
         ]
@@ -276,32 +374,52 @@ class SwapPlan:
                 f"{latency * 1e6:g} us per transfer (at most what the transfers add to a step, when they do "
                 "not compete with compute)"
             )
+        if self.recomputes:
+            from .config import DEVICE_BANDWIDTH
+
+            bandwidth = self.options.get("device_bandwidth", DEVICE_BANDWIDTH)
+            lines.append(
+                f"predicted recompute time per step: {self.recompute_seconds * 1e3:.2f} ms at {bandwidth / 1e9:g} GB/s "
+                f"of device memory and {OP_LATENCY * 1e6:g} us per op"
+            )
         if self.reason:
             lines.append(f"note: {self.reason}")
-        if not self.swaps:
+        if not self.swaps and not self.recomputes:
             return "\n".join(lines)
-        rows = [("tensor", "bytes", "distance", "consumers", "trigger")]
-        shown = self.swaps if max_rows is None else self.swaps[:max_rows]
-        for s in shown:
-            for k, si in enumerate(s.swap_ins):
+        rows = [("tensor", "how", "bytes", "distance", "consumers", "trigger")]
+        decisions = [("swap", s.tensor, s.bytes, s.level, s.swap_ins) for s in self.swaps]
+        decisions += [(f"recompute {len(r.ops)} ops", r.tensor, r.bytes, r.level, r.groups) for r in self.recomputes]
+        shown = decisions if max_rows is None else decisions[:max_rows]
+        for how, tensor, nbytes, level, groups in shown:
+            for k, si in enumerate(groups):
                 rows.append(
                     (
-                        s.tensor if k == 0 else "  ...",
-                        format_bytes(s.bytes) if k == 0 else "",
-                        str(si.level - s.level),
+                        tensor if k == 0 else "  ...",
+                        how if k == 0 else "",
+                        format_bytes(nbytes) if k == 0 else "",
+                        str(si.level - level),
                         ", ".join(f"{c}:{i}" for c, i in si.consumers),
                         si.trigger or "-",
                     )
                 )
-        widths = [min(max(len(r[i]) for r in rows), 60) for i in range(5)]
+        widths = [min(max(len(r[i]) for r in rows), 60) for i in range(len(rows[0]))]
         for r in rows:
             lines.append("  ".join(_clip(c, w).ljust(w) for c, w in zip(r, widths)).rstrip())
-        if len(shown) < len(self.swaps):
-            lines.append(f"... {len(self.swaps) - len(shown)} more swaps")
+        if len(shown) < len(decisions):
+            lines.append(f"... {len(decisions) - len(shown)} more rows")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.summary()
+
+
+def _swap_in(si: Mapping[str, Any]) -> SwapIn:
+    return SwapIn(
+        consumers=tuple((c[0], c[1]) for c in si["consumers"]),
+        trigger=si["trigger"],
+        level=si["level"],
+        trigger_level=si["trigger_level"],
+    )
 
 
 def _clip(text: str, width: int) -> str:

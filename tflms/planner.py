@@ -26,11 +26,19 @@ Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`
 * ``n_tensors`` keeps the largest candidates (bytes, then distance, then name).
 * ``budget`` (bytes) hands the choice of ``swapout_threshold``, ``swapin_ahead``,
   ``swapin_groupby`` and ``n_tensors`` to :mod:`tflms.autotune`.
+* ``recompute=True`` first takes the candidates that :mod:`tflms.recompute` predicts
+  cheaper to recompute than to swap (with the options as given, before any tuning),
+  applies them to the model (:func:`tflms.recompute.recomputed_model`), and plans the
+  swaps, tuning included, on that model: a recompute's clones are backward consumers
+  like any other, and its sources may be swapped. The predicted peak after is the
+  simulator's on that model.
 
 Deterministic: the same graph and options give the same plan, byte for byte.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 from ._util import format_bytes, format_sizes
 from .candidates import EXCLUDED_DTYPES, EXCLUDED_PRODUCER_TYPES, candidate_swaps, is_collective
@@ -50,30 +58,39 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
     """
     sim = simulator or Simulator(model, config.host)
     before = sim.peak()
+    original = model
 
     def empty(reason: str, cfg: LMSConfig = config) -> SwapPlan:
-        return empty_plan(model, cfg, before, reason)
+        return empty_plan(original, cfg, before, reason)
 
     if not model.has_backward():
         return empty(
             "the step has no backward ops (no gradient_tape/ or gradients/ scope): nothing to swap; "
             "the function runs unchanged"
         )
+    if config.budget is not None and before <= config.budget:
+        return empty(
+            f"the predicted peak ({format_bytes(before)}) fits the budget ({format_sizes(config.budget)}) "
+            "without swapping",
+            dataclasses.replace(config, n_tensors=0),
+        )
+    recomputes: list = []
+    if config.recompute:
+        from .recompute import plan_recomputes, recomputed_model
+
+        recomputes = plan_recomputes(model, dataclasses.replace(config, budget=None, n_tensors=None))
+        if recomputes:
+            model = recomputed_model(model, recomputes)
+            sim = Simulator(model, config.host)
     if config.budget is not None:
         from .autotune import tune
 
         config = tune(model, config, sim)
-        if config.n_tensors == 0:
-            return empty(
-                f"the predicted peak ({format_bytes(before)}) fits the budget ({format_sizes(config.budget)}) "
-                "without swapping",
-                config,
-            )
     swaps = candidate_swaps(model, config)
     if config.n_tensors is not None:
         swaps = swaps[: config.n_tensors]
     swaps.sort(key=lambda s: (s.level, s.tensor))
-    if not swaps:
+    if not swaps and not recomputes:
         return empty(
             f"no tensor qualifies (forward output >= min_bytes={config.min_bytes} with a backward "
             f"consumer more than swapout_threshold={config.swapout_threshold} levels later)"
@@ -82,11 +99,12 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         function=model.name,
         options=config.to_dict(),
         swaps=tuple(swaps),
-        n_ops=model.dag.number_of_nodes(),
+        n_ops=original.dag.number_of_nodes(),
         peak_bytes_before=before,
         peak_bytes_after=sim.peak(swaps),
         variable_bytes=model.variable_bytes,
-    ).with_model(model)
+        recomputes=tuple(recomputes),
+    ).with_model(original)
 
 
 def empty_plan(model: GraphModel, config: LMSConfig, peak_bytes: int, reason: str) -> SwapPlan:

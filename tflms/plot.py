@@ -37,7 +37,7 @@ import numpy as np
 
 from ._util import format_bytes
 from .errors import LMSWarning
-from .graph import ALIAS_OP_TYPES, GraphModel
+from .graph import ALIAS_OP_TYPES, GraphModel, with_recomputes
 from .simulator import Simulator
 
 if TYPE_CHECKING:
@@ -173,8 +173,9 @@ def memory_plot_data(model: GraphModel, plan: SwapPlan) -> MemoryPlotData:
     from another step, or ``model`` built from the rewritten graph).
     """
     _check_matches(model, plan)
-    sim = Simulator(model, plan.options.get("host"))
-    plain, planned = sim.profile(), sim.profile(plan.swaps)
+    plain = Simulator(model, plan.options.get("host")).profile()
+    planned = Simulator(with_recomputes(model, plan.recomputes), plan.options.get("host")).profile(plan.swaps)
+    planned = _on_schedule(planned, plain.schedule)
     if plain.peak_bytes != plan.peak_bytes_before:
         warnings.warn(
             f"tflms.plot_memory: the model's predicted peak ({plain.peak_bytes} bytes) differs from the one "
@@ -206,6 +207,34 @@ def memory_plot_data(model: GraphModel, plan: SwapPlan) -> MemoryPlotData:
         swap_in_steps=planned.swap_in_steps,
         unit=unit,
         scale=scale,
+    )
+
+
+def _on_schedule(profile: Any, schedule: tuple[str, ...]) -> Any:
+    """``profile`` (of a model with recompute clones) on ``schedule`` (the plain step's ops):
+    each op shows the highest memory since the previous op of ``schedule`` ran (so a
+    clone's memory shows at the next original op); swap steps move the same way."""
+    if profile.schedule == schedule:
+        return profile
+    index = {op: i for i, op in enumerate(schedule)}
+    timeline = np.zeros(len(schedule), dtype=np.int64)
+    moved = np.zeros(len(profile.schedule), dtype=np.int64)  # planned position -> plain position
+    running = 0
+    pending = []
+    for p, op in enumerate(profile.schedule):
+        running = max(running, int(profile.timeline[p]))
+        pending.append(p)
+        if op in index:
+            timeline[index[op]] = running
+            moved[pending] = index[op]
+            running, pending = 0, []
+    moved[pending] = len(schedule) - 1
+    return dataclasses.replace(
+        profile,
+        schedule=schedule,
+        timeline=timeline,
+        swap_out_steps=tuple(int(moved[p]) for p in profile.swap_out_steps),
+        swap_in_steps=tuple(int(moved[p]) for p in profile.swap_in_steps),
     )
 
 
@@ -241,14 +270,19 @@ def _stages(model: GraphModel) -> dict[str, str]:
 
 def _check_matches(model: GraphModel, plan: SwapPlan) -> None:
     nodes = model.dag.nodes
+    clones = {rc.clone(op, k) for rc in plan.recomputes for k in range(len(rc.groups)) for op in rc.ops}
+    decisions = [(s.producer, (), s.swap_ins) for s in plan.swaps]
+    decisions += [(r.producer, r.ops, r.groups) for r in plan.recomputes]
     names = [
         name
-        for s in plan.swaps
+        for producer, ops, groups in decisions
         for name in (
-            s.producer,
-            *(si.trigger for si in s.swap_ins if si.trigger),
-            *(c for si in s.swap_ins for c, _ in si.consumers),
+            producer,
+            *ops,
+            *(g.trigger for g in groups if g.trigger),
+            *(c for g in groups for c, _ in g.consumers),
         )
+        if name not in clones
     ]
     missing = [n for n in names if n not in nodes]
     if missing or (plan.n_ops and plan.n_ops != model.dag.number_of_nodes()):

@@ -19,6 +19,14 @@ trigger to the group's last consumer. Each swap-in is its own host tensor, so
 each group gets its own transfer (TensorFlow makes one send/receive pair per
 tensor and destination device).
 
+Recomputes (:class:`~tflms.plan.Recompute`) are applied first: for each consumer group
+a clone of each op of the chain, on the device (or the original op's device), named
+``tflms_recompute/<producer>/<group>/<op>``, reading the clones before it and the
+original tensors otherwise, with a control input from the group's trigger on every
+clone; the group's consumers are rewired to the last clone. Clones carry
+``_grappler_do_not_remove=True`` and ``_tflms_swap="recompute"``. A swap whose
+consumer is a clone then rewires the clone's input, as for any consumer.
+
 Why the landing: the consumers then read a tensor of their own device, as in the
 plain step. Grappler leaves alone some rewrites whose inputs sit on another device:
 constant folding's push-down (``Mul(C, Mul(x, y))`` -> ``Mul(x, Mul(C, y))``) checks
@@ -36,9 +44,17 @@ from typing import Any
 import tensorflow as tf
 
 from . import _tf_internal as tfi
-from .plan import SwapPlan
+from .plan import RECOMPUTE_SCOPE, SwapPlan
 
-__all__ = ["apply_plan", "SWAP_OUT_SCOPE", "SWAP_IN_SCOPE", "LANDING_SCOPE", "SWAP_ATTR", "is_rewritten"]
+__all__ = [
+    "apply_plan",
+    "SWAP_OUT_SCOPE",
+    "SWAP_IN_SCOPE",
+    "LANDING_SCOPE",
+    "RECOMPUTE_SCOPE",
+    "SWAP_ATTR",
+    "is_rewritten",
+]
 
 SWAP_OUT_SCOPE = "tflms_swapout"
 SWAP_IN_SCOPE = "tflms_swapin"
@@ -48,7 +64,8 @@ SWAP_ATTR = "_tflms_swap"
 
 def is_rewritten(graph: Any) -> bool:
     """True if ``graph`` already holds tflms swap ops."""
-    return any(op.name.startswith((SWAP_OUT_SCOPE + "/", SWAP_IN_SCOPE + "/")) for op in graph.get_operations())
+    scopes = (SWAP_OUT_SCOPE + "/", SWAP_IN_SCOPE + "/", RECOMPUTE_SCOPE + "/")
+    return any(op.name.startswith(scopes) for op in graph.get_operations())
 
 
 def _plan_error(plan: SwapPlan, what: str) -> ValueError:
@@ -60,7 +77,7 @@ def _plan_error(plan: SwapPlan, what: str) -> ValueError:
 
 def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on: str = "host") -> dict[str, int]:
     """Edit ``graph`` in place; return op-count changes, e.g.
-    ``{'swap_out': 3, 'swap_in': 4, 'landing': 4}``.
+    ``{'swap_out': 3, 'swap_in': 4, 'landing': 4, 'recompute': 0}``.
 
     ``device`` is where the step runs (its unplaced ops and the consumers of swap-ins);
     every swap op is placed on ``host``. ``swap_in_on='device'`` instead places the
@@ -77,6 +94,7 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
         except (KeyError, ValueError):
             raise _plan_error(plan, f"no {kind} {name!r}") from None
 
+    n_clones = _apply_recomputes(graph, plan, device, lookup)
     tensors = [lookup("tensor", graph.get_tensor_by_name, s.tensor) for s in plan.swaps]
     with graph.as_default(), tf.control_dependencies(None):
         with tf.device(host):
@@ -117,4 +135,35 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
                     raise _plan_error(plan, f"input {index} of {op_name!r} is not {swap.tensor!r}")
                 tfi.update_input(op, index, land)
     n_in = sum(len(g) for g in backs)
-    return {"swap_out": len(outs), "swap_in": n_in, "landing": n_in if swap_in_on == "host" else 0}
+    return {
+        "swap_out": len(outs),
+        "swap_in": n_in,
+        "landing": n_in if swap_in_on == "host" else 0,
+        "recompute": n_clones,
+    }
+
+
+def _apply_recomputes(graph: Any, plan: SwapPlan, device: str, lookup: Any) -> int:
+    """Add the clones of ``plan.recomputes`` and rewire their consumers; return the number of clones."""
+    n = 0
+    for rc in plan.recomputes:
+        target = lookup("tensor", graph.get_tensor_by_name, rc.tensor)
+        originals = [lookup("recomputed op", graph.get_operation_by_name, name) for name in rc.ops]
+        for k, group in enumerate(rc.groups):
+            trigger = lookup("trigger op", graph.get_operation_by_name, group.trigger)
+            clones: dict[str, Any] = {}
+            for op in originals:
+                inputs = [clones[t.op.name].outputs[t.value_index] if t.op.name in clones else t for t in op.inputs]
+                with graph.as_default(), tf.control_dependencies(None), tf.device(op.device or device):
+                    clone = tfi.clone_op(graph, op, inputs, rc.clone(op.name, k))
+                tfi.set_attr(clone, SWAP_ATTR, "recompute")
+                tfi.add_control_input(clone, trigger)
+                clones[op.name] = clone
+                n += 1
+            out = clones[rc.producer].outputs[target.value_index]
+            for op_name, index in group.consumers:
+                consumer = lookup("consumer op", graph.get_operation_by_name, op_name)
+                if index >= len(consumer.inputs) or consumer.inputs[index].name != target.name:
+                    raise _plan_error(plan, f"input {index} of {op_name!r} is not {rc.tensor!r}")
+                tfi.update_input(consumer, index, out)
+    return n

@@ -139,12 +139,15 @@ def test_plan_json_is_deterministic_and_roundtrips():
     p2 = make_plan(chain_model(n_fwd=6), cfg)
     assert p1.to_json() == p2.to_json() and p1.fingerprint() == p2.fingerprint()
     data = json.loads(p1.to_json())
-    assert data["format_version"] == 1
+    assert data["format_version"] == 2 and data["recomputes"] == []
     assert {"swaps", "peak_bytes_before", "peak_bytes_after", "options"} <= set(data)
     assert data["options"]["swapout_threshold"] == 4
     assert SwapPlan.from_json(p1.to_json()) == p1
     with pytest.raises(ValueError, match="format_version"):
         SwapPlan.from_json(json.dumps({**data, "format_version": 99}))
+    # Version 1 (before recompute) is still read: no recomputes.
+    old = {k: v for k, v in data.items() if k != "recomputes"}
+    assert SwapPlan.from_json(json.dumps({**old, "format_version": 1})) == p1
 
 
 def test_summary_lists_every_swap_and_the_peaks():
