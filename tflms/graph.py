@@ -240,7 +240,21 @@ class GraphModel:
             for n in generation:
                 dag.nodes[n]["level"] = level
         scoped = {n for n in dag if _phase_of_name(n)}
-        after = _reach(dag.successors, scoped)  # fed by gradient ops
+        # while_v2 gives a *forward* loop accumulator inputs (EmptyTensorList) made under the
+        # gradient scope; they, and the scoped constants that only feed them, do not make the
+        # forward While (or what follows it) backward.
+        loop_inputs = {
+            n
+            for n in scoped
+            if dag.nodes[n]["type"] == "EmptyTensorList" and not any(m in scoped for m in dag.successors(n))
+        }
+        frontier = [p for n in loop_inputs for p in dag.predecessors(n)]
+        while frontier:
+            p = frontier.pop()
+            if p in scoped and p not in loop_inputs and all(m in loop_inputs for m in dag.successors(p)):
+                loop_inputs.add(p)
+                frontier.extend(dag.predecessors(p))
+        after = _reach(dag.successors, scoped - loop_inputs) - scoped  # fed by gradient ops
         before = _reach(dag.predecessors, scoped)  # feeding gradient ops
         # Ops between gradient ops (e.g. TensorFlow's gradient AddN, outside the
         # gradient_tape/ scope) are backward too; what only follows them is the update.

@@ -56,3 +56,28 @@ def test_ops_between_gradient_ops_are_backward_even_outside_the_scope():
     assert m.phase("AddN_3") == "backward"
     assert m.phase("apply") == "update" and m.phase("assign") == "update"
     assert m.phase("f") == "forward"
+
+
+def test_a_forward_loop_fed_by_gradient_scoped_accumulators_stays_forward():
+    # while_v2 (an LSTM's loop): the forward While gets accumulator inputs, EmptyTensorList ops of
+    # gradient-scoped constants and a forward length, made under gradient_tape/ when the gradient
+    # is built. The forward While, and what reads it before the loss, are still forward.
+    ops = [
+        op("x", "Placeholder", outputs=[f32(8, 16)]),
+        op("n", "Max", ["x:0"], [("int32", (), 4, False)]),
+        op("gradient_tape/acc/shape", "Const", outputs=[("int32", (1,), 4, False)]),
+        op("gradient_tape/acc", "EmptyTensorList", ["gradient_tape/acc/shape:0", "n:0"], [("variant", (), 0, False)]),
+        op("rnn/while", "While", ["x:0", "gradient_tape/acc:0"], [f32(8, 16), ("variant", (), 0, False)]),
+        op("dense", "MatMul", ["rnn/while:0"], [f32(8, 4)]),
+        op("loss", "Sum", ["dense:0"], [f32(1)]),
+        op("gradient_tape/dense_grad", "MatMul", ["loss:0", "rnn/while:0"], [f32(8, 16)]),
+        op("gradient_tape/while_grad", "StatelessWhile", ["gradient_tape/dense_grad:0", "rnn/while:1"], [f32(8, 16)]),
+        op("AddN", "AddN", ["gradient_tape/while_grad:0", "gradient_tape/dense_grad:0"], [f32(8, 16)]),
+        op("gradient_tape/last", "Mul", ["AddN:0"], [f32(8, 16)]),
+        op("update", "AssignSubVariableOp", ["gradient_tape/last:0"], []),
+    ]
+    model = GraphModel.from_ops(ops)
+    phases = {n: model.phase(n) for n in model.dag}
+    assert {n for n, p in phases.items() if p == "forward"} == {"x", "n", "rnn/while", "dense", "loss"}
+    assert phases["gradient_tape/acc"] == phases["gradient_tape/acc/shape"] == "backward"  # by name
+    assert phases["AddN"] == "backward" and phases["update"] == "update"
