@@ -18,6 +18,8 @@ from tflms.measure import build
 
 from conftest import DEVICE, HOST
 
+_KEEP = []  # models and optimizers: a traced step holds only weak references to their variables
+
 
 def _unet_step():
     L = keras.layers
@@ -29,10 +31,8 @@ def _unet_step():
     out = L.Conv2D(5, 1)(L.Concatenate()([u, c1]))
     model = keras.Model(inp, out)
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    _KEEP.append(model)
     return tflms.autotune.keras_train_step(model), 64
-
-
-_KEEP = []  # models and optimizers: a traced step holds only weak references to their variables
 
 
 def _measure_step(name, batch, size):
