@@ -24,7 +24,11 @@ a clone of each op of the chain, on the device (or the original op's device), na
 ``tflms_recompute/<producer>/<group>/<op>``, reading the clones before it and the
 original tensors otherwise, with a control input from the group's trigger on every
 clone; the group's consumers are rewired to the last clone. Clones carry
-``_grappler_do_not_remove=True`` and ``_tflms_swap="recompute"``. A swap whose
+``_tflms_swap="recompute"`` but, unlike swap ops, not ``_grappler_do_not_remove``: with
+it, Grappler's arithmetic optimizer rewrote the original BatchNorm-ReLU chain of ResNet50
+and not its clones, and the step drifted from step 2 on; without it the clones get the
+same rewrites, and their control input from the trigger keeps them distinct from the
+originals, so they survive (``tests/test_recompute.py`` checks both). A swap whose
 consumer is a clone then rewires the clone's input, as for any consumer.
 
 Why the landing: the consumers then read a tensor of their own device, as in the
