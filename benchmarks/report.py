@@ -104,7 +104,12 @@ def _range(values: list[float], fmt: str = "{:,.0f}", unit: str = "") -> str:
 
 
 def _step(row: dict) -> str:
-    return {"plain": "plain", "lms": "tflms", "lms_device_gated": "tflms, swap-ins on the device"}[row["mode"]]
+    return {
+        "plain": "plain",
+        "lms": "tflms",
+        "lms_device_gated": "tflms, swap-ins on the device",
+        "lms_recompute": "tflms, recompute",
+    }[row["mode"]]
 
 
 def _measured_header(data: dict) -> str:
@@ -156,6 +161,41 @@ def testbed_memory(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _peaks(row: dict) -> str:
+    return _range([p / 2**20 for p in row["runs"]], unit=" MiB")
+
+
+def recompute(data: dict) -> str:
+    """Swaps only against recompute, from a simulator_accuracy run with ``:recompute`` cases."""
+    lines = [
+        _measured_header(data) + "; the three steps from the same weights in each process, vs **predicted**; "
+        "link and recompute times are the plans' predictions_",
+        "",
+        "| model | batch | plain | swaps only | with recompute | predicted (swaps only; recompute) "
+        "| swapped out per step | recomputed | predicted link time | predicted recompute time "
+        "| measured step time (plain; swaps only; recompute) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    by = {(r["model"], r["batch"], r["mode"]): r for r in data["rows"]}
+    for (model, batch, mode), rec in by.items():
+        if mode != "lms_recompute":
+            continue
+        plain, lms = by[model, batch, "plain"], by[model, batch, "lms"]
+        if not (plain["runs"] and lms["runs"] and rec["runs"]):
+            lines.append(f"| {model} | {batch} | (failed) | | | | | | | | |")
+            continue
+        lines.append(
+            f"| {model} | {batch} | {_peaks(plain)} | {_peaks(lms)} | {_peaks(rec)} "
+            f"| {_mib(lms['predicted'])}; {_mib(rec['predicted'])} "
+            f"| {_mib(lms['swapped_bytes'])} -> {_mib(rec['swapped_bytes'])} "
+            f"| {rec['n_recomputes']} tensors, {_mib(rec['recomputed_bytes'])} "
+            f"| {lms['link_seconds'] * 1e3:.1f} -> {rec['link_seconds'] * 1e3:.1f} ms "
+            f"| {rec['recompute_seconds'] * 1e3:.2f} ms "
+            f"| {'; '.join(_range(r['step_seconds'], '{:.2f}', ' s') for r in (plain, lms, rec))} |"
+        )
+    return "\n".join(lines)
+
+
 def testbed_capacity(data: dict) -> str:
     lines = [
         f"_{_header(data)}; **measured** on the two-process test bed under a real cap, tflms autotuned to "
@@ -184,6 +224,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "simulator_accuracy": simulator_accuracy,
     "testbed_memory": testbed_memory,
     "testbed_capacity": testbed_capacity,
+    "recompute": recompute,
 }
 
 

@@ -13,6 +13,9 @@ Usage::
 
     python benchmarks/simulator_accuracy.py                    # every case, 3 runs each
     python benchmarks/simulator_accuracy.py --cases cnn:32 resnet50:16:gated --runs 2
+    # recompute (issue 8): the README's recompute table
+    python benchmarks/simulator_accuracy.py --cases cnn:32:recompute transformer:8:recompute \
+        resnet50:16:recompute --runs 2 --json benchmarks/results/recompute.json
 """
 
 from __future__ import annotations
@@ -26,7 +29,14 @@ from report import save_result
 from tflms.measure import measure
 
 DEFAULT_CASES = ("cnn:32", "transformer:8", "transformer:16", "resnet50:16:gated", "resnet50:32", "resnet50:48")
-STEP_NAMES = {"plain": "plain", "lms": "tflms", "lms_device_gated": "tflms, swap-ins on the device"}
+STEP_NAMES = {
+    "plain": "plain",
+    "lms": "tflms",
+    "lms_device_gated": "tflms, swap-ins on the device",
+    "lms_recompute": "tflms, recompute",
+}
+#: What an LMS step's row records of its plan.
+PLAN_FIELDS = ("n_swaps", "swapped_bytes", "n_recomputes", "recomputed_bytes", "link_seconds", "recompute_seconds")
 
 
 def run_case(model: str, batch: int, modes: list[str], runs: int, steps: int) -> list[dict]:
@@ -47,13 +57,19 @@ def run_case(model: str, batch: int, modes: list[str], runs: int, steps: int) ->
             row["losses"] = v["losses"]
             row["predicted"] = v["predicted"]
             if m != "plain":
-                row.update(n_swaps=v["n_swaps"], swapped_bytes=v["swapped_bytes"])
+                row.update({k: v[k] for k in PLAN_FIELDS})
     return list(rows.values())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES), help="MODEL:BATCH[:gated]")
+    parser.add_argument(
+        "--cases",
+        nargs="+",
+        default=list(DEFAULT_CASES),
+        help="MODEL:BATCH[:gated][:recompute] (gated: also the swap-ins-on-the-device control; recompute: also "
+        "the plan with recompute=True)",
+    )
     parser.add_argument("--runs", type=int, default=3, help="fresh measured processes per case")
     parser.add_argument("--steps", type=int, default=4, help="measured steps per run, after one warm-up step")
     default_json = Path(__file__).resolve().parent / "results/simulator_accuracy.json"
@@ -64,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'model':12} {'batch':>5} {'step':>6} {'steady MiB (per run)':>28} {'predicted MiB':>14}")
     for case in args.cases:
         model, batch, *flags = case.split(":")
+        unknown = sorted(set(flags) - {"gated", "recompute"})
+        if unknown:
+            parser.error(f"unknown case flag(s) {', '.join(unknown)} in {case!r}: use gated and/or recompute")
         modes = ["plain", "lms"] + (["lms_device_gated"] if "gated" in flags else [])
+        modes += ["lms_recompute"] if "recompute" in flags else []
         for row in run_case(model, int(batch), modes, args.runs, args.steps):
             rows.append(row)
             runs = " ".join(f"{p / 2**20:.0f}" for p in row["runs"]) or "failed"
