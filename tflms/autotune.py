@@ -251,10 +251,10 @@ def max_batch_size(
                 sim = Simulator(model, cfg.host)
                 plain = sim.peak() <= budget
                 if not plain and cfg.recompute:
-                    from .recompute import plan_recomputes, recomputed_model
+                    from .recompute import with_planned_recomputes
 
-                    model = recomputed_model(model, plan_recomputes(model, cfg))
-                    sim = Simulator(model, cfg.host)
+                    model, recomputes = with_planned_recomputes(model, cfg)
+                    sim = Simulator(model, cfg.host) if recomputes else sim
                 cache[batch] = (plain, plain or _search(model, cfg, sim, budget)[0] is not None)
         return cache[batch]
 

@@ -13,7 +13,7 @@ from .devices import same_device
 from .graph import ALIAS_OP_TYPES, CONTROL_FLOW_OP_TYPES, GraphModel, TensorInfo
 from .plan import Swap, SwapIn
 
-__all__ = ["candidate_swaps", "is_collective", "EXCLUDED_PRODUCER_TYPES", "EXCLUDED_DTYPES"]
+__all__ = ["candidate_swaps", "group_by_level", "is_collective", "EXCLUDED_PRODUCER_TYPES", "EXCLUDED_DTYPES"]
 
 EXCLUDED_PRODUCER_TYPES = (
     frozenset(
@@ -115,14 +115,8 @@ def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig) -> Swap | 
         return None  # the device copy lives until that backward op anyway: a swap would free nothing
     if not far:
         return None
-    groups: list[list[tuple[int, str, int]]] = []
-    for item in far:
-        if groups and item[0] - groups[-1][0][0] <= config.swapin_groupby:
-            groups[-1].append(item)
-        else:
-            groups.append([item])
     swap_ins = []
-    for group in groups:
+    for group in group_by_level(far, config.swapin_groupby):
         first_level, first_op, _ = group[0]
         trigger = _find_trigger(model, first_op, first_level - config.swapin_ahead, level, config)
         if trigger is None:
@@ -146,6 +140,22 @@ def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig) -> Swap | 
         distance=far[0][0] - level,
         swap_ins=tuple(swap_ins),
     )
+
+
+def group_by_level(items: list[tuple[int, ...]], groupby: int) -> list[list[tuple[int, ...]]]:
+    """Swap-in groups of ``items`` (tuples starting with a level, sorted): each item joins the
+    group before it when within ``groupby`` levels of that group's first item.
+
+    >>> group_by_level([(10,), (12,), (16,), (40,)], groupby=5)
+    [[(10,), (12,)], [(16,)], [(40,)]]
+    """
+    groups: list[list[tuple[int, ...]]] = []
+    for item in items:
+        if groups and item[0] - groups[-1][0][0] <= groupby:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    return groups
 
 
 def _waits_for_backward(model: GraphModel, op: str) -> bool:

@@ -76,11 +76,10 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         )
     recomputes: list = []
     if config.recompute:
-        from .recompute import plan_recomputes, recomputed_model
+        from .recompute import with_planned_recomputes
 
-        recomputes = plan_recomputes(model, dataclasses.replace(config, budget=None, n_tensors=None))
+        model, recomputes = with_planned_recomputes(model, config)
         if recomputes:
-            model = recomputed_model(model, recomputes)
             sim = Simulator(model, config.host)
     if config.budget is not None:
         from .autotune import tune

@@ -37,9 +37,10 @@ the simulator see the step as it will run. The result is deterministic.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 
-from .candidates import RESIDENT_OP_TYPES, _find_trigger, buffer_owner, candidate_swaps
+from .candidates import RESIDENT_OP_TYPES, _find_trigger, buffer_owner, candidate_swaps, group_by_level
 from .config import LMSConfig
 from .graph import GraphModel, with_recomputes
 from .plan import OP_LATENCY, Recompute, Swap, SwapIn
@@ -47,7 +48,15 @@ from .plan import OP_LATENCY, Recompute, Swap, SwapIn
 #: The model with recomputes applied (:func:`tflms.graph.with_recomputes`).
 recomputed_model = with_recomputes
 
-__all__ = ["RECOMPUTE_OP_TYPES", "MAX_OPS", "plan_recomputes", "recomputed_model", "recompute_cost", "swap_cost"]
+__all__ = [
+    "RECOMPUTE_OP_TYPES",
+    "MAX_OPS",
+    "plan_recomputes",
+    "recomputed_model",
+    "with_planned_recomputes",
+    "recompute_cost",
+    "swap_cost",
+]
 
 #: Op types whose clones compute the same bytes as the forward op: element-wise
 #: arithmetic and activations (deterministic kernels, no state, no randomness), bias
@@ -83,25 +92,30 @@ def plan_recomputes(model: GraphModel, config: LMSConfig, swaps: Sequence[Swap] 
     for s in swaps:
         found = _chain(model, s, config, by_tensor, frozenset())
         if found is not None:
-            rc, extra = found
-            saving = swap_cost(s, config) - recompute_cost(rc, extra, config)
+            saving = swap_cost(s, config) - recompute_cost(*found, config)
             if saving > 0:
-                options.append((-saving, s.tensor))
+                options.append((-saving, s.tensor, found))
     chosen: dict[str, Recompute] = {}
     sources: set[str] = set()
-    for _, tensor in sorted(options):
+    for _, tensor, found in sorted(options, key=lambda o: o[:2]):
         if tensor in sources:
             continue  # a chosen recompute reads it: its device copy must come back
         s = by_tensor[tensor]
-        found = _chain(model, s, config, by_tensor, frozenset(chosen))
-        if found is None:
-            continue
-        rc, extra = found
-        if recompute_cost(rc, extra, config) >= swap_cost(s, config):
-            continue
-        chosen[tensor] = rc
-        sources.update(_sources(model, rc))
+        if _sources(model, found[0]) & chosen.keys():
+            # It reads a recomputed tensor, which is not on the device: walk up through it.
+            found = _chain(model, s, config, by_tensor, frozenset(chosen))
+            if found is None or recompute_cost(*found, config) >= swap_cost(s, config):
+                continue
+        chosen[tensor] = found[0]
+        sources.update(_sources(model, found[0]))
     return sorted(chosen.values(), key=lambda r: (r.level, r.tensor))
+
+
+def with_planned_recomputes(model: GraphModel, config: LMSConfig) -> tuple[GraphModel, list[Recompute]]:
+    """``(model with the recomputes applied, the recomputes)`` that :func:`plan_recomputes` picks under
+    ``config`` (its budget and ``n_tensors`` ignored: they decide the swaps, afterwards)."""
+    recomputes = plan_recomputes(model, dataclasses.replace(config, budget=None, n_tensors=None))
+    return recomputed_model(model, recomputes), recomputes
 
 
 def _sources(model: GraphModel, rc: Recompute) -> set[str]:
@@ -178,13 +192,7 @@ def _available(model: GraphModel, name: str, level: int, config: LMSConfig) -> b
 
 def _extra_swap_in(model: GraphModel, source: Swap, level: int, config: LMSConfig) -> list[int]:
     """``[source.bytes]`` when a read at ``level`` needs a swap-in group of its own, else ``[]``."""
-    levels = sorted(model.dag.nodes[c]["level"] for si in source.swap_ins for c, _ in si.consumers)
-
-    def n_groups(ls: list[int]) -> int:
-        heads: list[int] = []
-        for lv in ls:
-            if not heads or lv - heads[-1] > config.swapin_groupby:
-                heads.append(lv)
-        return len(heads)
-
-    return [source.bytes] if n_groups(sorted([*levels, level])) > n_groups(levels) else []
+    levels = sorted((model.dag.nodes[c]["level"],) for si in source.swap_ins for c, _ in si.consumers)
+    before = len(group_by_level(levels, config.swapin_groupby))
+    after = len(group_by_level(sorted([*levels, (level,)]), config.swapin_groupby))
+    return [source.bytes] if after > before else []
