@@ -40,3 +40,31 @@ def chain_model(n_fwd=6, size=(8, 128), variable_bytes=0):
         grad = f"gradient_tape/b{i}:0"
     ops.append(op("update", "AssignSubVariableOp", [grad], []))
     return GraphModel.from_ops(ops, variable_bytes=variable_bytes, name="chain")
+
+
+def bn_relu_model(scale_type="Placeholder", cheap="Mul"):
+    """x -> conv c -> m = c * s -> a = m + o -> r = Relu(a) -> conv c2 -> loss, then a backward
+    pass whose late ops read r (a filter gradient and ReluGrad) and c (a BatchNorm gradient)."""
+    big = f32(64, 64)
+    ops = [
+        op("x", "Placeholder", outputs=[big]),
+        op("s", scale_type, outputs=[f32(64)]),
+        op("o", "Placeholder", outputs=[f32(64)]),
+        op("c", "Conv2D", ["x:0"], [big]),
+        op("m", cheap, ["c:0", "s:0"], [big]),
+        op("a", "AddV2", ["m:0", "o:0"], [big]),
+        op("r", "Relu", ["a:0"], [big]),
+        op("c2", "Conv2D", ["r:0"], [f32(2, 2)]),
+        op("loss", "Sum", ["c2:0"], [f32(2, 2)]),
+    ]
+    prev = "loss:0"
+    for i in range(6):
+        ops.append(op(f"gradient_tape/g{i}", "Relu", [prev], [f32(2, 2)]))
+        prev = f"gradient_tape/g{i}:0"
+    ops += [
+        op("gradient_tape/filter", "Conv2DBackpropFilter", ["r:0", prev], [f32(2, 2)]),
+        op("gradient_tape/rg", "ReluGrad", [prev, "r:0"], [big]),
+        op("gradient_tape/bn", "Mul", ["gradient_tape/rg:0", "c:0"], [big]),
+        op("update", "AssignSubVariableOp", ["gradient_tape/bn:0", "gradient_tape/filter:0"], []),
+    ]
+    return GraphModel.from_ops(ops, name="bn_relu")

@@ -14,7 +14,7 @@ import tflms
 from tflms import LMSConfig, SwapPlan, make_plan, simulate
 from tflms.plot import MemoryPlotData, draw_memory, memory_plot_data
 
-from graphs import chain_model
+from graphs import bn_relu_model, chain_model
 
 KB4 = 8 * 128 * 4  # one activation of chain_model
 CONFIG = {"swapout_threshold": 6, "swapin_ahead": 1, "min_bytes": 0, "swapin_groupby": 0}
@@ -51,6 +51,29 @@ def test_plot_data_is_the_simulators_timeline_plus_variables():
     assert list(data.drawn([1, 5, 18])) == [0, 4, 17]
     assert data.op_bytes[pos["f3"]] == KB4 and data.op_bytes[pos["x"]] == KB4
     assert (data.unit, data.scale) == ("KiB", 1024)
+
+
+def test_plot_of_a_plan_with_recomputes_maps_the_clones_onto_the_plain_schedule():
+    from tflms.graph import with_recomputes
+
+    model = bn_relu_model()
+    plan = make_plan(model, LMSConfig(recompute=True, swapout_threshold=2, min_bytes=0))
+    assert plan.recomputes
+    data = memory_plot_data(model, plan)
+    planned = simulate(with_recomputes(model, plan.recomputes), plan.swaps, plan.options["host"])
+    assert data.schedule == tuple(model.schedule()) and len(data.after) == len(data.before)
+    assert len(planned.schedule) == len(data.schedule) + sum(len(r.ops) for r in plan.recomputes)
+    # Each original op shows the highest memory since the previous original op ran, so the
+    # clones' memory is not lost: the plotted peak is the planned step's peak.
+    assert data.peak_after == plan.peak_bytes_after == planned.peak_bytes
+    pos = {op: i for i, op in enumerate(planned.schedule)}
+    clones = [pos[r.clone(op, 0)] for r in plan.recomputes for op in r.ops]
+    first_after = min(pos[c] for c, _ in plan.recomputes[0].groups[0].consumers)
+    shown_at = data.schedule.index(planned.schedule[first_after])
+    window = planned.timeline[min(clones) : first_after + 1]
+    assert data.after[shown_at] == model.variable_bytes + max(window) > model.variable_bytes + window[-1]
+    # Swap marks land on ops of the plain schedule.
+    assert all(0 <= p < len(data.schedule) for p in (*data.swap_out_steps, *data.swap_in_steps))
 
 
 def test_phase_spans_cover_the_drawn_ops_in_order():
