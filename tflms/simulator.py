@@ -387,10 +387,11 @@ class Simulator:
                 delta[end] -= s.bytes
         return delta
 
-    def _spans(self, swaps: Sequence[Swap]) -> list[tuple[int, int, int, bool]]:
-        """Every device buffer as ``(allocated at, freed at, bytes, written in place at its end)``.
+    def _spans(self, swaps: Sequence[Swap]) -> list[tuple[int, int, int, bool, str]]:
+        """Every device buffer as ``(allocated at, freed at, bytes, written in place at its end, name)``.
 
         ``swaps`` applied; in allocation order (a position's outputs in order, then its swap-ins).
+        ``name`` is the tensor that owns the buffer; a swap-in's is ``'<tensor> (swap-in k)'``.
         """
         pos = self.pos
         moved = {(c, i) for s in swaps for si in s.swap_ins for (c, i) in si.consumers}
@@ -405,11 +406,12 @@ class Simulator:
                 last = max([q for q, read in self.reads[r] if read not in moved] + [earliest[r]])
             else:
                 end, last = self.end[r], max((q for q, _ in self.reads[r]), default=-1)
-            spans.append((p, end, nbytes, end == last))
+            spans.append((p, end, nbytes, end == last, r))
         for s in swaps:
-            for si in s.swap_ins:
+            for k, si in enumerate(s.swap_ins):
                 start, end = self._swap_in_span(s, si)
-                spans.append((start, end, s.bytes, end == max(pos[c] for c, _ in si.consumers)))
+                last = max(pos[c] for c, _ in si.consumers)
+                spans.append((start, end, s.bytes, end == last, f"{s.tensor} (swap-in {k})"))
         spans.sort(key=lambda span: span[0])  # stable
         return spans
 
@@ -424,7 +426,7 @@ class Simulator:
         n = len(self.order)
         spans = self._spans(swaps)
         ending: list[list[int]] = [[] for _ in range(n + LAG + 2)]
-        for k, (_, end, _, _) in enumerate(spans):
+        for k, (_, end, *_) in enumerate(spans):
             ending[end].append(k)
         bfc = _BFC(self.model.variable_bytes)
         addr = [0] * len(spans)
@@ -448,6 +450,18 @@ class Simulator:
                 bfc.release(chunk)
             timeline[p] = bfc.in_use
         return timeline
+
+    def live(self, position: int, swaps: Sequence[Swap] = ()) -> list[tuple[str, int]]:
+        """The device buffers counted while ``self.order[position]`` runs, ``swaps`` applied:
+        ``(tensor, bytes)``, largest first (requested bytes, rules 1-7; variables not included).
+
+        A swap-in's buffer is named ``'<tensor> (swap-in k)'``. For comparing with what a
+        measured peak holds (``benchmarks/peak_anatomy.py``).
+        """
+        if not 0 <= position < len(self.order):
+            raise ValueError(f"position must be in [0, {len(self.order)}). Received: position={position!r}")
+        found = [(name, nbytes) for start, end, nbytes, _, name in self._spans(swaps) if start <= position < end]
+        return sorted(found, key=lambda item: (-item[1], item[0]))
 
     def prefix_peaks(self, swaps: Sequence[Swap]) -> np.ndarray:
         """Requested-bytes peaks (variables included) of ``swaps[:n]`` for every n = 0..len(swaps).

@@ -3,7 +3,7 @@
 from tflms import LMSConfig, make_plan
 from tflms.graph import GraphModel
 from tflms.plan import Swap, SwapIn
-from tflms.simulator import simulate
+from tflms.simulator import Simulator, simulate
 
 from graphs import chain_model, f32, op
 
@@ -128,6 +128,21 @@ def test_chain_peak_before_and_after_a_hand_made_swap():
     assert [int(v) // KB4 for v in after.timeline] == [1, 2, 3, 3, 3, 3, 4, 3, 2]
     assert after.peak_bytes == 4 * KB4
     assert after.swap_out_steps == (1,) and after.swap_in_steps == (6,)
+
+
+def test_live_buffers_name_what_each_position_holds():
+    m = chain_model(n_fwd=3)
+    swap = _f0_swap(trigger="gradient_tape/b1", trigger_level=6)
+    sim = Simulator(m)
+    requested = simulate(m, [swap]).requested
+    for position in range(len(sim.order)):
+        live = sim.live(position, [swap])
+        assert sum(nbytes for _, nbytes in live) == requested[position]
+    # At b1 (step 6): f1, f2, the gradient (now b1's output, written in place) and f0 back.
+    assert sorted(name for name, _ in sim.live(6, [swap])) == sorted(
+        ["f0:0 (swap-in 0)", "f1:0", "f2:0", "gradient_tape/b1:0"]
+    )
+    assert "f0:0" in dict(sim.live(1, [swap])) and "f0:0" not in dict(sim.live(5, [swap]))
 
 
 def test_swap_in_without_trigger_counts_from_the_producer():
