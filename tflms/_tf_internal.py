@@ -47,6 +47,7 @@ __all__ = [
     "add_control_input",
     "clone_op",
     "grappler_optimize",
+    "profile_allocations",
     "op_type_registered",
     "keras_make_function",
     "keras_auto_jit_compile",
@@ -162,6 +163,68 @@ def grappler_optimize(cf: ConcreteFunction, device: str, config: Any = None) -> 
         fetch.node_list.value.append(op.name)
     meta.collection_def["train_op"].CopyFrom(fetch)
     return tf_optimizer.OptimizeGraph(config or config_pb2.ConfigProto(), meta)
+
+
+def profile_allocations(fn: Any) -> list[dict[str, Any]]:
+    """Call ``fn()`` once under TensorFlow's profiler; its allocators' events, in time order.
+
+    The BFC allocator records a ``MemoryAllocation``/``MemoryDeallocation`` event per
+    chunk while a profiler runs (``bfc_allocator.cc``), with the op that asked for it
+    (``tf_op``), its region type (``output``, ``temp``...) and the allocator's bytes in
+    use after it. Read from the profiler's XSpace (``xplane_pb2``, TensorFlow's own
+    copy of the protocol buffer). Each record: ``time_ns``, ``kind`` (``'alloc'`` or
+    ``'free'``), ``allocator``, ``addr``, ``bytes`` (the chunk), ``requested``,
+    ``in_use``, ``op``, ``region``, ``shape``.
+    """
+    import glob
+    import tempfile
+
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    with tempfile.TemporaryDirectory(prefix="tflms-profile-") as logdir:
+        tf.profiler.experimental.start(logdir)
+        try:
+            fn()
+        finally:
+            tf.profiler.experimental.stop()
+        space = xplane_pb2.XSpace()
+        for path in glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True):
+            with open(path, "rb") as f:
+                space.MergeFromString(f.read())
+    kinds = {"MemoryAllocation": "alloc", "MemoryDeallocation": "free"}
+    records = []
+    for plane in space.planes:
+        names = {k: v.name for k, v in plane.event_metadata.items()}
+        stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
+        for line in plane.lines:
+            for event in line.events:
+                kind = kinds.get(names.get(event.metadata_id, ""))
+                if kind is None:
+                    continue
+                stats: dict[str, Any] = {}
+                for st in event.stats:
+                    which = st.WhichOneof("value")
+                    if which == "ref_value":
+                        value: Any = stat_names.get(st.ref_value, "")
+                    else:
+                        value = getattr(st, which or "str_value")
+                    stats[stat_names.get(st.metadata_id, "")] = value
+                records.append(
+                    {
+                        "time_ns": line.timestamp_ns + event.offset_ps // 1000,
+                        "kind": kind,
+                        "allocator": str(stats.get("allocator_name", "")),
+                        "addr": int(stats.get("addr", 0)),
+                        "bytes": int(stats.get("allocation_bytes", 0)),
+                        "requested": int(stats.get("requested_bytes", 0)),
+                        "in_use": int(stats.get("bytes_allocated", 0)),
+                        "op": str(stats.get("tf_op", "")),
+                        "region": str(stats.get("region_type", "")),
+                        "shape": str(stats.get("shape", "")),
+                    }
+                )
+    records.sort(key=lambda r: r["time_ns"])
+    return records
 
 
 # -- TensorFlow's op registry (tflms.config) -------------------------------------------

@@ -11,7 +11,9 @@ predictions, as plain JSON data. :func:`measure` starts such a process for you::
     >>> r.value["plain"]["peak"], r.value["lms"]["peak"], r.value["lms"]["predicted"]  # doctest: +SKIP
 
 Used by the real-memory tests, ``benchmarks/simulator_accuracy.py``,
-``benchmarks/testbed_capacity.py`` and ``tflms demo``.
+``benchmarks/testbed_capacity.py`` and ``tflms demo``. :func:`anatomy_step` (what a
+measured peak holds, next to the simulator's live buffers) serves
+``benchmarks/peak_anatomy.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 from .config import check_int
 from .testbed import MeasuredResult, run_measured
 
-__all__ = ["MODELS", "build", "measure_step", "measure"]
+__all__ = ["MODELS", "build", "measure_step", "measure", "peak_anatomy", "anatomy_step"]
 
 
 def _cnn(size: int) -> Any:
@@ -219,3 +221,152 @@ def measure(
     return run_measured(
         "tflms.measure:measure_step", {"model": model, "batch": batch, **kwargs}, cap=cap, timeout=timeout
     )
+
+
+def peak_anatomy(records: list[dict[str, Any]], allocator: str | None = None) -> dict[str, Any]:
+    """What the allocator held at its largest ``in_use`` among ``records``.
+
+    ``records`` are allocator events in time order, as :func:`tflms._tf_internal.profile_allocations`
+    returns them; ``allocator`` picks one by name (default: the one with the most events).
+    Returns ``{'allocator', 'in_use', 'op', 'index', 'live', 'before'}``: ``op`` made the
+    allocation that reached the peak (record ``index``); ``live`` lists the chunks allocated
+    during the records and not yet freed then (``op``, ``bytes``, ``region``, ``shape``),
+    largest first; ``before`` is what the allocator held that the records did not allocate
+    (e.g. the variables): ``in_use`` minus the live chunks.
+
+    >>> rec = lambda kind, addr, nbytes, in_use, op: {"kind": kind, "allocator": "a", "addr": addr,
+    ...     "bytes": nbytes, "in_use": in_use, "op": op, "region": "output", "shape": ""}
+    >>> recs = [rec("alloc", 1, 256, 1256, "x"), rec("alloc", 2, 512, 1768, "y"), rec("free", 2, 512, 1256, "")]
+    >>> a = peak_anatomy(recs)
+    >>> a["in_use"], a["op"], a["before"], [c["op"] for c in a["live"]]
+    (1768, 'y', 1000, ['y', 'x'])
+    """
+    from collections import Counter
+
+    if allocator is None:
+        counts = Counter(r["allocator"] for r in records)
+        if not counts:
+            raise ValueError("records must hold at least one allocator event. Received: records=[]")
+        allocator = counts.most_common(1)[0][0]
+    live: dict[int, dict[str, Any]] = {}
+    best: tuple[int, int, dict[int, dict[str, Any]]] = (-1, -1, {})
+    for i, r in enumerate(records):
+        if r["allocator"] != allocator:
+            continue
+        if r["kind"] == "alloc":
+            live[r["addr"]] = r
+        else:
+            live.pop(r["addr"], None)
+        if r["in_use"] > best[0]:
+            best = (r["in_use"], i, dict(live))
+    if best[1] < 0:
+        raise ValueError(f"no event of allocator {allocator!r} in records")
+    in_use, index, chunks = best
+    held = sorted(
+        ({k: c[k] for k in ("op", "bytes", "region", "shape")} for c in chunks.values()),
+        key=lambda c: (-c["bytes"], c["op"]),
+    )
+    return {
+        "allocator": allocator,
+        "in_use": in_use,
+        "op": records[index]["op"],
+        "index": index,
+        "live": held,
+        "before": in_use - sum(c["bytes"] for c in held),
+    }
+
+
+def anatomy_step(
+    model: str,
+    batch: int,
+    size: int | None = None,
+    mode: str = "lms",
+    options: dict[str, Any] | None = None,
+    warmup: int = 2,
+) -> dict[str, Any]:
+    """In a measured process: what one profiled step's measured peak holds, and what the simulator holds.
+
+    Trains ``warmup`` steps of ``model`` (plain, or rewritten with the default plan for
+    ``mode='lms'``), then one step under the profiler (:func:`peak_anatomy`; the profiler
+    slows the step, and on the test bed that changes how long swapped tensors wait for the
+    link, so its peak can differ from an unprofiled one, which is also returned). Every
+    buffer is sorted into ``forward``, ``backward``, ``update`` (the op's phase in the
+    traced step), ``swap`` (tflms's ops, and the transfers' receives, which carry no op
+    name) or ``other`` (ops Grappler made).
+
+    Returns ``{'model', 'batch', 'size', 'mode', 'measured_peak' (unprofiled),
+    'profiled': {'in_use', 'variables', 'op', 'op_phase', 'by_phase', 'top'},
+    'predicted': {'peak', 'op', 'op_phase', 'by_phase', 'top'}, 'predicted_at_measured_op'}``:
+    bytes per phase at each peak, the 12 largest buffers, and the simulator's buffers at the
+    position of the op that reached the measured peak (None when that op is not in the
+    traced step, e.g. one Grappler made).
+    """
+    import tensorflow as tf
+
+    from . import _tf_internal as tfi
+    from . import testbed
+    from .core import optimize
+    from .graph import GraphModel
+    from .simulator import Simulator
+
+    if mode not in ("plain", "lms"):
+        raise ValueError(f"mode must be 'plain' or 'lms'. Received: mode={mode!r}")
+    check_int("warmup", warmup, 0)
+    _, x, y, train_step = build(model, batch, size)
+    cf = tf.function(train_step).get_concrete_function(x, y)
+    graph_model = GraphModel.from_func_graph(cf.graph)
+    step, swaps, host = cf, (), None
+    if mode == "lms":
+        step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **(options or {}))
+        swaps, host = plan.swaps, testbed.HOST
+        if plan.recomputes:
+            raise ValueError("anatomy_step does not map recompute clones; leave recompute off in options")
+    sim = Simulator(graph_model, host)
+
+    def phase(op: str) -> str:
+        # The receive of a transfer allocates in gRPC's thread, with no op annotation.
+        if not op or op.startswith("tflms_"):
+            return "swap"
+        return graph_model.phase(op) if op in graph_model.dag else "other"
+
+    def summary(buffers: list[tuple[str, str, int]]) -> dict[str, Any]:
+        by_phase: dict[str, int] = {}
+        for _, where, nbytes in buffers:
+            by_phase[where] = by_phase.get(where, 0) + nbytes
+        return {"by_phase": by_phase, "top": [[name, nbytes] for name, _, nbytes in buffers[:12]]}
+
+    def simulated(position: int) -> dict[str, Any]:
+        buffers = [
+            (name, "swap" if "(swap-in" in name else phase(name.rsplit(":", 1)[0]), nbytes)
+            for name, nbytes in sim.live(position, swaps)
+        ]
+        op = sim.order[position]
+        return {"op": op, "op_phase": phase(op), **summary(buffers)}
+
+    with tf.device(testbed.DEVICE):
+        for _ in range(warmup):
+            step(x, y)
+        testbed.reset_peak()
+        step(x, y)
+        measured_peak = testbed.memory()["peak"]
+        records = tfi.profile_allocations(lambda: step(x, y))
+    anatomy = peak_anatomy(records)
+    profile = sim.profile(swaps)
+    k = int(profile.timeline.argmax()) if len(profile.timeline) else 0
+    at = sim.pos.get(anatomy["op"])
+    return {
+        "model": model,
+        "batch": batch,
+        "size": size or MODELS[model][1],
+        "mode": mode,
+        "measured_peak": measured_peak,
+        "profiled": {
+            "in_use": anatomy["in_use"],
+            "variables": anatomy["before"],
+            "op": anatomy["op"],
+            "op_phase": phase(anatomy["op"]),
+            **summary([(c["op"], phase(c["op"]), c["bytes"]) for c in anatomy["live"]]),
+        },
+        "predicted": {"peak": profile.peak_bytes, "variables": graph_model.variable_bytes, **simulated(k)},
+        "predicted_at_measured_op": None if at is None else simulated(at),
+    }
