@@ -217,6 +217,32 @@ def testbed_capacity(data: dict) -> str:
     return "\n".join(lines)
 
 
+def peak_anatomy(data: dict) -> str:
+    phases = ("forward", "backward", "update", "swap", "other")
+
+    def mib(n: float) -> str:
+        return f"{n / 2**20:,.0f}"
+
+    lines = [
+        f"_{_header(data)}; **measured** on the two-process test bed (one fresh process per row: an "
+        "unprofiled step's peak, then a profiled step's allocator events), vs **predicted** (the simulator's "
+        "live buffers at its peak); MiB, measured / predicted; the phase columns leave out the variables_",
+        "",
+        "| model | batch | step | unprofiled peak | profiled peak / predicted (variables included) | peak in | "
+        + " | ".join(phases)
+        + " |",
+        "|---|---:|---|---:|---:|---|" + "---:|" * len(phases),
+    ]
+    for r in data["rows"]:
+        prof, pred = r["profiled"], r["predicted"]
+        cells = " | ".join(f"{mib(prof['by_phase'].get(p, 0))} / {mib(pred['by_phase'].get(p, 0))}" for p in phases)
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {_step({'mode': r['mode']})} | {mib(r['measured_peak'])} "
+            f"| {mib(prof['in_use'])} / {mib(pred['peak'])} | {prof['op_phase']} / {pred['op_phase']} | {cells} |"
+        )
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "pass_speed": pass_speed,
     "capacity": capacity,
@@ -225,6 +251,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "testbed_memory": testbed_memory,
     "testbed_capacity": testbed_capacity,
     "recompute": recompute,
+    "peak_anatomy": peak_anatomy,
 }
 
 
