@@ -296,7 +296,7 @@ def anatomy_step(
 
     Returns ``{'model', 'batch', 'size', 'mode', 'measured_peak' (unprofiled),
     'profiled': {'in_use', 'variables', 'op', 'op_phase', 'by_phase', 'top'},
-    'predicted': {'peak', 'op', 'op_phase', 'by_phase', 'top'}, 'predicted_at_measured_op'}``:
+    'predicted': {'peak', 'variables', 'op', 'op_phase', 'by_phase', 'top'}, 'predicted_at_measured_op'}``:
     bytes per phase at each peak, the 12 largest buffers, and the simulator's buffers at the
     position of the op that reached the measured peak (None when that op is not in the
     traced step, e.g. one Grappler made).
@@ -311,6 +311,11 @@ def anatomy_step(
 
     if mode not in ("plain", "lms"):
         raise ValueError(f"mode must be 'plain' or 'lms'. Received: mode={mode!r}")
+    if (options or {}).get("recompute"):
+        raise ValueError(
+            "anatomy_step does not map recompute clones to the traced step's ops; leave recompute off. "
+            f"Received: options={options!r}"
+        )
     check_int("warmup", warmup, 0)
     _, x, y, train_step = build(model, batch, size)
     cf = tf.function(train_step).get_concrete_function(x, y)
@@ -319,8 +324,6 @@ def anatomy_step(
     if mode == "lms":
         step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **(options or {}))
         swaps, host = plan.swaps, testbed.HOST
-        if plan.recomputes:
-            raise ValueError("anatomy_step does not map recompute clones; leave recompute off in options")
     sim = Simulator(graph_model, host)
 
     def phase(op: str) -> str:
