@@ -98,6 +98,10 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.0f} MiB"
 
 
+def _mib_number(n: float) -> str:
+    return f"{n / 2**20:,.0f}"
+
+
 def _range(values: list[float], fmt: str = "{:,.0f}", unit: str = "") -> str:
     lo, hi = fmt.format(min(values)), fmt.format(max(values))
     return f"{lo}{unit}" if lo == hi else f"{lo}-{hi}{unit}"
@@ -219,10 +223,7 @@ def testbed_capacity(data: dict) -> str:
 
 def peak_anatomy(data: dict) -> str:
     phases = ("forward", "backward", "update", "swap", "other")
-
-    def mib(n: float) -> str:
-        return f"{n / 2**20:,.0f}"
-
+    mib = _mib_number
     lines = [
         f"_{_header(data)}; **measured** on the two-process test bed (one fresh process per row: an "
         "unprofiled step's peak, then a profiled step's allocator events), vs **predicted** (the simulator's "

@@ -214,10 +214,11 @@ def test_peak_anatomy_names_what_the_measured_peak_holds():
     assert r.ok, r.error
     prof, pred = r.value["profiled"], r.value["predicted"]
     held = sum(prof["by_phase"].values())
-    assert held + prof["variables"] == prof["in_use"]
-    # Chunks freed without a matching record would leave the live set too large: then the
-    # bytes allocated before the profiled step (variables, Adam slots) would come out negative.
-    assert 0 < prof["variables"] < prof["in_use"]
+    # What the allocator held before the profiled step is the in-use count minus the live chunks:
+    # frees without a matching record would leave the live set too large and this too small,
+    # lost allocations the other way. It must be the variables and Adam slots (1.6 MiB), plus a
+    # few MiB the runtime keeps (measured 3.3-3.5 MiB here).
+    assert pred["variables"] <= prof["variables"] <= pred["variables"] + 8 * 2**20, (prof, pred["variables"])
     # Without swaps the profiler does not change what the step holds much (no link to wait for).
     assert abs(prof["in_use"] / r.value["measured_peak"] - 1) <= 0.15, (prof["in_use"], r.value["measured_peak"])
     # The peak is in the backward pass, holding forward activations, as the simulator says.
