@@ -227,7 +227,8 @@ def peak_anatomy(data: dict) -> str:
     lines = [
         f"_{_header(data)}; **measured** on the two-process test bed (one fresh process per row: an "
         "unprofiled step's peak, then a profiled step's allocator events), vs **predicted** (the simulator's "
-        "live buffers at its peak); MiB, measured / predicted; the phase columns leave out the variables_",
+        "live buffers at its peak); MiB, measured / predicted; phase columns: measured allocator chunks, predicted "
+        "requested bytes, variables left out_",
         "",
         "| model | batch | step | unprofiled peak | profiled peak / predicted (variables included) | peak in | "
         + " | ".join(phases)
