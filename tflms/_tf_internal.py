@@ -47,7 +47,7 @@ __all__ = [
     "add_control_input",
     "clone_op",
     "grappler_optimize",
-    "profile_allocations",
+    "profile_step",
     "op_type_registered",
     "keras_make_function",
     "keras_auto_jit_compile",
@@ -165,16 +165,21 @@ def grappler_optimize(cf: ConcreteFunction, device: str, config: Any = None) -> 
     return tf_optimizer.OptimizeGraph(config or config_pb2.ConfigProto(), meta)
 
 
-def profile_allocations(fn: Any) -> list[dict[str, Any]]:
-    """Call ``fn()`` once under TensorFlow's profiler; its allocators' events, in time order.
+def profile_step(fn: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Call ``fn()`` once under TensorFlow's profiler: its allocators' events and the kernels it ran.
 
-    The BFC allocator records a ``MemoryAllocation``/``MemoryDeallocation`` event per
-    chunk while a profiler runs (``bfc_allocator.cc``), with the op that asked for it
-    (``tf_op``), its region type (``output``, ``temp``...) and the allocator's bytes in
-    use after it. Read from the profiler's XSpace (``xplane_pb2``, TensorFlow's own
-    copy of the protocol buffer). Each record: ``time_ns``, ``kind`` (``'alloc'`` or
-    ``'free'``), ``allocator``, ``addr``, ``bytes`` (the chunk), ``requested``,
-    ``in_use``, ``op``, ``region``, ``shape``.
+    Read from the profiler's XSpace (``xplane_pb2``, TensorFlow's own copy of the protocol
+    buffer). Returns ``(allocations, kernels)``, each in time order:
+
+    * the BFC allocator records a ``MemoryAllocation``/``MemoryDeallocation`` event per
+      chunk while a profiler runs (``bfc_allocator.cc``), with the op that asked for it
+      (``tf_op``), its region type (``output``, ``temp``...) and the allocator's bytes in
+      use after it. Each record: ``time_ns``, ``kind`` (``'alloc'`` or ``'free'``),
+      ``allocator``, ``addr``, ``bytes`` (the chunk), ``requested``, ``in_use``, ``op``,
+      ``region``, ``shape``;
+    * the executor's threads (lines named ``tf_Compute...``) record one event per kernel,
+      named ``'<op>:<kernel type>'``. Each record: ``time_ns`` (start), ``duration_ns``,
+      ``op``, ``type``, ``thread``.
     """
     import glob
     import tempfile
@@ -192,14 +197,28 @@ def profile_allocations(fn: Any) -> list[dict[str, Any]]:
             with open(path, "rb") as f:
                 space.MergeFromString(f.read())
     kinds = {"MemoryAllocation": "alloc", "MemoryDeallocation": "free"}
-    records = []
+    records, kernels = [], []
     for plane in space.planes:
         names = {k: v.name for k, v in plane.event_metadata.items()}
         stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
         for line in plane.lines:
+            compute = line.name.startswith("tf_Compute")
             for event in line.events:
-                kind = kinds.get(names.get(event.metadata_id, ""))
+                name = names.get(event.metadata_id, "")
+                time_ns = line.timestamp_ns + event.offset_ps // 1000
+                kind = kinds.get(name)
                 if kind is None:
+                    if compute and ":" in name:
+                        op, op_type = name.rsplit(":", 1)
+                        kernels.append(
+                            {
+                                "time_ns": time_ns,
+                                "duration_ns": event.duration_ps // 1000,
+                                "op": op,
+                                "type": op_type,
+                                "thread": line.name,
+                            }
+                        )
                     continue
                 stats: dict[str, Any] = {}
                 for st in event.stats:
@@ -211,7 +230,7 @@ def profile_allocations(fn: Any) -> list[dict[str, Any]]:
                     stats[stat_names.get(st.metadata_id, "")] = value
                 records.append(
                     {
-                        "time_ns": line.timestamp_ns + event.offset_ps // 1000,
+                        "time_ns": time_ns,
                         "kind": kind,
                         "allocator": str(stats.get("allocator_name", "")),
                         "addr": int(stats.get("addr", 0)),
@@ -224,7 +243,8 @@ def profile_allocations(fn: Any) -> list[dict[str, Any]]:
                     }
                 )
     records.sort(key=lambda r: r["time_ns"])
-    return records
+    kernels.sort(key=lambda r: r["time_ns"])
+    return records, kernels
 
 
 # -- TensorFlow's op registry (tflms.config) -------------------------------------------

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import check_int
 from .testbed import MeasuredResult, run_measured
 
-__all__ = ["MODELS", "build", "measure_step", "measure", "peak_anatomy", "anatomy_step"]
+if TYPE_CHECKING:
+    from .graph import GraphModel
+
+__all__ = ["MODELS", "build", "measure_step", "measure", "peak_anatomy", "recorded_order", "anatomy_step"]
 
 
 def _cnn(size: int) -> Any:
@@ -226,20 +229,22 @@ def measure(
 def peak_anatomy(records: list[dict[str, Any]], allocator: str | None = None) -> dict[str, Any]:
     """What the allocator held at its largest ``in_use`` among ``records``.
 
-    ``records`` are allocator events in time order, as :func:`tflms._tf_internal.profile_allocations`
+    ``records`` are allocator events in time order, as :func:`tflms._tf_internal.profile_step`
     returns them; ``allocator`` picks one by name (default: the one with the most events).
-    Returns ``{'allocator', 'in_use', 'op', 'index', 'live', 'before'}``: ``op`` made the
-    allocation that reached the peak (record ``index``); ``live`` lists the chunks allocated
-    during the records and not yet freed then (``op``, ``bytes``, ``region``, ``shape``),
-    largest first; ``before`` is what the allocator held that the records did not allocate
-    (e.g. the variables): ``in_use`` minus the live chunks.
+    Returns ``{'allocator', 'in_use', 'requested', 'op', 'index', 'live', 'before'}``: ``op``
+    made the allocation that reached the peak (record ``index``); ``live`` lists the chunks
+    allocated during the records and not yet freed then (``op``, ``bytes``, ``requested``,
+    ``region``, ``shape``), largest first; ``requested`` is what their ops asked for (the
+    chunks without the allocator's rounding and unsplit rests); ``before`` is what the
+    allocator held that the records did not allocate (e.g. the variables): ``in_use`` minus
+    the live chunks.
 
     >>> rec = lambda kind, addr, nbytes, in_use, op: {"kind": kind, "allocator": "a", "addr": addr,
-    ...     "bytes": nbytes, "in_use": in_use, "op": op, "region": "output", "shape": ""}
+    ...     "bytes": nbytes, "requested": nbytes - 6, "in_use": in_use, "op": op, "region": "output", "shape": ""}
     >>> recs = [rec("alloc", 1, 256, 1256, "x"), rec("alloc", 2, 512, 1768, "y"), rec("free", 2, 512, 1256, "")]
     >>> a = peak_anatomy(recs)
-    >>> a["in_use"], a["op"], a["before"], [c["op"] for c in a["live"]]
-    (1768, 'y', 1000, ['y', 'x'])
+    >>> a["in_use"], a["requested"], a["op"], a["before"], [c["op"] for c in a["live"]]
+    (1768, 756, 'y', 1000, ['y', 'x'])
     """
     from collections import Counter
 
@@ -263,17 +268,49 @@ def peak_anatomy(records: list[dict[str, Any]], allocator: str | None = None) ->
         raise ValueError(f"no event of allocator {allocator!r} in records")
     in_use, index, chunks = best
     held = sorted(
-        ({k: c[k] for k in ("op", "bytes", "region", "shape")} for c in chunks.values()),
+        ({k: c[k] for k in ("op", "bytes", "requested", "region", "shape")} for c in chunks.values()),
         key=lambda c: (-c["bytes"], c["op"]),
     )
     return {
         "allocator": allocator,
         "in_use": in_use,
+        "requested": sum(c["requested"] for c in held),
         "op": records[index]["op"],
         "index": index,
         "live": held,
         "before": in_use - sum(c["bytes"] for c in held),
     }
+
+
+def recorded_order(model: GraphModel, kernels: list[dict[str, Any]]) -> list[str]:
+    """The ops of ``model`` in the order a profiled step started them: a schedule for :class:`tflms.Simulator`.
+
+    ``kernels`` are the executor's kernel records (:func:`tflms._tf_internal.profile_step`;
+    ``time_ns``, ``op``). An op with no record (Grappler removed or fused it) starts with
+    the latest of its predecessors, and so does a recorded op that started before one of
+    them (only Grappler's rewrite can make it so); ties follow a topological order of
+    ``model``, so the result is one.
+
+    >>> from tflms.graph import GraphModel
+    >>> f32 = ("float32", (1,), 4, False)
+    >>> ops = [{"name": n, "type": "Relu", "inputs": i, "outputs": [f32]}
+    ...        for n, i in (("a", []), ("b", ["a:0"]), ("c", ["a:0"]), ("d", ["b:0", "c:0"]))]
+    >>> recorded_order(GraphModel.from_ops(ops), [{"time_ns": 0, "op": "a"}, {"time_ns": 5, "op": "c"},
+    ...                                           {"time_ns": 9, "op": "b"}])
+    ['a', 'c', 'b', 'd']
+    """
+    import networkx as nx
+
+    started: dict[str, int] = {}
+    for k in kernels:
+        started.setdefault(k["op"], k["time_ns"])
+    topo = list(nx.topological_sort(model.dag))
+    rank = {op: i for i, op in enumerate(topo)}
+    t: dict[str, int] = {}
+    for op in topo:
+        after = max((t[p] for p in model.dag.predecessors(op)), default=0)
+        t[op] = max(started.get(op, after), after)
+    return sorted(topo, key=lambda op: (t[op], rank[op]))
 
 
 def anatomy_step(
@@ -295,11 +332,15 @@ def anatomy_step(
     name) or ``other`` (ops Grappler made).
 
     Returns ``{'model', 'batch', 'size', 'mode', 'measured_peak' (unprofiled),
-    'profiled': {'in_use', 'variables', 'op', 'op_phase', 'by_phase', 'top'},
-    'predicted': {'peak', 'variables', 'op', 'op_phase', 'by_phase', 'top'}, 'predicted_at_measured_op'}``:
-    bytes per phase at each peak, the 12 largest buffers, and the simulator's buffers at the
+    'profiled': {'in_use', 'requested', 'variables', 'op', 'op_phase', 'by_phase', 'top'},
+    'predicted': {'peak', 'requested', 'variables', 'op', 'op_phase', 'by_phase', 'top'},
+    'predicted_at_measured_op', 'recorded_order': {'peak', 'requested', 'ops_recorded', 'ops'}}``:
+    bytes per phase at each peak, the 12 largest buffers, the simulator's buffers at the
     position of the op that reached the measured peak (None when that op is not in the
-    traced step, e.g. one Grappler made).
+    traced step, e.g. one Grappler made), and the simulator's peaks when it runs the ops in
+    the order the profiled step started them (:func:`recorded_order`). ``requested``
+    (variables included) leaves out the allocator's rounding and unsplit rests; measured,
+    it is what the live chunks' ops asked for.
     """
     import tensorflow as tf
 
@@ -352,8 +393,9 @@ def anatomy_step(
         testbed.reset_peak()
         step(x, y)
         measured_peak = testbed.memory()["peak"]
-        records = tfi.profile_allocations(lambda: step(x, y))
+        records, kernels = tfi.profile_step(lambda: step(x, y))
     anatomy = peak_anatomy(records)
+    in_order = Simulator(graph_model, host, order=recorded_order(graph_model, kernels))
     profile = sim.profile(swaps)
     k = int(profile.timeline.argmax()) if len(profile.timeline) else 0
     at = sim.pos.get(anatomy["op"])
@@ -365,11 +407,23 @@ def anatomy_step(
         "measured_peak": measured_peak,
         "profiled": {
             "in_use": anatomy["in_use"],
+            "requested": anatomy["requested"] + anatomy["before"],
             "variables": anatomy["before"],
             "op": anatomy["op"],
             "op_phase": phase(anatomy["op"]),
             **summary([(c["op"], phase(c["op"]), c["bytes"]) for c in anatomy["live"]]),
         },
-        "predicted": {"peak": profile.peak_bytes, "variables": graph_model.variable_bytes, **simulated(k)},
+        "predicted": {
+            "peak": profile.peak_bytes,
+            "requested": sim.requested_peak(swaps),
+            "variables": graph_model.variable_bytes,
+            **simulated(k),
+        },
         "predicted_at_measured_op": None if at is None else simulated(at),
+        "recorded_order": {
+            "peak": in_order.peak(swaps),
+            "requested": in_order.requested_peak(swaps),
+            "ops_recorded": len({r["op"] for r in kernels} & set(graph_model.dag)),
+            "ops": graph_model.dag.number_of_nodes(),
+        },
     }
