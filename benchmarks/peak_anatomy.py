@@ -5,7 +5,10 @@ warm-up Adam steps, one unprofiled step (its peak), then one step under TensorFl
 profiler, whose allocator events say which op allocated each chunk that was live when
 the allocator's bytes in use peaked. Bytes are grouped by phase (forward, backward,
 update, swap, other) and compared with the simulator's live buffers at its predicted
-peak and at the op that reached the measured one. The profiler slows the step, and on
+peak and at the op that reached the measured one. Two more figures split the error:
+what the live chunks' ops requested (the measured peak without the allocator's
+rounding and unsplit rests), and the simulator's peak when it runs the ops in the
+order the profiled step started them (:func:`tflms.measure.recorded_order`). The profiler slows the step, and on
 the test bed a swapped tensor's device buffer lives until the link has sent it, so the
 profiled peak can be higher than the unprofiled one: both are printed.
 
@@ -37,7 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     rows = []
-    head = f"{'case':22} {'unprofiled':>10} {'profiled':>9} {'at':>9} " + " ".join(f"{p:>8}" for p in PHASES)
+    head = f"{'case':22} {'unprofiled':>10} {'profiled':>9} {'requested':>9} {'at':>9} " + " ".join(
+        f"{p:>8}" for p in PHASES
+    )
     print(head + "   (MiB; 'at': the peak's phase; phases: live buffers, measured / predicted)")
     for case in args.cases:
         model, batch, mode = case.split(":")
@@ -49,13 +54,18 @@ def main(argv: list[str] | None = None) -> int:
         v = r.value
         rows.append(v)
         prof, pred = v["profiled"], v["predicted"]
+        rec = v["recorded_order"]
         print(
-            f"{case:22} {_mib(v['measured_peak']):>10} {_mib(prof['in_use']):>9} {prof['op_phase']:>9} "
-            + " ".join(f"{_mib(prof['by_phase'].get(p, 0)):>8}" for p in PHASES)
+            f"{case:22} {_mib(v['measured_peak']):>10} {_mib(prof['in_use']):>9} {_mib(prof['requested']):>9} "
+            f"{prof['op_phase']:>9} " + " ".join(f"{_mib(prof['by_phase'].get(p, 0)):>8}" for p in PHASES)
         )
         print(
-            f"{'  predicted':22} {'':>10} {_mib(pred['peak']):>9} {pred['op_phase']:>9} "
+            f"{'  predicted':22} {'':>10} {_mib(pred['peak']):>9} {_mib(pred['requested']):>9} {pred['op_phase']:>9} "
             + " ".join(f"{_mib(pred['by_phase'].get(p, 0)):>8}" for p in PHASES)
+        )
+        print(
+            f"{'  in recorded order':22} {'':>10} {_mib(rec['peak']):>9} {_mib(rec['requested']):>9}"
+            f"   ({rec['ops_recorded']} of {rec['ops']} traced ops recorded)"
         )
     save_result(args.json, "peak_anatomy", rows)
     return 0

@@ -221,26 +221,35 @@ def testbed_capacity(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _chunks_requested(d: dict | None) -> str:
+    """``'<chunks> / <requested>'`` MiB of a peak record (``in_use`` or ``peak``), '' when absent."""
+    if not d:
+        return ""
+    return f"{_mib_number(d['in_use'] if 'in_use' in d else d['peak'])} / {_mib_number(d['requested'])}"
+
+
 def peak_anatomy(data: dict) -> str:
     phases = ("forward", "backward", "update", "swap", "other")
     mib = _mib_number
     lines = [
         f"_{_header(data)}; **measured** on the two-process test bed (one fresh process per row: an "
-        "unprofiled step's peak, then a profiled step's allocator events), vs **predicted** (the simulator's "
-        "live buffers at its peak); MiB, measured / predicted; phase columns: measured allocator chunks, predicted "
-        "requested bytes, variables left out_",
+        "unprofiled step's peak, then a profiled step's allocator events and kernel start times), vs **predicted** "
+        "(the simulator, in its own order and in the order the profiled step started the ops); MiB; peaks include "
+        "the variables, as allocator chunks / requested bytes; phase columns: measured allocator chunks / predicted "
+        "requested bytes at each side's peak, variables left out_",
         "",
-        "| model | batch | step | unprofiled peak | profiled peak / predicted (variables included) | peak in | "
-        + " | ".join(phases)
-        + " |",
-        "|---|---:|---|---:|---:|---|" + "---:|" * len(phases),
+        "| model | batch | step | unprofiled peak | profiled peak | predicted peak | predicted, recorded order "
+        "| peak in | " + " | ".join(phases) + " |",
+        "|---|---:|---|---:|---:|---:|---:|---|" + "---:|" * len(phases),
     ]
     for r in data["rows"]:
         prof, pred = r["profiled"], r["predicted"]
+        rec = r.get("recorded_order")
         cells = " | ".join(f"{mib(prof['by_phase'].get(p, 0))} / {mib(pred['by_phase'].get(p, 0))}" for p in phases)
         lines.append(
             f"| {r['model']} | {r['batch']} | {_step({'mode': r['mode']})} | {mib(r['measured_peak'])} "
-            f"| {mib(prof['in_use'])} / {mib(pred['peak'])} | {prof['op_phase']} / {pred['op_phase']} | {cells} |"
+            f"| {_chunks_requested(prof)} | {_chunks_requested(pred)} "
+            f"| {_chunks_requested(rec)} | {prof['op_phase']} / {pred['op_phase']} | {cells} |"
         )
     return "\n".join(lines)
 
