@@ -101,3 +101,17 @@ def test_recompute_plan_round_trips_and_rewrites_the_same():
         for k, group in enumerate(rc.groups):
             for consumer, index in group.consumers:
                 assert rebuilt.inputs_of[consumer][index] == rc.output(k)
+
+
+def test_the_callbacks_short_summary_counts_the_recomputes():
+    """LMSCallback(verbose=1) prints tflms.keras.short_summary: a plan with recomputes says so, one without does not."""
+    from tflms.keras import short_summary
+
+    from graphs import bn_relu_model
+
+    cfg = {"swapout_threshold": 2, "min_bytes": 0}
+    plan = tflms.make_plan(bn_relu_model(), tflms.LMSConfig(recompute=True, **cfg))
+    [rc] = plan.recomputes
+    first = short_summary(plan).splitlines()[0]
+    assert first.endswith(f"; 1 tensor recomputed ({len(rc.ops) * len(rc.groups)} op clones)"), first
+    assert "recomputed" not in short_summary(tflms.make_plan(bn_relu_model(), tflms.LMSConfig(**cfg)))

@@ -472,7 +472,7 @@ class LMSCallback(keras.callbacks.Callback):
 
 
 def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
-    """Two lines on ``plan`` (what ``LMSCallback(verbose=1)`` prints): swaps, bytes moved, peaks.
+    """Two lines on ``plan`` (what ``LMSCallback(verbose=1)`` prints): swaps, recomputes, bytes moved, peaks.
 
     ``measured_peak`` (bytes, the device's measured peak of the first step) is shown
     next to the predicted one when given.
@@ -491,10 +491,12 @@ def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
     before, after = plan.peak_bytes_before, plan.peak_bytes_after
     back = sum(s.bytes * len(s.swap_ins) for s in plan.swaps)
     less = (1 - after / before) * 100 if before else 0.0
+    clones = sum(len(r.ops) * len(r.groups) for r in plan.recomputes)
     lines = [
         f"tflms plan for {plan.function or '<function>'}: {len(plan.swaps)} tensors swapped, "
         f"{format_bytes(plan.swapped_bytes)} out and {format_bytes(back)} back in per step "
-        f"({plan.n_swap_ins} swap-ins)",
+        f"({plan.n_swap_ins} swap-ins)"
+        + (f"; {_count(len(plan.recomputes), 'tensor')} recomputed ({clones} op clones)" if plan.recomputes else ""),
         f"predicted device peak (simulator): {format_bytes(before)} -> {format_bytes(after)} "
         f"({abs(less):.0f}% {'less' if less >= 0 else 'more'})"
         + (f"; measured peak of the first step: {format_bytes(measured_peak)}" if measured_peak else "")
@@ -503,6 +505,10 @@ def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
     if plan.reason:
         lines.append(f"note: {plan.reason}")
     return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _check_horovod(horovod: Any) -> None:
