@@ -338,9 +338,10 @@ def anatomy_step(
     bytes per phase at each peak, the 12 largest buffers, the simulator's buffers at the
     position of the op that reached the measured peak (None when that op is not in the
     traced step, e.g. one Grappler made), and the simulator's peaks when it runs the ops in
-    the order the profiled step started them (:func:`recorded_order`). ``requested``
-    (variables included) leaves out the allocator's rounding and unsplit rests; measured,
-    it is what the live chunks' ops asked for.
+    the order the profiled step started them (:func:`recorded_order`). ``requested`` leaves
+    out the allocator's rounding and unsplit rests: predicted, the simulator's requested
+    bytes plus the variables; measured, what the live chunks' ops asked for plus what the
+    allocator held before the step (``variables``, in chunks).
     """
     import tensorflow as tf
 
