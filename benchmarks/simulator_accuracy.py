@@ -29,12 +29,6 @@ from report import save_result
 from tflms.measure import measure
 
 DEFAULT_CASES = ("cnn:32", "transformer:8", "transformer:16", "resnet50:16:gated", "resnet50:32", "resnet50:48")
-STEP_NAMES = {
-    "plain": "plain",
-    "lms": "tflms",
-    "lms_device_gated": "tflms, swap-ins on the device",
-    "lms_recompute": "tflms, recompute",
-}
 #: What an LMS step's row records of its plan.
 PLAN_FIELDS = ("n_swaps", "swapped_bytes", "n_recomputes", "recomputed_bytes", "link_seconds", "recompute_seconds")
 
