@@ -43,7 +43,7 @@ from collections.abc import Iterable, Sequence
 from .candidates import RESIDENT_OP_TYPES, _find_trigger, buffer_owner, candidate_swaps, group_by_level
 from .config import LMSConfig
 from .graph import GraphModel, with_recomputes
-from .plan import OP_LATENCY, Recompute, Swap, SwapIn
+from .plan import Recompute, Swap, SwapIn, link_seconds, recompute_seconds
 
 #: The model with recomputes applied (:func:`tflms.graph.with_recomputes`).
 recomputed_model = with_recomputes
@@ -74,12 +74,12 @@ MAX_OPS = 8
 
 def swap_cost(swap: Swap, config: LMSConfig) -> float:
     """Predicted link seconds of ``swap``: one swap-out and its swap-ins."""
-    return (1 + len(swap.swap_ins)) * (config.link_latency + swap.bytes / config.link_bandwidth)
+    return link_seconds([swap], config.link_bandwidth, config.link_latency)
 
 
 def recompute_cost(recompute: Recompute, extra_swap_in_bytes: Iterable[int], config: LMSConfig) -> float:
     """Predicted seconds of ``recompute`` (see module doc), with the extra swap-ins it causes."""
-    compute = len(recompute.groups) * (len(recompute.ops) * OP_LATENCY + recompute.work_bytes / config.device_bandwidth)
+    compute = recompute_seconds([recompute], config.device_bandwidth)
     return compute + sum(config.link_latency + b / config.link_bandwidth for b in extra_swap_in_bytes)
 
 
