@@ -387,11 +387,11 @@ class Simulator:
                 delta[end] -= s.bytes
         return delta
 
-    def _spans(self, swaps: Sequence[Swap]) -> list[tuple[int, int, int, bool, str]]:
-        """Every device buffer as ``(allocated at, freed at, bytes, written in place at its end, name)``.
+    def _spans(self, swaps: Sequence[Swap]) -> list[tuple[int, int, int, bool, str, int]]:
+        """Every device buffer as ``(allocated at, freed at, bytes, written in place at its end, tensor, k)``.
 
         ``swaps`` applied; in allocation order (a position's outputs in order, then its swap-ins).
-        ``name`` is the tensor that owns the buffer; a swap-in's is ``'<tensor> (swap-in k)'``.
+        ``tensor`` owns the buffer; ``k`` is the swap-in's index, -1 for the tensor's own buffer.
         """
         pos = self.pos
         moved = {(c, i) for s in swaps for si in s.swap_ins for (c, i) in si.consumers}
@@ -406,12 +406,12 @@ class Simulator:
                 last = max([q for q, read in self.reads[r] if read not in moved] + [earliest[r]])
             else:
                 end, last = self.end[r], max((q for q, _ in self.reads[r]), default=-1)
-            spans.append((p, end, nbytes, end == last, r))
+            spans.append((p, end, nbytes, end == last, r, -1))
         for s in swaps:
             for k, si in enumerate(s.swap_ins):
                 start, end = self._swap_in_span(s, si)
                 last = max(pos[c] for c, _ in si.consumers)
-                spans.append((start, end, s.bytes, end == last, f"{s.tensor} (swap-in {k})"))
+                spans.append((start, end, s.bytes, end == last, s.tensor, k))
         spans.sort(key=lambda span: span[0])  # stable
         return spans
 
@@ -460,7 +460,11 @@ class Simulator:
         """
         if not 0 <= position < len(self.order):
             raise ValueError(f"position must be in [0, {len(self.order)}). Received: position={position!r}")
-        found = [(name, nbytes) for start, end, nbytes, _, name in self._spans(swaps) if start <= position < end]
+        found = [
+            (name if k < 0 else f"{name} (swap-in {k})", nbytes)
+            for start, end, nbytes, _, name, k in self._spans(swaps)
+            if start <= position < end
+        ]
         return sorted(found, key=lambda item: (-item[1], item[0]))
 
     def prefix_peaks(self, swaps: Sequence[Swap]) -> np.ndarray:
