@@ -21,6 +21,14 @@ def op(name, type_, inputs=(), outputs=(), control=(), device=""):
     }
 
 
+def relu_chain(ops, prev, prefix, n, output):
+    """Append ``n`` Relu ops ``prefix0``... to ``ops``, the first reading ``prev``; return the last's output."""
+    for i in range(n):
+        ops.append(op(f"{prefix}{i}", "Relu", [prev], [output]))
+        prev = f"{prefix}{i}:0"
+    return prev
+
+
 def chain_model(n_fwd=6, size=(8, 128), variable_bytes=0):
     """x -> f0 -> f1 ... -> loss -> gradient_tape/b{n-1} ... -> gradient_tape/b0 -> update.
 
@@ -57,10 +65,7 @@ def bn_relu_model(scale_type="Placeholder", cheap="Mul"):
         op("c2", "Conv2D", ["r:0"], [f32(2, 2)]),
         op("loss", "Sum", ["c2:0"], [f32(2, 2)]),
     ]
-    prev = "loss:0"
-    for i in range(6):
-        ops.append(op(f"gradient_tape/g{i}", "Relu", [prev], [f32(2, 2)]))
-        prev = f"gradient_tape/g{i}:0"
+    prev = relu_chain(ops, "loss:0", "gradient_tape/g", 6, f32(2, 2))
     ops += [
         op("gradient_tape/filter", "Conv2DBackpropFilter", ["r:0", prev], [f32(2, 2)]),
         op("gradient_tape/rg", "ReluGrad", [prev, "r:0"], [big]),
@@ -68,3 +73,27 @@ def bn_relu_model(scale_type="Placeholder", cheap="Mul"):
         op("update", "AssignSubVariableOp", ["gradient_tape/bn:0", "gradient_tape/filter:0"], []),
     ]
     return GraphModel.from_ops(ops, name="bn_relu")
+
+
+def two_group_model(late_u=False):
+    """x, u = Conv2D(x) -> m = x * u -> a = m + u -> r = Relu(a) -> loss. The backward pass reads
+    r twice, far apart (two swap-in groups: ReluGrad rg1 early, Mul rg2 late), and u once (du), right
+    after rg1 or, with ``late_u``, right after rg2."""
+    big = f32(64, 64)
+    ops = [
+        op("x", "Placeholder", outputs=[big]),
+        op("u", "Conv2D", ["x:0"], [big]),
+        op("m", "Mul", ["x:0", "u:0"], [big]),
+        op("a", "AddV2", ["m:0", "u:0"], [big]),
+        op("r", "Relu", ["a:0"], [big]),
+        op("c2", "Conv2D", ["r:0"], [f32(2, 2)]),
+        op("loss", "Sum", ["c2:0"], [f32(2, 2)]),
+    ]
+    prev = relu_chain(ops, "loss:0", "gradient_tape/g", 6, f32(2, 2))
+    ops.append(op("gradient_tape/rg1", "ReluGrad", [prev, "r:0"], [big]))
+    prev = relu_chain(ops, "gradient_tape/rg1:0", "gradient_tape/h", 10, big)
+    ops.append(op("gradient_tape/rg2", "Mul", [prev, "r:0"], [big]))
+    du_after = "gradient_tape/rg2:0" if late_u else "gradient_tape/rg1:0"
+    ops.append(op("gradient_tape/du", "Mul", [du_after, "u:0"], [big]))
+    ops.append(op("update", "AssignSubVariableOp", ["gradient_tape/rg2:0", "gradient_tape/du:0"], []))
+    return GraphModel.from_ops(ops, name="two_group")

@@ -10,7 +10,7 @@ reads from outside is on the device at the backward pass anyway ("available"):
 * smaller than ``min_bytes`` (keeping it until the backward pass costs little);
 * another swap candidate that is not recomputed itself (it is back on the device for
   its own backward consumers; the clone becomes one more of them);
-* a tensor whose device copy is read at or after the recompute anyway.
+* a tensor whose device copy is read at or after the last group's recompute anyway.
 
 Per consumer group of the swap (the same groups as its swap-ins), the chain's clones run
 after a trigger: the backward op just before the group's first consumer (as a swap-in's,
@@ -21,8 +21,9 @@ Cost model (KARMA-like, per tensor, in seconds; options of :class:`tflms.LMSConf
 
 * swap: ``(1 + swap-ins) x (link_latency + bytes / link_bandwidth)``;
 * recompute: per group, ``OP_LATENCY`` per op plus the chain's bytes read and written
-  over ``device_bandwidth``, plus one swap-in of each swapped source whose swap-in
-  groups the clone does not fall into.
+  over ``device_bandwidth``, plus one swap-in per group of clones that reads a swapped
+  source outside that source's own swap-in groups (a source read twice by one chain is
+  charged once).
 
 Candidates are taken greedily, the largest saving first; a candidate is recomputed
 when its recompute costs less than its swap, it is not a source of a recompute already
@@ -128,9 +129,12 @@ def _chain(
 ) -> tuple[Recompute, list[int]] | None:
     """``(recompute of swap's tensor, bytes of the extra swap-ins it causes)`` or None when not recomputable."""
     nodes = model.dag.nodes
-    first_level = min(si.level for si in swap.swap_ins)
+    # The clones of every group read the chain's outside inputs: each must be there at the
+    # latest group's level, and a swapped one needs a swap-in wherever no group of its own
+    # covers a group's level.
+    levels = [si.level for si in swap.swap_ins]
     ops: list[str] = []
-    extra: list[int] = []
+    swapped_sources: set[str] = set()
     stack = [swap.producer]
     seen: set[str] = set()
     while stack:
@@ -147,19 +151,20 @@ def _chain(
         if len(ops) > MAX_OPS:
             return None
         for name in model.inputs_of[op]:
-            t = model.tensors[name]
-            if name in recomputed:
-                stack.append(t.op)
-            elif name in candidates and name != swap.tensor:
-                extra.extend(_extra_swap_in(model, candidates[name], first_level, config))
-            elif not _available(model, name, first_level, config):
-                stack.append(t.op)
-    ops.sort(key=lambda o: (nodes[o]["level"], o))
-    if ops[-1] != swap.producer:
-        return None
-    work = sum(
-        model.tensors[o].bytes for op in ops for o in model.outputs_of[op] + model.inputs_of[op] if o in model.tensors
-    )
+            if name in recomputed:  # not on the device: walk up through it
+                stack.append(model.tensors[name].op)
+            elif name in candidates:
+                swapped_sources.add(name)
+            elif not _available(model, name, max(levels), config):
+                stack.append(model.tensors[name].op)
+    ops.sort(key=lambda o: (nodes[o]["level"], o))  # the producer, a descendant of every other, is last
+    extra = [
+        b
+        for name in sorted(swapped_sources)
+        if model.tensors[name].op not in seen  # else the clones make it
+        for b in _extra_swap_ins(model, candidates[name], levels, config)
+    ]
+    work = sum(model.tensors[o].bytes for op in ops for o in model.outputs_of[op] + model.inputs_of[op])
     groups = []
     for si in swap.swap_ins:
         first_op = min(si.consumers, key=lambda c: (nodes[c[0]]["level"], c))[0]
@@ -190,9 +195,9 @@ def _available(model: GraphModel, name: str, level: int, config: LMSConfig) -> b
     return any(model.dag.nodes[c]["level"] >= level for c, _ in t.consumers)
 
 
-def _extra_swap_in(model: GraphModel, source: Swap, level: int, config: LMSConfig) -> list[int]:
-    """``[source.bytes]`` when a read at ``level`` needs a swap-in group of its own, else ``[]``."""
-    levels = sorted((model.dag.nodes[c]["level"],) for si in source.swap_ins for c, _ in si.consumers)
-    before = len(group_by_level(levels, config.swapin_groupby))
-    after = len(group_by_level(sorted([*levels, (level,)]), config.swapin_groupby))
-    return [source.bytes] if after > before else []
+def _extra_swap_ins(model: GraphModel, source: Swap, levels: Sequence[int], config: LMSConfig) -> list[int]:
+    """``source.bytes`` once per swap-in group that reads at ``levels`` add to ``source``'s own."""
+    own = sorted((model.dag.nodes[c]["level"],) for si in source.swap_ins for c, _ in si.consumers)
+    before = len(group_by_level(own, config.swapin_groupby))
+    after = len(group_by_level(sorted(own + [(level,) for level in levels]), config.swapin_groupby))
+    return [source.bytes] * (after - before)

@@ -9,7 +9,7 @@ from tflms.plan import RECOMPUTE_SCOPE
 from tflms.recompute import plan_recomputes, recompute_cost, recomputed_model, swap_cost
 from tflms.simulator import Simulator
 
-from graphs import bn_relu_model
+from graphs import bn_relu_model, two_group_model
 
 CFG = {"swapout_threshold": 2, "min_bytes": 0}
 
@@ -95,3 +95,36 @@ def test_recompute_options_are_validated():
     with pytest.raises(ValueError, match=r"device_bandwidth .*Received: device_bandwidth=-1"):
         LMSConfig(device_bandwidth=-1)
     assert LMSConfig(device_bandwidth="2TB/s").device_bandwidth == 2 * 10**12
+
+
+@pytest.mark.parametrize("late_u", [False, True])
+def test_every_group_of_clones_is_charged_the_swap_ins_it_causes(late_u):
+    # r's chain m = x * u, a = m + u, r = Relu(a) runs again for two groups, far apart. u is
+    # swapped for its own backward read du, which falls in one group's reach only: the other
+    # group's clones need one more swap-in of u (charged once, though m and a both read u).
+    model = two_group_model(late_u=late_u)
+    swap_only = {s.tensor: s for s in make_plan(model, LMSConfig(**CFG)).swaps}
+    assert [len(s.swap_ins) for s in swap_only.values()] == [1, 2]  # u, r
+    # With the default link, recomputing r (2 x 3 ops, 30 us) plus that swap-in of u (11 us)
+    # costs more than swapping r (3 transfers, 32 us).
+    assert plan_recomputes(model, LMSConfig(recompute=True, **CFG)) == []
+    # With a slower link's latency (20 us) recomputing is cheaper, and the plan holds that swap-in.
+    cfg = LMSConfig(recompute=True, link_latency=20e-6, **CFG)
+    [rc] = plan_recomputes(model, cfg)
+    assert rc.tensor == "r:0" and [g.level for g in rc.groups] == [13, 24]
+    plan = make_plan(model, cfg)
+    [swap] = plan.swaps
+    assert swap.tensor == "u:0" and len(swap.swap_ins) == 2
+    assert swap_cost(swap, cfg) + recompute_cost(rc, [], cfg) == pytest.approx(plan.step_seconds)
+    assert plan.step_seconds < make_plan(model, LMSConfig(link_latency=20e-6, **CFG)).step_seconds
+
+
+@pytest.mark.parametrize("late_u", [False, True])
+def test_a_chain_input_that_is_not_swapped_must_be_there_for_the_last_group(late_u):
+    # Only r may be swapped: u stays on the device until its last read du. The late group's
+    # clones read it at level 24, so du must come at or after that.
+    model = two_group_model(late_u=late_u)
+    cfg = LMSConfig(recompute=True, **CFG)
+    r_only = [s for s in make_plan(model, LMSConfig(**CFG)).swaps if s.tensor == "r:0"]
+    found = plan_recomputes(model, cfg, swaps=r_only)
+    assert [rc.ops for rc in found] == ([("m", "a", "r")] if late_u else [])
