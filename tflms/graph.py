@@ -294,12 +294,7 @@ def with_recomputes(model: GraphModel, recomputes: Sequence[Any]) -> GraphModel:
     for rc in recomputes:
         for k, group in enumerate(rc.groups):
             for name in rc.ops:
-                inputs = [
-                    rc.clone(model.tensors[t].op, k) + t[len(model.tensors[t].op) :]
-                    if model.tensors[t].op in rc.ops
-                    else t
-                    for t in model.inputs_of[name]
-                ]
+                inputs = [rc.clone_tensor(t, k) if tensors[t].op in rc.ops else t for t in model.inputs_of[name]]
                 clone = rc.clone(name, k)
                 records[clone] = {**records[name], "name": clone, "inputs": inputs, "control_inputs": [group.trigger]}
             for consumer, index in group.consumers:

@@ -122,9 +122,14 @@ class Recompute:
         """Name of the clone of ``op`` for consumer group ``group``."""
         return f"{RECOMPUTE_SCOPE}/{self.producer}/{group}/{op}"
 
+    def clone_tensor(self, tensor: str, group: int) -> str:
+        """Name of the clone of ``tensor`` (an output of one of ``ops``) for group ``group``."""
+        op, _, index = tensor.rpartition(":")
+        return f"{self.clone(op, group)}:{index}"
+
     def output(self, group: int) -> str:
         """Name of the tensor that feeds group ``group``'s consumers."""
-        return self.clone(self.producer, group) + self.tensor[len(self.producer) :]
+        return self.clone_tensor(self.tensor, group)
 
 
 def recompute_seconds(recomputes: Iterable[Recompute], device_bandwidth: float) -> float:
