@@ -42,8 +42,8 @@ def test_resnet50_budgets_fit_and_the_impossible_one_reports_the_best(resnet_mod
         assert plan.peak_bytes_after <= budget, frac
         assert plan.peak_bytes_before == plain
         assert len(plan.swaps) == plan.options["n_tensors"] >= 1
-    # Here the lowest peak the search saw fits as a budget. (A smaller one may fit too: when
-    # nothing fits, the search has checked the exact peaks of only some prefixes.)
+    # The lowest peak the search saw fits as a budget. (A smaller one may fit too: when nothing
+    # fits, the search has checked the exact peaks of only some prefixes.)
     assert make_plan(model, LMSConfig(budget=best)).peak_bytes_after <= best
 
 

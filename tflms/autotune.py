@@ -12,9 +12,10 @@
    swap-in costs ``link_latency + bytes / link_bandwidth``), ties going to fewer
    tensors, then larger thresholds and groups (after :data:`MAX_CHECKS` prefixes that
    did not fit, the cheapest of each combination's first and deepest fitting prefix).
-   If none fits, :class:`BudgetError` carries the lowest predicted peak the search
-   saw (of the prefixes it checked and the deepest of each combination; not
-   necessarily the lowest any prefix reaches).
+   If none fits,
+   :class:`BudgetError` carries the lowest predicted peak the search saw (the
+   prefixes it checked and the deepest of each combination): a budget of that
+   size fits, a smaller one may too.
    Swapping more is not always lower (a tensor read by several backward ops gets
    one swap-in copy per consumer group, and overlapping copies can cost more
    than the device copy they replace), so no prefix is assumed best.
