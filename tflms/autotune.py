@@ -10,9 +10,7 @@
    (:meth:`Simulator.prefix_peaks`); of all the prefixes that fit, the one with the
    least predicted link time wins (:func:`tflms.plan.link_seconds`: each swap-out and
    swap-in costs ``link_latency + bytes / link_bandwidth``), ties going to fewer
-   tensors, then larger thresholds and groups (after :data:`MAX_CHECKS` prefixes that
-   did not fit, the cheapest of each combination's first and deepest fitting prefix).
-   If none fits,
+   tensors, then larger thresholds and groups. If none fits,
    :class:`BudgetError` carries the lowest predicted peak the search saw (the
    prefixes it checked and the deepest of each combination): a budget of that
    size fits, a smaller one may too.
@@ -57,10 +55,9 @@ __all__ = [
 THRESHOLDS = (0, 5, 10, 20, 40, 80, 160, 320, 640, 1280)
 GROUPBYS = (0, 5, 20, 80)
 AHEADS = (64, 32, 16, 8, 4, 2, 1)
-#: Most accurate peaks (:meth:`Simulator.peak`, about 0.06 s each for ResNet50 on 2 CPUs)
-#: the best-first search computes; past them it falls back to each combination's first and
-#: deepest fitting prefix (ResNet50 96² batch 32 at a 523 MiB budget needed the fallback).
-MAX_CHECKS = 100
+#: Most accurate peaks (:meth:`Simulator.peak`) one search computes for prefixes whose fast
+#: peak fits before it gives up (ResNet50 on 2 CPUs: about 0.1 s each).
+MAX_CHECKS = 200
 
 
 def _knobs(config: LMSConfig, threshold: int, ahead: int, groupby: int) -> LMSConfig:
@@ -93,8 +90,8 @@ def _search(model: GraphModel, config: LMSConfig, sim: Simulator, budget: int) -
 
     The grid is searched with the fast requested-bytes peaks (:meth:`Simulator.prefix_peaks`,
     a lower bound of :meth:`Simulator.peak`); every prefix they let fit is a candidate, checked
-    with the allocator-accurate :meth:`Simulator.peak` best key first (:data:`MAX_CHECKS` of
-    them at most, then the search before 2026-11-23: each combination's first and deepest).
+    with the allocator-accurate :meth:`Simulator.peak` best key first (at most
+    :data:`MAX_CHECKS` of them).
     """
     lowest = sim.peak()
     if lowest <= budget:
@@ -118,39 +115,26 @@ def _search(model: GraphModel, config: LMSConfig, sim: Simulator, budget: int) -
         fitting[threshold, groupby] = np.flatnonzero(peaks <= budget)
         if len(fitting[threshold, groupby]):
             push(threshold, groupby, 0)
-    checked: dict[tuple[int, int, int], int] = {}
-
-    def accurate(threshold: int, groupby: int, n: int) -> int:
-        if (threshold, groupby, n) not in checked:
-            checked[threshold, groupby, n] = sim.peak(grid[threshold, groupby][:n])
-        return checked[threshold, groupby, n]
-
     best = None
-    while heap and len(checked) < MAX_CHECKS:
+    for _ in range(MAX_CHECKS):
+        if not heap:
+            break
         key, threshold, groupby, j = heapq.heappop(heap)
         n = int(fitting[threshold, groupby][j])
-        if accurate(threshold, groupby, n) <= budget:
+        peak = sim.peak(grid[threshold, groupby][:n])
+        lowest = min(lowest, peak)
+        if peak <= budget:
             best = (key, threshold, groupby, n)
             break
         if j + 1 < len(fitting[threshold, groupby]):
             push(threshold, groupby, j + 1)
     if best is None:
-        # Out of checks: each combination's first prefix whose fast peak fits and its deepest
-        # (lowest fast peak, which fits too when any does), cheapest first.
-        fallback = []
-        for (threshold, groupby), peaks in fast.items():
-            fit = fitting[threshold, groupby]
-            for n in {int(fit[0]), int(np.argmin(peaks))} if len(fit) else ():
-                cost = link_seconds(grid[threshold, groupby][:n], config.link_bandwidth, config.link_latency)
-                fallback.append(((cost, n, -threshold, -groupby), threshold, groupby, n))
-        best = next((c for c in sorted(fallback) if accurate(*c[1:]) <= budget), None)
-    lowest = min([lowest, *checked.values()])
-    if best is None:  # for the error: the deepest prefixes, best fast peaks first
+        # Also the deepest prefix of each grid entry (lowest fast peak), best fast peaks first.
         deepest = sorted((int(p.min()), t, g, int(np.argmin(p))) for (t, g), p in fast.items())
         for fast_peak, threshold, groupby, n in deepest:
             if fast_peak >= lowest:
                 break
-            lowest = min(lowest, accurate(threshold, groupby, n))
+            lowest = min(lowest, sim.peak(grid[threshold, groupby][:n]))
         return None, lowest
     _, threshold, groupby, n = best
     for ahead in AHEADS:  # earliest prefetch first; ahead=1 is the one that fitted above
