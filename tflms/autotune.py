@@ -7,13 +7,11 @@
 2. For each threshold and groupby of a small grid (:data:`THRESHOLDS`,
    :data:`GROUPBYS`), with the latest prefetch (``swapin_ahead=1``), the peak of
    every largest-first prefix of the candidates is predicted
-   (:meth:`Simulator.prefix_peaks`); of all the prefixes that fit, the one with the
-   least predicted link time wins (:func:`tflms.plan.link_seconds`: each swap-out and
-   swap-in costs ``link_latency + bytes / link_bandwidth``), ties going to fewer
-   tensors, then larger thresholds and groups. If none fits,
-   :class:`BudgetError` carries the lowest predicted peak the search saw (the
-   prefixes it checked and the deepest of each combination): a budget of that
-   size fits, a smaller one may too.
+   (:meth:`Simulator.prefix_peaks`) and the shortest fitting prefix kept; the
+   combination with the least predicted link time wins (:func:`tflms.plan.link_seconds`:
+   each swap-out and swap-in costs ``link_latency + bytes / link_bandwidth``), ties
+   going to fewer tensors, then larger thresholds and groups. If none fits,
+   :class:`BudgetError` carries the lowest predicted peak of all those prefixes.
    Swapping more is not always lower (a tensor read by several backward ops gets
    one swap-in copy per consumer group, and overlapping copies can cost more
    than the device copy they replace), so no prefix is assumed best.
@@ -28,7 +26,6 @@ budget) reproduces the plan.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,23 +38,11 @@ from .graph import GraphModel
 from .plan import Swap, format_sizes, link_seconds
 from .simulator import Simulator
 
-__all__ = [
-    "tune",
-    "max_batch_size",
-    "keras_train_step",
-    "BatchSizeResult",
-    "THRESHOLDS",
-    "GROUPBYS",
-    "AHEADS",
-    "MAX_CHECKS",
-]
+__all__ = ["tune", "max_batch_size", "keras_train_step", "BatchSizeResult", "THRESHOLDS", "GROUPBYS", "AHEADS"]
 
 THRESHOLDS = (0, 5, 10, 20, 40, 80, 160, 320, 640, 1280)
 GROUPBYS = (0, 5, 20, 80)
 AHEADS = (64, 32, 16, 8, 4, 2, 1)
-#: Most accurate peaks (:meth:`Simulator.peak`) one search computes for prefixes whose fast
-#: peak fits before it gives up (ResNet50 on 2 CPUs: about 0.1 s each).
-MAX_CHECKS = 200
 
 
 def _knobs(config: LMSConfig, threshold: int, ahead: int, groupby: int) -> LMSConfig:
@@ -89,50 +74,33 @@ def _search(model: GraphModel, config: LMSConfig, sim: Simulator, budget: int) -
     """(tuned config or None when nothing fits, lowest predicted peak the search saw).
 
     The grid is searched with the fast requested-bytes peaks (:meth:`Simulator.prefix_peaks`,
-    a lower bound of :meth:`Simulator.peak`); every prefix they let fit is a candidate, checked
-    with the allocator-accurate :meth:`Simulator.peak` best key first (at most
-    :data:`MAX_CHECKS` of them).
+    a lower bound of :meth:`Simulator.peak`); the candidates it finds are then checked
+    with the allocator-accurate :meth:`Simulator.peak`, best key first.
     """
     lowest = sim.peak()
     if lowest <= budget:
         return dataclasses.replace(config, budget=budget, n_tensors=0), lowest
-    # Best first over every prefix the fast peaks let fit, cheapest key first: a prefix that
-    # fits has a fast peak within the budget too, and a longer prefix of one grid entry costs
-    # more, so the first one whose accurate peak fits is the cheapest that fits.
-    heap: list[tuple[tuple[float, int, int, int], int, int, int]] = []
-    fitting: dict[tuple[int, int], np.ndarray] = {}
-    fast: dict[tuple[int, int], np.ndarray] = {}  # fast peak of every prefix, per grid entry
+    candidates: set[tuple[tuple[int, int, int, int], int, int, int]] = set()
+    deepest: list[tuple[int, int, int, int]] = []  # (fast peak, threshold, groupby, n) of each grid entry
     grid = {}
-
-    def push(threshold: int, groupby: int, j: int) -> None:
-        n = int(fitting[threshold, groupby][j])
-        cost = link_seconds(grid[threshold, groupby][:n], config.link_bandwidth, config.link_latency)
-        heapq.heappush(heap, ((cost, n, -threshold, -groupby), threshold, groupby, j))
-
     for threshold, groupby, swaps in _grid(model, config):
         grid[threshold, groupby] = swaps
-        peaks = fast[threshold, groupby] = sim.prefix_peaks(swaps)
-        fitting[threshold, groupby] = np.flatnonzero(peaks <= budget)
-        if len(fitting[threshold, groupby]):
-            push(threshold, groupby, 0)
+        peaks = sim.prefix_peaks(swaps)
+        deepest.append((int(peaks.min()), threshold, groupby, int(np.argmin(peaks))))
+        fitting = np.flatnonzero(peaks <= budget)
+        for n in {int(fitting[0]), int(np.argmin(peaks))} if len(fitting) else ():
+            if peaks[n] <= budget:
+                cost = link_seconds(swaps[:n], config.link_bandwidth, config.link_latency)
+                candidates.add(((cost, n, -threshold, -groupby), threshold, groupby, n))
     best = None
-    for _ in range(MAX_CHECKS):
-        if not heap:
-            break
-        key, threshold, groupby, j = heapq.heappop(heap)
-        n = int(fitting[threshold, groupby][j])
-        peak = sim.peak(grid[threshold, groupby][:n])
-        lowest = min(lowest, peak)
-        if peak <= budget:
+    for key, threshold, groupby, n in sorted(candidates):
+        if sim.peak(grid[threshold, groupby][:n]) <= budget:
             best = (key, threshold, groupby, n)
             break
-        if j + 1 < len(fitting[threshold, groupby]):
-            push(threshold, groupby, j + 1)
     if best is None:
-        # Also the deepest prefix of each grid entry (lowest fast peak), best fast peaks first.
-        deepest = sorted((int(p.min()), t, g, int(np.argmin(p))) for (t, g), p in fast.items())
-        for fast_peak, threshold, groupby, n in deepest:
-            if fast_peak >= lowest:
+        # The lowest accurate peak among the deepest prefixes of each grid entry (best fast peaks first).
+        for fast, threshold, groupby, n in sorted(deepest):
+            if fast >= lowest:
                 break
             lowest = min(lowest, sim.peak(grid[threshold, groupby][:n]))
         return None, lowest

@@ -198,7 +198,7 @@ class LMSConfig:
             ``"16GiB"``/``"500MB"``). When set, the planner chooses
             ``swapout_threshold``, ``swapin_ahead``, ``swapin_groupby`` and ``n_tensors``
             itself (:mod:`tflms.autotune`); an unreachable budget raises
-            :class:`tflms.BudgetError` carrying the lowest predicted peak the search saw.
+            :class:`tflms.BudgetError` carrying the best achievable predicted peak.
         link_bandwidth: bytes per second of the device-host link, each direction (an int
             or a size string read as per second: ``"25GB"``); default
             :data:`LINK_BANDWIDTH` (PCIe Gen4 x16).
