@@ -237,6 +237,21 @@ def test_peak_anatomy_names_what_the_measured_peak_holds():
     assert abs(rec["requested"] / prof["requested"] - 1) <= 0.12, (rec, prof["requested"])
 
 
+def test_peak_anatomy_of_a_plan_with_recomputes_simulates_the_step_as_planned():
+    """With recompute=True the anatomy's simulator runs the step with its clones, as the planner
+    does (without them it cannot place the swap-ins that feed clones): its predicted peak is the
+    plan's, made in another fresh process."""
+    args = {"model": "transformer", "batch": 8}
+    r = testbed.run_measured("tflms.measure:anatomy_step", {**args, "options": {"recompute": True}}, timeout=900)
+    assert r.ok, r.error
+    planned = testbed.run_measured(
+        "testbed_jobs:planned_peak", {**args, "recompute": True}, timeout=900, pythonpath=[os.path.dirname(__file__)]
+    )
+    assert planned.ok, planned.error
+    assert r.value["predicted"]["peak"] == planned.value
+    assert r.value["profiled"]["in_use"] > 0 and r.value["recorded_order"]["ops_recorded"] > 0
+
+
 def test_memory_report_without_a_measuring_allocator_says_none():
     import zoo
 

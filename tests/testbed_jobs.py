@@ -37,3 +37,20 @@ def decorated_step_reports_memory(model: str = "cnn", batch: int = 32, steps: in
         out[name] = {"losses": losses, "peak": testbed.memory()["peak"]}
     out["report"] = lms.memory_report(x, y)
     return out
+
+
+def planned_peak(model: str = "transformer", batch: int = 8, **options: Any) -> int:
+    """The predicted peak of the test bed's plan for a model of tflms.measure.MODELS under ``options``,
+    made in a fresh process as :func:`tflms.measure.anatomy_step` makes it (graph names and so
+    ties in the simulator's order depend on what the process traced before)."""
+    import tensorflow as tf
+
+    import tflms
+    from tflms import testbed
+    from tflms.measure import build
+
+    _, x, y, step = build(model, batch)
+    cf = tf.function(step).get_concrete_function(x, y)
+    plan = tflms.make_plan(tflms.GraphModel.from_func_graph(cf.graph), tflms.LMSConfig(host=testbed.HOST, **options))
+    assert plan.recomputes or not options.get("recompute"), "no recomputes planned"
+    return plan.peak_bytes_after

@@ -323,13 +323,14 @@ def anatomy_step(
 ) -> dict[str, Any]:
     """In a measured process: what one profiled step's measured peak holds, and what the simulator holds.
 
-    Trains ``warmup`` steps of ``model`` (plain, or rewritten with the default plan for
-    ``mode='lms'``), then one step under the profiler (:func:`peak_anatomy`; the profiler
+    Trains ``warmup`` steps of ``model`` (plain, or rewritten by :func:`tflms.optimize` with
+    ``options`` for ``mode='lms'``), then one step under the profiler (:func:`peak_anatomy`; the profiler
     slows the step, and on the test bed that changes how long swapped tensors wait for the
     link, so its peak can differ from an unprofiled one, which is also returned). Every
     buffer is sorted into ``forward``, ``backward``, ``update`` (the op's phase in the
-    traced step), ``swap`` (tflms's ops, and the transfers' receives, which carry no op
-    name) or ``other`` (ops Grappler made).
+    traced step; a recompute clone is a backward op, as the planner simulates it), ``swap``
+    (tflms's swap ops, and the transfers' receives, which carry no op name) or ``other``
+    (ops Grappler made).
 
     Returns ``{'model', 'batch', 'size', 'mode', 'measured_peak' (unprofiled),
     'profiled': {'in_use', 'requested', 'variables', 'op', 'op_phase', 'by_phase', 'top'},
@@ -348,16 +349,11 @@ def anatomy_step(
     from . import _tf_internal as tfi
     from . import testbed
     from .core import optimize
-    from .graph import GraphModel
+    from .graph import GraphModel, with_recomputes
     from .simulator import Simulator
 
     if mode not in ("plain", "lms"):
         raise ValueError(f"mode must be 'plain' or 'lms'. Received: mode={mode!r}")
-    if (options or {}).get("recompute"):
-        raise ValueError(
-            "anatomy_step does not map recompute clones to the traced step's ops; leave recompute off. "
-            f"Received: options={options!r}"
-        )
     check_int("warmup", warmup, 0)
     _, x, y, train_step = build(model, batch, size)
     cf = tf.function(train_step).get_concrete_function(x, y)
@@ -366,13 +362,15 @@ def anatomy_step(
     if mode == "lms":
         step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **(options or {}))
         swaps, host = plan.swaps, testbed.HOST
+        # The step as planned and simulated: with its recompute clones (backward ops).
+        graph_model = with_recomputes(graph_model, plan.recomputes)
     sim = Simulator(graph_model, host)
 
     def phase(op: str) -> str:
-        # The receive of a transfer allocates in gRPC's thread, with no op annotation.
-        if not op or op.startswith("tflms_"):
-            return "swap"
-        return graph_model.phase(op) if op in graph_model.dag else "other"
+        if op in graph_model.dag:
+            return graph_model.phase(op)
+        # tflms's swap ops; the receive of a transfer allocates in gRPC's thread, with no op annotation.
+        return "swap" if not op or op.startswith("tflms_") else "other"
 
     def summary(buffers: list[tuple[str, str, int]]) -> dict[str, Any]:
         by_phase: dict[str, int] = {}
