@@ -23,13 +23,12 @@ import argparse
 import os
 from pathlib import Path
 
+from report import PHASES, save_result
 from report import _mib_number as _mib
-from report import save_result
 
 from tflms.testbed import run_measured
 
 DEFAULT_CASES = ("cnn:32:plain", "cnn:32:lms", "transformer:8:plain", "resnet50:32:plain", "resnet50:32:lms")
-PHASES = ("forward", "backward", "update", "swap", "other")
 
 
 def main(argv: list[str] | None = None) -> int:

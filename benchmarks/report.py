@@ -94,12 +94,12 @@ def cpu_overhead(data: dict) -> str:
     return "\n".join(lines)
 
 
-def _mib(n: float) -> str:
-    return f"{n / 2**20:,.0f} MiB"
-
-
 def _mib_number(n: float) -> str:
     return f"{n / 2**20:,.0f}"
+
+
+def _mib(n: float) -> str:
+    return f"{_mib_number(n)} MiB"
 
 
 def _range(values: list[float], fmt: str = "{:,.0f}", unit: str = "") -> str:
@@ -228,8 +228,12 @@ def _chunks_requested(d: dict | None) -> str:
     return f"{_mib_number(d['in_use'] if 'in_use' in d else d['peak'])} / {_mib_number(d['requested'])}"
 
 
+#: The phases ``tflms.measure.anatomy_step`` sorts buffers into, in table order.
+PHASES = ("forward", "backward", "update", "swap", "other")
+
+
 def peak_anatomy(data: dict) -> str:
-    phases = ("forward", "backward", "update", "swap", "other")
+    phases = PHASES
     mib = _mib_number
     lines = [
         f"_{_header(data)}; **measured** on the two-process test bed (one fresh process per row: an "

@@ -253,20 +253,18 @@ def peak_anatomy(records: list[dict[str, Any]], allocator: str | None = None) ->
         if not counts:
             raise ValueError("records must hold at least one allocator event. Received: records=[]")
         allocator = counts.most_common(1)[0][0]
-    live: dict[int, dict[str, Any]] = {}
-    best: tuple[int, int, dict[int, dict[str, Any]]] = (-1, -1, {})
-    for i, r in enumerate(records):
-        if r["allocator"] != allocator:
-            continue
-        if r["kind"] == "alloc":
-            live[r["addr"]] = r
-        else:
-            live.pop(r["addr"], None)
-        if r["in_use"] > best[0]:
-            best = (r["in_use"], i, dict(live))
-    if best[1] < 0:
+    mine = [i for i, r in enumerate(records) if r["allocator"] == allocator]
+    if not mine:
         raise ValueError(f"no event of allocator {allocator!r} in records")
-    in_use, index, chunks = best
+    index = max(mine, key=lambda i: (records[i]["in_use"], -i))  # the first event at the peak
+    in_use = records[index]["in_use"]
+    chunks: dict[int, dict[str, Any]] = {}  # replayed up to it
+    for i in mine[: mine.index(index) + 1]:
+        r = records[i]
+        if r["kind"] == "alloc":
+            chunks[r["addr"]] = r
+        else:
+            chunks.pop(r["addr"], None)
     held = sorted(
         ({k: c[k] for k in ("op", "bytes", "requested", "region", "shape")} for c in chunks.values()),
         key=lambda c: (-c["bytes"], c["op"]),
@@ -396,7 +394,6 @@ def anatomy_step(
     anatomy = peak_anatomy(records)
     in_order = Simulator(graph_model, host, order=recorded_order(graph_model, kernels))
     profile = sim.profile(swaps)
-    k = int(profile.timeline.argmax()) if len(profile.timeline) else 0
     at = sim.pos.get(anatomy["op"])
     return {
         "model": model,
@@ -416,7 +413,7 @@ def anatomy_step(
             "peak": profile.peak_bytes,
             "requested": sim.requested_peak(swaps),
             "variables": graph_model.variable_bytes,
-            **simulated(k),
+            **simulated(sim.pos[profile.peak_op]),
         },
         "predicted_at_measured_op": None if at is None else simulated(at),
         "recorded_order": {
