@@ -106,6 +106,22 @@ def test_run_measured_reports_errors_without_raising():
         testbed.run_measured("no colon")
 
 
+def test_measured_process_yields_the_cores_to_its_host_worker():
+    """connect() lowers every thread of the measured process, and every thread it starts
+    later, by DEVICE_NICE; the host worker, started before, keeps its priority."""
+    r = testbed.run_measured("testbed_jobs:priorities", timeout=300, pythonpath=[os.path.dirname(__file__)])
+    assert r.ok, r.error
+    base = os.getpriority(os.PRIO_PROCESS, 0)  # the measured process inherits this one's
+    expected = min(19, base + testbed.DEVICE_NICE)
+    assert testbed.DEVICE_NICE > 0
+    assert len(r.value["threads"]) > 2 and set(r.value["threads"]) == {expected}, r.value
+    assert r.value["new_thread"] == expected
+    assert r.value["workers"] == [base], r.value
+    for bad in (-1, 20, 2.5, True):
+        with pytest.raises(ValueError, match=rf"nice must be an int from 0 to 19.*Received: nice={bad!r}"):
+            testbed.connect(testbed.HostWorker(), nice=bad)
+
+
 def test_device_strings_keep_job_replica_and_task():
     cfg = LMSConfig(device=testbed.DEVICE, host=testbed.HOST)
     assert cfg.device == "/job:localhost/replica:0/task:0/device:CPU:0"

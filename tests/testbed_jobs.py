@@ -54,3 +54,36 @@ def planned_peak(model: str = "transformer", batch: int = 8, **options: Any) -> 
     plan = tflms.make_plan(tflms.GraphModel.from_func_graph(cf.graph), tflms.LMSConfig(host=testbed.HOST, **options))
     assert plan.recomputes or not options.get("recompute"), "no recomputes planned"
     return plan.peak_bytes_after
+
+
+def priorities() -> dict[str, Any]:
+    """Nice values inside a measured process: of its threads (TensorFlow's among them), of a
+    thread started now, and of its host worker (the child running ``tflms.testbed --port``)."""
+    import os
+    import threading
+
+    import tensorflow as tf
+
+    tf.constant(1.0) + 1.0  # TensorFlow's threads run
+    seen: list[int] = []
+    t = threading.Thread(target=lambda: seen.append(os.getpriority(os.PRIO_PROCESS, 0)))
+    t.start()
+    t.join()
+    threads = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            threads.append(os.getpriority(os.PRIO_PROCESS, int(tid)))
+        except OSError:  # a thread that has ended since
+            continue
+    workers = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().split(b"\0")
+        except OSError:
+            continue
+        if ppid == os.getpid() and b"tflms.testbed" in cmdline and b"--port" in cmdline:
+            workers.append(os.getpriority(os.PRIO_PROCESS, int(pid)))
+    return {"threads": threads, "new_thread": seen[0], "workers": workers}
