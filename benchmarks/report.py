@@ -203,12 +203,13 @@ def recompute(data: dict) -> str:
 def testbed_capacity(data: dict) -> str:
     lines = [
         f"_{_header(data)}; **measured** on the two-process test bed under a real cap, tflms autotuned to "
-        f"budget = fraction x cap; search precision {data['rel_tol']:.0%}; predicted columns: the simulator "
-        "(`tflms.max_batch_size`) for the same cap_",
+        f"budget = fraction x cap; search precision {data['rel_tol']:.0%}; measured on: the row's date, and the "
+        "measured process's priority below the host worker's (`testbed.DEVICE_NICE`; 0: equal); predicted "
+        "columns: the simulator (`tflms.max_batch_size`) for the same cap_",
         "",
         "| model | size | cap | budget | largest batch, plain | largest batch, tflms | ratio | predicted plain "
-        "| predicted tflms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| predicted tflms | measured on |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in data["rows"]:
         ratio = f"x{r['ratio']:.1f}" if r["ratio"] else "-"
@@ -216,7 +217,7 @@ def testbed_capacity(data: dict) -> str:
         lines.append(
             f"| {r['model']} | {r['size']} | {_mib(r['cap'])} | {fraction:g} x cap | {r['plain']} | {r['lms']} "
             f"| {ratio} | {r['predicted_plain']} "
-            f"| {r['predicted_lms']} |"
+            f"| {r['predicted_lms']} | {r.get('date', data['date'])}, nice {r.get('device_nice', 0)} |"
         )
     return "\n".join(lines)
 

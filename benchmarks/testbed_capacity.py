@@ -27,6 +27,7 @@ from report import save_result
 from tflms.autotune import largest_fitting
 from tflms.config import parse_bytes
 from tflms.measure import MODELS, measure
+from tflms.testbed import DEVICE_NICE
 
 
 def predicted(model: str, size: int | None, cap: int, limit: int) -> tuple[int, int]:
@@ -84,12 +85,17 @@ def main() -> None:
                 "predicted_lms": pred_lms,
                 "probes": log,
                 "seconds": round(time.perf_counter() - t0),
+                "date": time.strftime("%Y-%m-%d"),
+                "device_nice": DEVICE_NICE,
             }
         )
     path = Path(__file__).parent / "results" / "testbed_capacity.json"
     if path.exists():  # keep the other models' rows: each model may have its own cap
         done = {r["model"] for r in rows}
-        rows = [r for r in json.loads(path.read_text())["rows"] if r["model"] not in done] + rows
+        old = json.loads(path.read_text())
+        # Rows from before per-row dates were measured at the file's date, at equal priority.
+        kept = [{"date": old["date"], "device_nice": 0, **r} for r in old["rows"] if r["model"] not in done]
+        rows = kept + rows
     print("\nlargest batch under a real cap (measured, two-process test bed)")
     head = ("model", "cap MiB", "size", "plain", "tflms", "ratio", "pred. plain", "pred. tflms")
     print("{:<12} {:>8} {:>5} {:>6} {:>6} {:>6} {:>12} {:>12}".format(*head))
