@@ -136,7 +136,8 @@ def measure_step(
     The first ``warmup`` steps are not counted in ``peak``: a function's first call
     instantiates it (on the test bed also its host half, in the host process), and the
     rewritten step's first peak measured up to 1.8x its later ones (ResNet50 96² b48:
-    926 MiB, then 509-604 MiB), while the plain step's first peak was the lowest.
+    926 MiB, then 509-604 MiB) in earlier runs; in later ones (ResNet50 b32 and b48)
+    at most 4 % above them. The plain step's first peak is its lowest.
 
     Returns ``{'model', 'batch', 'size', 'plain_predicted', MODE: {...}}`` where each mode
     has ``peak`` (the steady-state peak: the largest measured per-step peak after the
