@@ -217,7 +217,7 @@ def testbed_capacity(data: dict) -> str:
         lines.append(
             f"| {r['model']} | {r['size']} | {_mib(r['cap'])} | {fraction:g} x cap | {r['plain']} | {r['lms']} "
             f"| {ratio} | {r['predicted_plain']} "
-            f"| {r['predicted_lms']} | {r.get('date', data['date'])}, nice {r.get('device_nice', 0)} |"
+            f"| {r['predicted_lms']} | {r['date']}, nice {r['device_nice']} |"
         )
     return "\n".join(lines)
 

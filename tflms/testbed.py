@@ -62,7 +62,6 @@ __all__ = [
     "connect",
     "device_environ",
     "is_measured_process",
-    "lower_priority",
     "memory",
     "reset_peak",
     "run_measured",
@@ -281,7 +280,7 @@ def connect(worker: HostWorker, nice: int = DEVICE_NICE) -> str:
         raise ValueError(f"nice must be an int from 0 to 19 (0: leave the priority alone). Received: nice={nice!r}")
     if not worker.running:
         raise TestBedError(f"connect needs a started HostWorker. Received: worker={worker!r} (not running)")
-    lower_priority(nice)
+    _lower_priority(nice)
     tf.config.experimental_connect_to_cluster(worker.cluster_spec, make_master_device_default=False)
     names = [d.name for d in tf.config.list_logical_devices("CPU")]
     if HOST not in names:
@@ -292,7 +291,7 @@ def connect(worker: HostWorker, nice: int = DEVICE_NICE) -> str:
     return HOST
 
 
-def lower_priority(nice: int) -> None:
+def _lower_priority(nice: int) -> None:
     """Raise the nice value of every thread of this process by ``nice`` (at most to 19).
 
     On Linux a nice value belongs to a thread, and a new thread inherits its creator's:
