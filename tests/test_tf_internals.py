@@ -72,3 +72,39 @@ def test_grappler_removes_unmarked_swap_identities():
         tfi.set_attr(graph.get_operation_by_name(name), "_grappler_do_not_remove", True)
     names = {n.name for n in tfi.grappler_optimize(tfi.rebuild(cf, graph), "/device:CPU:1").node}
     assert {"probe_in", "probe_out"} <= names
+
+
+def test_grappler_pushes_constants_down_as_the_simulator_assumes():
+    """Rule 0 of the simulator (:func:`tflms.graph.with_constant_pushdown`) against the graphs
+    the runtime ran for the transformer of the test bed: in every pair it rewrites, the
+    runtime's inner op no longer reads the gradient the rule moves out (or is gone), and
+    the attention gradients' scaled softmax is computed from the softmax. If a TensorFlow
+    upgrade stops or changes the push-down, this fails."""
+    from tflms.graph import GraphModel, with_constant_pushdown
+    from tflms.measure import build
+
+    _, x, y, train_step = build("transformer", 2, size=16)
+    cf = tf.function(train_step).get_concrete_function(x, y)
+    traced = GraphModel.from_func_graph(cf.graph)
+    pushed, pairs = with_constant_pushdown(traced)
+    ran = {
+        n.name: [i.split(":")[0] for i in n.input if not i.startswith("^")]
+        for pg in tfi.ran_graphs(lambda: cf(x, y))
+        for n in pg.node
+    }
+    # Two blocks, each: the attention's scale into the softmax gradient, and three in GELU's gradient.
+    assert len(pairs) == 8
+    attention = 0
+    for parent, child in pairs:
+        (moved,) = [t for t in pushed.inputs_of[parent] if not t.startswith(child + ":")]
+        moved_op = moved.rsplit(":", 1)[0]
+        assert moved in traced.inputs_of[child] and moved_op not in ran.get(child, []), (parent, child)
+        softmax = [
+            t.rsplit(":", 1)[0]
+            for t in pushed.inputs_of[child]
+            if traced.dag.nodes[t.rsplit(":", 1)[0]]["type"] == "Softmax"
+        ]
+        if softmax:
+            attention += 1
+            assert softmax[0] in ran[child] and traced.phase(softmax[0]) == "forward"
+    assert attention == 2

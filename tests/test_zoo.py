@@ -79,18 +79,13 @@ def _kernel_types(setup, cf):
     """{op name: op type} of the graphs the runtime ran for ``cf`` (after partitioning and
     the graph rewrites that follow it, oneDNN's included). Only a first call reports them:
     call it before ``cf`` runs otherwise."""
-    from tensorflow.python.eager import context
+    setup.reset()
 
-    ctx = context.context()
-    ctx.enable_graph_collection()
-    try:
-        setup.reset()
+    def call():
         with tf.device(DEVICE):
             cf(setup.x, setup.y)
-        metadata = ctx.export_run_metadata()
-    finally:
-        ctx.disable_graph_collection()
-    return {n.name: n.op for fg in metadata.function_graphs for pg in fg.partition_graphs for n in pg.node}
+
+    return {n.name: n.op for pg in tfi.ran_graphs(call) for n in pg.node}
 
 
 def test_pooled_outputs_stay_on_the_device_for_onednn():

@@ -48,6 +48,7 @@ __all__ = [
     "clone_op",
     "grappler_optimize",
     "profile_step",
+    "ran_graphs",
     "op_type_registered",
     "keras_make_function",
     "keras_auto_jit_compile",
@@ -163,6 +164,26 @@ def grappler_optimize(cf: ConcreteFunction, device: str, config: Any = None) -> 
         fetch.node_list.value.append(op.name)
     meta.collection_def["train_op"].CopyFrom(fetch)
     return tf_optimizer.OptimizeGraph(config or config_pb2.ConfigProto(), meta)
+
+
+def ran_graphs(fn: Any) -> list[Any]:
+    """Call ``fn()`` once; the ``GraphDef`` of every partition the function runtime ran for it.
+
+    The graphs as executed: after Grappler, partitioning and the passes after it (oneDNN's
+    layout rewrite). The runtime reports them when it instantiates a function, so only a
+    function's first call has any (``context.enable_graph_collection`` and
+    ``export_run_metadata``).
+    """
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.enable_graph_collection()
+    try:
+        fn()
+        metadata = ctx.export_run_metadata()
+    finally:
+        ctx.disable_graph_collection()
+    return [pg for fg in metadata.function_graphs for pg in fg.partition_graphs]
 
 
 def profile_step(fn: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

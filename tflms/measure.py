@@ -382,7 +382,7 @@ def anatomy_step(
             (name, "swap" if "(swap-in" in name else phase(name.rsplit(":", 1)[0]), nbytes)
             for name, nbytes in sim.live(position, swaps)
         ]
-        op = sim.order[position]
+        op = profile.schedule[position]
         return {"op": op, "op_phase": phase(op), **summary(buffers)}
 
     with tf.device(testbed.DEVICE):
@@ -393,9 +393,11 @@ def anatomy_step(
         measured_peak = testbed.memory()["peak"]
         records, kernels = tfi.profile_step(lambda: step(x, y))
     anatomy = peak_anatomy(records)
-    in_order = Simulator(graph_model, host, order=recorded_order(graph_model, kernels))
+    # Recorded starts are ordered on the graph as run (Grappler's push-downs applied).
+    in_order = Simulator(graph_model, host, order=recorded_order(sim.model_for(swaps), kernels))
     profile = sim.profile(swaps)
-    at = sim.pos.get(anatomy["op"])
+    pos = {op: i for i, op in enumerate(profile.schedule)}
+    at = pos.get(anatomy["op"])
     return {
         "model": model,
         "batch": batch,
@@ -414,7 +416,7 @@ def anatomy_step(
             "peak": profile.peak_bytes,
             "requested": sim.requested_peak(swaps),
             "variables": graph_model.variable_bytes,
-            **simulated(sim.pos[profile.peak_op]),
+            **simulated(pos[profile.peak_op]),
         },
         "predicted_at_measured_op": None if at is None else simulated(at),
         "recorded_order": {

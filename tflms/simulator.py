@@ -4,6 +4,11 @@ Execution model (documented in the README; every number the simulator reports
 follows from it). It follows what TensorFlow 2.21's executor was seen doing on
 the test bed (per-op allocation records of the profiler, ``benchmarks/simulator_accuracy.py``):
 
+0. The graph is the step as Grappler leaves it after its constant push-down
+   (:func:`tflms.graph.with_constant_pushdown`: ``c * (dx * y)`` becomes
+   ``dx * (c * y)``, and ``c * y`` of forward tensors then runs in the forward pass),
+   except where a swap-in feeds the ops involved. Grappler's other rewrites are not
+   modelled.
 1. Ops run in :meth:`GraphModel.schedule` order: the executor's ready order, depth
    first (after an op, the ops it made ready run next; ties by graph order).
 2. Each output of an op on the device is allocated when the op runs, with its
@@ -69,7 +74,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .devices import device_key
-from .graph import ALIAS_OP_TYPES, GraphModel
+from .graph import ALIAS_OP_TYPES, GraphModel, with_constant_pushdown
 
 if TYPE_CHECKING:
     from .plan import Swap
@@ -261,15 +266,91 @@ def _rounded(nbytes: int) -> int:
 class Simulator:
     """The execution model of this module, precomputed for one graph model.
 
+    Rule 0 of the module doc first: the ops run as Grappler leaves them after its constant
+    push-down (:func:`tflms.graph.with_constant_pushdown`; :attr:`pushdowns` lists the
+    rewritten pairs). Swaps whose swap-ins feed such an op undo its push-down (Grappler
+    does not move an op's inputs across devices); those are simulated on a model built
+    for them, kept for the next call.
+
     The plain step's allocations are computed once; a set of swaps is applied as
     adjustments. :meth:`requested_peak` and :meth:`prefix_peaks` (rules 1-7) then cost
     O(ops) in numpy plus O(reads of the swapped buffers) in Python; :meth:`peak` and
     :meth:`profile` add the allocator emulation (rule 8), O(buffers x free chunks) in
     Python (about 0.2 s for a ResNet50 step).
     ``order`` replaces the schedule (e.g. an order recorded from a real run).
+    ``order``, ``pos`` and ``executed`` (the model as run) are those of the step without swaps
+    (or with swaps that undo no push-down); positions of :meth:`live` refer to
+    ``profile(swaps).schedule``.
     """
 
     def __init__(self, model: GraphModel, host: str | None = None, *, order: Sequence[str] | None = None) -> None:
+        self.model = model
+        self.host = host
+        self._order = list(order) if order is not None else None
+        executed, self.pushdowns = with_constant_pushdown(model)
+        self._pushed_ops = frozenset(op for pair in self.pushdowns for op in pair)
+        self._runs = {frozenset(): _Replay(executed, host, self._order)}
+        base = self._runs[frozenset()]
+        self.executed, self.order, self.pos = base.model, base.order, base.pos
+
+    def _undone(self, swaps: Sequence[Swap]) -> frozenset[str]:
+        """The pushed-down ops that a swap-in of ``swaps`` feeds."""
+        return frozenset(c for s in swaps for si in s.swap_ins for c, _ in si.consumers) & self._pushed_ops
+
+    def _run(self, undone: frozenset[str]) -> _Replay:
+        run = self._runs.get(undone)
+        if run is None:
+            run = self._runs[undone] = _Replay(with_constant_pushdown(self.model, undone)[0], self.host, self._order)
+        return run
+
+    def model_for(self, swaps: Sequence[Swap] = ()) -> GraphModel:
+        """The model as run with ``swaps`` applied: :attr:`executed`, less the push-downs they undo."""
+        return self._run(self._undone(swaps)).model
+
+    def live(self, position: int, swaps: Sequence[Swap] = ()) -> list[tuple[str, int]]:
+        """The device buffers counted while ``profile(swaps).schedule[position]`` runs, ``swaps`` applied:
+        ``(tensor, bytes)``, largest first (requested bytes, rules 1-7; variables not included).
+
+        A swap-in's buffer is named ``'<tensor> (swap-in k)'``. For comparing with what a
+        measured peak holds (``benchmarks/peak_anatomy.py``).
+        """
+        return self._run(self._undone(swaps)).live(position, swaps)
+
+    def prefix_peaks(self, swaps: Sequence[Swap]) -> np.ndarray:
+        """Requested-bytes peaks (variables included) of ``swaps[:n]`` for every n = 0..len(swaps).
+
+        The fast model for searches: rules 1-7 without the allocator (rule 8), so each
+        is :meth:`requested_peak`, a lower bound of :meth:`peak`. Built incrementally
+        (one swap's effect on the allocation deltas is local), so the whole array costs
+        about len(swaps) cumulative sums, once more per swap that undoes a push-down.
+        """
+        keys, undone = [frozenset()], frozenset()
+        for s in swaps:
+            undone = undone | self._undone([s])
+            keys.append(undone)
+        peaks = np.empty(len(swaps) + 1, dtype=np.int64)
+        for key in dict.fromkeys(keys):
+            ns = [n for n, k in enumerate(keys) if k == key]
+            peaks[ns] = self._run(key).prefix_peaks(swaps[: ns[-1]])[ns]
+        return peaks
+
+    def requested_peak(self, swaps: Sequence[Swap] = ()) -> int:
+        """Peak of the requested bytes (variables included): rules 1-7 only, a lower bound of :meth:`peak`."""
+        return self._run(self._undone(swaps)).requested_peak(swaps)
+
+    def peak(self, swaps: Sequence[Swap] = ()) -> int:
+        """Predicted peak bytes (variables included) with ``swaps`` applied: BFC chunks (rule 8)."""
+        return self._run(self._undone(swaps)).peak(swaps)
+
+    def profile(self, swaps: Sequence[Swap] = ()) -> MemoryProfile:
+        """The whole predicted timeline (BFC chunk bytes, rule 8) with ``swaps`` applied."""
+        return self._run(self._undone(swaps)).profile(swaps)
+
+
+class _Replay:
+    """Rules 1-8 on one model as run (:class:`Simulator` picks the model for a set of swaps)."""
+
+    def __init__(self, model: GraphModel, host: str | None, order: Sequence[str] | None) -> None:
         dag = model.dag
         self.model = model
         self.order = list(order) if order is not None else model.schedule()
@@ -452,12 +533,7 @@ class Simulator:
         return timeline
 
     def live(self, position: int, swaps: Sequence[Swap] = ()) -> list[tuple[str, int]]:
-        """The device buffers counted while ``self.order[position]`` runs, ``swaps`` applied:
-        ``(tensor, bytes)``, largest first (requested bytes, rules 1-7; variables not included).
-
-        A swap-in's buffer is named ``'<tensor> (swap-in k)'``. For comparing with what a
-        measured peak holds (``benchmarks/peak_anatomy.py``).
-        """
+        """See :meth:`Simulator.live`; ``position`` in ``self.order``."""
         if not 0 <= position < len(self.order):
             raise ValueError(f"position must be in [0, {len(self.order)}). Received: position={position!r}")
         found = [
@@ -468,13 +544,7 @@ class Simulator:
         return sorted(found, key=lambda item: (-item[1], item[0]))
 
     def prefix_peaks(self, swaps: Sequence[Swap]) -> np.ndarray:
-        """Requested-bytes peaks (variables included) of ``swaps[:n]`` for every n = 0..len(swaps).
-
-        The fast model for searches: rules 1-7 without the allocator (rule 8), so each
-        is :meth:`requested_peak`, a lower bound of :meth:`peak`. Built incrementally
-        (one swap's effect on the allocation deltas is local), so the whole array costs
-        about len(swaps) cumulative sums.
-        """
+        """See :meth:`Simulator.prefix_peaks`: one swap's effect on the allocation deltas is local."""
         pos, n_ops = self.pos, len(self.order)
         delta = self.base.copy()
         end = dict(self.end)
@@ -502,16 +572,13 @@ class Simulator:
         return peaks + self.model.variable_bytes
 
     def requested_peak(self, swaps: Sequence[Swap] = ()) -> int:
-        """Peak of the requested bytes (variables included): rules 1-7 only, a lower bound of :meth:`peak`."""
         n = len(self.order)
         return int(np.cumsum(self._delta(swaps)[:n]).max(initial=0)) + self.model.variable_bytes
 
     def peak(self, swaps: Sequence[Swap] = ()) -> int:
-        """Predicted peak bytes (variables included) with ``swaps`` applied: BFC chunks (rule 8)."""
         return int(self._allocated(swaps).max(initial=0)) + self.model.variable_bytes
 
     def profile(self, swaps: Sequence[Swap] = ()) -> MemoryProfile:
-        """The whole predicted timeline (BFC chunk bytes, rule 8) with ``swaps`` applied."""
         n = len(self.order)
         timeline = self._allocated(swaps)
         if n:

@@ -1,6 +1,6 @@
 """GraphModel of hand-built graphs: levels, phases, edges, the byte estimate."""
 
-from tflms.graph import GraphModel, estimate_bytes
+from tflms.graph import GraphModel, estimate_bytes, with_constant_pushdown
 
 from graphs import chain_model, f32, op
 
@@ -81,3 +81,65 @@ def test_a_forward_loop_fed_by_gradient_scoped_accumulators_stays_forward():
     assert {n for n, p in phases.items() if p == "forward"} == {"x", "n", "rnn/while", "dense", "loss"}
     assert phases["gradient_tape/acc"] == phases["gradient_tape/acc/shape"] == "backward"  # by name
     assert phases["AddN"] == "backward" and phases["update"] == "update"
+
+
+def _pushdown_case(**changes):
+    """``p = (x * y) * c`` with ``x``, ``y`` of 8 floats; ``changes`` replace whole records by name."""
+    records = {
+        "c": op("c", "Const", outputs=[f32(1)]),
+        "x": op("x", "Placeholder", outputs=[f32(8)]),
+        "y": op("y", "Softmax", ["x:0"], [f32(8)]),
+        "k": op("k", "Mul", ["x:0", "y:0"], [f32(8)]),
+        "p": op("p", "Mul", ["k:0", "c:0"], [f32(8)]),
+    }
+    records.update(changes)
+    return GraphModel.from_ops(records.values())
+
+
+def test_constant_pushdown_follows_grapplers_conditions():
+    pushed, pairs = with_constant_pushdown(_pushdown_case())
+    assert pairs == [("p", "k")] and pushed.inputs_of["k"] == ["c:0", "y:0"] and pushed.inputs_of["p"] == ["x:0", "k:0"]
+    # The original model is left as it was.
+    assert _pushdown_case().inputs_of["k"] == ["x:0", "y:0"]
+    # X is the child's first input unless that one is a constant.
+    _, pairs = with_constant_pushdown(_pushdown_case(k=op("k", "Mul", ["c2:0", "y:0"], [f32(8)]),
+                                                      c2=op("c2", "Const", outputs=[f32(1)])))  # fmt: skip
+    assert pairs == [("p", "k")]
+    not_pushed = {
+        "a blocked op": ({}, {"k"}),
+        "another family": ({"k": op("k", "AddV2", ["x:0", "y:0"], [f32(8)])}, ()),
+        "a child read twice": ({"q": op("q", "Relu", ["k:0"], [f32(8)])}, ()),
+        "another device": (
+            {
+                "y": op("y", "Softmax", ["x:0"], [f32(8)], device="/device:CPU:0"),
+                "k": op("k", "Mul", ["x:0", "y:0"], [f32(8)], device="/device:CPU:1"),
+            },
+            (),
+        ),
+        "a constant larger than X": ({"c": op("c", "Const", outputs=[f32(16)])}, ()),
+        "half precision": ({"k": op("k", "Mul", ["x:0", "y:0"], [("float16", (8,), 16, False)])}, ()),
+        "no constant": ({"c": op("c", "Placeholder", outputs=[f32(1)])}, ()),
+    }
+    for why, (changes, blocked) in not_pushed.items():
+        model = _pushdown_case(**changes)
+        assert with_constant_pushdown(model, blocked) == (model, []), why
+
+
+def test_constant_pushdown_repeats_until_nothing_changes():
+    """``c * (x * (y * z))``: the constant goes down twice, to ``y``'s product with ``z``... as Grappler's
+    loop does, then no further (``y * z`` has no constant child)."""
+    model = GraphModel.from_ops(
+        [
+            op("c", "Const", outputs=[f32(1)]),
+            op("x", "Placeholder", outputs=[f32(8)]),
+            op("y", "Relu", ["x:0"], [f32(8)]),
+            op("z", "Relu", ["x:0"], [f32(8)]),
+            op("yz", "Mul", ["y:0", "z:0"], [f32(8)]),
+            op("k", "Mul", ["x:0", "yz:0"], [f32(8)]),
+            op("p", "Mul", ["k:0", "c:0"], [f32(8)]),
+        ]
+    )
+    pushed, pairs = with_constant_pushdown(model)
+    assert pairs == [("p", "k"), ("k", "yz")]
+    assert pushed.inputs_of["p"] == ["x:0", "k:0"]
+    assert pushed.inputs_of["k"] == ["y:0", "yz:0"] and pushed.inputs_of["yz"] == ["c:0", "z:0"]

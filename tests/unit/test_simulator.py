@@ -158,3 +158,55 @@ def test_planned_chain_lowers_the_predicted_peak():
     assert plan.peak_bytes_after < plan.peak_bytes_before
     assert plan.peak_bytes_before == simulate(m).peak_bytes
     assert plan.peak_bytes_after == simulate(m, plan.swaps).peak_bytes
+
+
+def _scaled_softmax_gradient(constant_type="Const"):
+    """``c * (dx * y)`` as Keras's attention gradient has it: ``y`` forward, ``dx`` a gradient."""
+    return GraphModel.from_ops(
+        [
+            op("c", constant_type, outputs=[f32(1)]),
+            op("x", "Placeholder", outputs=[f32(100)]),
+            op("y", "Softmax", ["x:0"], [f32(100)]),
+            op("v", "Relu", ["x:0"], [f32(100)]),
+            op("loss", "BatchMatMulV2", ["y:0", "v:0"], [f32(1)]),
+            op("gradient_tape/dx", "Tile", ["loss:0"], [f32(100)]),
+            op("gradient_tape/k", "Mul", ["gradient_tape/dx:0", "y:0"], [f32(100)]),
+            op("gradient_tape/p", "Mul", ["gradient_tape/k:0", "c:0"], [f32(100)]),
+            op("gradient_tape/q", "Sum", ["gradient_tape/p:0"], [f32(1)]),
+        ]
+    )
+
+
+def test_grappler_constant_pushdown_moves_the_product_of_forward_tensors_forward():
+    model = _scaled_softmax_gradient()
+    sim = Simulator(model)
+    assert sim.pushdowns == [("gradient_tape/p", "gradient_tape/k")]
+    assert sim.executed.inputs_of["gradient_tape/k"] == ["c:0", "y:0"]
+    assert sim.executed.inputs_of["gradient_tape/p"] == ["gradient_tape/dx:0", "gradient_tape/k:0"]
+    # k = c * y is ready after y: it runs in the forward pass (the executor goes on with what
+    # y made ready) and its 400 bytes wait there for p. While v runs: x (read by v), y (read
+    # by loss), k, v and the constant: 4 * 400 + 4 bytes.
+    assert sim.order == ["c", "x", "y", "gradient_tape/k", "v", "loss", "gradient_tape/dx", "gradient_tape/p",
+                         "gradient_tape/q"]  # fmt: skip
+    assert sim.requested_peak() == 1604
+    # With a placeholder instead of a constant nothing moves: k runs after dx, and at most
+    # x, y and v (and loss's 4 bytes) are live at once.
+    plain = Simulator(_scaled_softmax_gradient("Placeholder"))
+    assert plain.pushdowns == [] and plain.order.index("gradient_tape/k") == 6
+    assert plain.requested_peak() == 1208
+
+
+def test_a_swap_in_feeding_a_pushed_op_undoes_the_pushdown():
+    """Grappler does not rewrite ops whose inputs are on other devices: a swap-in on the host
+    feeding k keeps k in the backward pass, as without the constant."""
+    swap_in = SwapIn(consumers=(("gradient_tape/k", 1),), trigger="gradient_tape/dx", level=4, trigger_level=3)
+    swap = Swap(
+        tensor="y:0", producer="y", producer_type="Softmax", dtype="float32", shape=(100,),
+        bytes=400, level=0, distance=4, swap_ins=(swap_in,),
+    )  # fmt: skip
+    sim = Simulator(_scaled_softmax_gradient())
+    plain = Simulator(_scaled_softmax_gradient("Placeholder"))
+    assert sim.peak([swap]) == plain.peak([swap]) and sim.requested_peak([swap]) == plain.requested_peak([swap])
+    assert sim.profile([swap]).schedule == plain.profile([swap]).schedule
+    assert list(sim.prefix_peaks([swap])) == [sim.requested_peak(), plain.requested_peak([swap])]
+    assert sim.peak() != plain.peak()
