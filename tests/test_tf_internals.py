@@ -76,35 +76,56 @@ def test_grappler_removes_unmarked_swap_identities():
 
 def test_grappler_pushes_constants_down_as_the_simulator_assumes():
     """Rule 0 of the simulator (:func:`tflms.graph.with_constant_pushdown`) against the graphs
-    the runtime ran for the transformer of the test bed: in every pair it rewrites, the
-    runtime's inner op no longer reads the gradient the rule moves out (or is gone), and
-    the attention gradients' scaled softmax is computed from the softmax. If a TensorFlow
-    upgrade stops or changes the push-down, this fails."""
+    the runtime ran for the transformer of the test bed.
+
+    Plain step: in every pair it rewrites, the runtime's inner op no longer reads the
+    gradient the rule moves out (or is gone), and the attention gradients' scaled softmax
+    is computed from the softmax. Rewritten step: where a swap-in feeds the attention's
+    inner op, the runtime's inner op reads that gradient (Grappler pairs the constant with
+    it), so it stays in the backward pass, as the simulator assumes. If a TensorFlow
+    upgrade changes either, this fails."""
+    import tflms
     from tflms.graph import GraphModel, with_constant_pushdown
     from tflms.measure import build
+
+    from conftest import DEVICE, HOST
 
     _, x, y, train_step = build("transformer", 2, size=16)
     cf = tf.function(train_step).get_concrete_function(x, y)
     traced = GraphModel.from_func_graph(cf.graph)
     pushed, pairs = with_constant_pushdown(traced)
-    ran = {
-        n.name: [i.split(":")[0] for i in n.input if not i.startswith("^")]
-        for pg in tfi.ran_graphs(lambda: cf(x, y))
-        for n in pg.node
-    }
+
+    def ran(step):
+        def call():
+            with tf.device(DEVICE):
+                step(x, y)
+
+        graphs = tfi.ran_graphs(call)
+        return {n.name: [i.split(":")[0] for i in n.input if not i.startswith("^")] for g in graphs for n in g.node}
+
+    def moved_op(parent, child):
+        (moved,) = [t for t in pushed.inputs_of[parent] if not t.startswith(child + ":")]
+        assert moved in traced.inputs_of[child]
+        return moved.rsplit(":", 1)[0]
+
     # Two blocks, each: the attention's scale into the softmax gradient, and three in GELU's gradient.
     assert len(pairs) == 8
+    plain = ran(cf)
     attention = 0
     for parent, child in pairs:
-        (moved,) = [t for t in pushed.inputs_of[parent] if not t.startswith(child + ":")]
-        moved_op = moved.rsplit(":", 1)[0]
-        assert moved in traced.inputs_of[child] and moved_op not in ran.get(child, []), (parent, child)
-        softmax = [
-            t.rsplit(":", 1)[0]
-            for t in pushed.inputs_of[child]
-            if traced.dag.nodes[t.rsplit(":", 1)[0]]["type"] == "Softmax"
-        ]
+        assert moved_op(parent, child) not in plain.get(child, []), (parent, child)
+        softmax = [t.rsplit(":", 1)[0] for t in pushed.inputs_of[child] if "Softmax" in t]
         if softmax:
             attention += 1
-            assert softmax[0] in ran[child] and traced.phase(softmax[0]) == "forward"
+            assert softmax[0] in plain[child] and traced.phase(softmax[0]) == "forward"
     assert attention == 2
+
+    new_cf, plan = tflms.optimize(cf, device=DEVICE, host=HOST, min_bytes=1024)
+    fed = {c for s in plan.swaps for si in s.swap_ins for c, _ in si.consumers}
+    undone = [(p, c) for p, c in pairs if c in fed]
+    assert any("Softmax" in t for p, c in undone for t in traced.inputs_of[c])
+    rewritten = ran(new_cf)
+    # The attention pairs (GELU's chain is folded further, its second product into a constant).
+    for parent, child in undone:
+        if any("Softmax" in t for t in traced.inputs_of[child]):
+            assert moved_op(parent, child) in rewritten[child], (parent, child)

@@ -341,9 +341,11 @@ def with_constant_pushdown(model: GraphModel, blocked: Iterable[str] = ()) -> tu
     The conditions are Grappler's: the five ops on one device (an unplaced op counts as
     the same), ``X`` the child's first input unless that is a constant, the parent's
     constant no larger than ``X`` (when both shapes are known), no 16-bit floats,
-    repeated until nothing changes. Ops named in ``blocked`` take no part (a swap-in on
-    the host feeding one of them makes Grappler leave it alone). Names and every other
-    op are unchanged; ``model`` itself is returned when nothing applies.
+    repeated until nothing changes. Ops named in ``blocked`` take no part: where a
+    swap-in feeds the inner op, the rewritten step's Grappler pairs the constant with
+    the gradient instead (seen in the runtime's graphs), so the op stays in the backward
+    pass. Names and every other op are unchanged; ``model`` itself is returned when
+    nothing applies.
 
     >>> f32 = lambda *s: ("float32", s, 4 * (s[0] if s else 1), False)
     >>> ops = [

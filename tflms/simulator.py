@@ -7,7 +7,7 @@ the test bed (per-op allocation records of the profiler, ``benchmarks/simulator_
 0. The graph is the step as Grappler leaves it after its constant push-down
    (:func:`tflms.graph.with_constant_pushdown`: ``c * (dx * y)`` becomes
    ``dx * (c * y)``, and ``c * y`` of forward tensors then runs in the forward pass),
-   except where a swap-in feeds the ops involved. Grappler's other rewrites are not
+   except where a swap-in feeds the inner op. Grappler's other rewrites are not
    modelled.
 1. Ops run in :meth:`GraphModel.schedule` order: the executor's ready order, depth
    first (after an op, the ops it made ready run next; ties by graph order).
@@ -268,9 +268,9 @@ class Simulator:
 
     Rule 0 of the module doc first: the ops run as Grappler leaves them after its constant
     push-down (:func:`tflms.graph.with_constant_pushdown`; :attr:`pushdowns` lists the
-    rewritten pairs). Swaps whose swap-ins feed such an op undo its push-down (Grappler
-    does not move an op's inputs across devices); those are simulated on a model built
-    for them, kept for the next call.
+    rewritten pairs). Swaps whose swap-ins feed such an op undo its push-down (the
+    rewritten step keeps it in the backward pass, see ``with_constant_pushdown``); those
+    are simulated on a model built for them, kept for the next call.
 
     The plain step's allocations are computed once; a set of swaps is applied as
     adjustments. :meth:`requested_peak` and :meth:`prefix_peaks` (rules 1-7) then cost
