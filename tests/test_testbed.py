@@ -182,7 +182,7 @@ def test_rewritten_step_measures_less_than_plain(model, batch, ratio):
     if model == "transformer":
         # The plain step against the simulator, which models Grappler's constant push-down (the
         # scaled softmax computed in the forward pass): 204 MiB predicted, 210-221 MiB measured in
-        # five runs here (2026-11-24), 1.21-1.26 of the prediction without the push-down (174 MiB).
+        # five runs here (2026-11-24), 1.21-1.27 of the prediction without the push-down (174 MiB).
         assert 0.9 <= plain["peak"] / plain["predicted"] <= 1.15, (plain["peak"], plain["predicted"])
 
 

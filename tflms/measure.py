@@ -137,7 +137,8 @@ def measure_step(
     instantiates it (on the test bed also its host half, in the host process), and the
     rewritten step's first peak measured up to 1.8x its later ones (ResNet50 96² b48:
     926 MiB, then 509-604 MiB) in earlier runs; in later ones (ResNet50 b32 and b48)
-    at most 4 % above them. The plain step's first peak is its lowest.
+    at most 9 % above them. The plain step's first peak is mostly its lowest (not
+    always: a CNN b32 run measured 130 MiB, then 115 MiB).
 
     Returns ``{'model', 'batch', 'size', 'plain_predicted', MODE: {...}}`` where each mode
     has ``peak`` (the steady-state peak: the largest measured per-step peak after the
