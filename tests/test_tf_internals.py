@@ -129,3 +129,35 @@ def test_grappler_pushes_constants_down_as_the_simulator_assumes():
     for parent, child in undone:
         if any("Softmax" in t for t in traced.inputs_of[child]):
             assert moved_op(parent, child) in rewritten[child], (parent, child)
+
+
+def test_grappler_removes_the_optimizers_identity_n_and_updates_start_before_the_last_gradient():
+    """Keras 3's optimizer passes every gradient through one ``IdentityN``, so in the traced step
+    every update op waits for all gradients. Grappler removes it: the graphs the runtime ran have
+    none, and a profiled step starts an update that reads a gradient before the last backward op.
+    :func:`tflms.measure.recorded_order` follows the runtime here; the simulator's own schedule
+    keeps the ``IdentityN`` as a barrier (see the README's limits). If a TensorFlow or Keras
+    upgrade changes either, this fails."""
+    from tflms.graph import GraphModel
+    from tflms.measure import build
+
+    from conftest import DEVICE
+
+    model, x, y, train_step = build("cnn", 4, size=16)
+    cf = tf.function(train_step).get_concrete_function(x, y)
+    traced = GraphModel.from_func_graph(cf.graph)
+    (identity_n,) = [n for n, t in traced.dag.nodes(data="type") if t == "IdentityN"]
+    assert len(traced.outputs_of[identity_n]) == 2 * len(model.trainable_variables)  # gradients and variables
+    updates = {c for t in traced.outputs_of[identity_n] for c, _ in traced.tensors[t].consumers}
+    assert updates and all(traced.phase(op) == "update" for op in updates)
+
+    def call():
+        with tf.device(DEVICE):
+            cf(x, y)
+
+    assert not [n.name for g in tfi.ran_graphs(call) for n in g.node if n.op == "IdentityN"]
+    _, kernels = tfi.profile_step(call)
+    started = [k["op"] for k in kernels]
+    first_update = min(i for i, op in enumerate(started) if op in updates)
+    last_backward = max(i for i, op in enumerate(started) if op in traced.dag and traced.phase(op) == "backward")
+    assert first_update < last_backward, (started[first_update], started[last_backward])

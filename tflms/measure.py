@@ -289,7 +289,11 @@ def recorded_order(model: GraphModel, kernels: list[dict[str, Any]]) -> list[str
     ``time_ns``, ``op``). An op with no record (Grappler removed or fused it) starts with
     the latest of its predecessors, and so does a recorded op that started before one of
     them (only Grappler's rewrite can make it so); ties follow a topological order of
-    ``model``, so the result is one.
+    ``model``. An ``IdentityN`` is no predecessor here, the op of the input it passes on
+    is: Grappler removes it and its consumers read its inputs. (Keras 3's optimizer passes
+    every gradient through one ``IdentityN``, and the runtime starts each variable's update
+    as soon as that variable's gradient exists.) So the result is a topological order of
+    ``model`` except for the edges out of ``IdentityN`` ops.
 
     >>> from tflms.graph import GraphModel
     >>> f32 = ("float32", (1,), 4, False)
@@ -301,14 +305,25 @@ def recorded_order(model: GraphModel, kernels: list[dict[str, Any]]) -> list[str
     """
     import networkx as nx
 
+    dag = model.dag
     started: dict[str, int] = {}
     for k in kernels:
         started.setdefault(k["op"], k["time_ns"])
-    topo = list(nx.topological_sort(model.dag))
+    topo = list(nx.topological_sort(dag))
     rank = {op: i for i, op in enumerate(topo)}
+
+    def source(tensor: str) -> str:
+        """The op whose output ``tensor`` is as run: an ``IdentityN`` passes on its input."""
+        op, index = tensor.rsplit(":", 1)
+        while dag.nodes[op]["type"] == "IdentityN":
+            op, index = model.inputs_of[op][int(index)].rsplit(":", 1)
+        return op
+
     t: dict[str, int] = {}
     for op in topo:
-        after = max((t[p] for p in model.dag.predecessors(op)), default=0)
+        waits_for = {source(name) for name in model.inputs_of[op]}
+        waits_for.update(p for p in dag.predecessors(op) if dag.edges[p, op]["control"])
+        after = max((t[p] for p in waits_for), default=0)
         t[op] = max(started.get(op, after), after)
     return sorted(topo, key=lambda op: (t[op], rank[op]))
 
