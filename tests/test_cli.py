@@ -32,6 +32,18 @@ def test_demo_shows_a_real_out_of_memory_plain_and_real_training_with_tflms():
     assert plain, out
     assert "real memory cap for the next runs: 520 MiB; tflms budget: 468 MiB" in out
     assert re.search(r"2\. plain step, capped: +OUT OF MEMORY", out), out
+    # What the allocator logged (tflms.testbed.allocator_oom_report): no free chunk held the
+    # request, and its regions could not grow by it under the cap.
+    held = re.search(
+        r"the allocator held ([\d,.]+) MiB in use and ([\d,.]+) MiB free \(largest free chunk ([\d,.]+) MiB\) "
+        r"and could not place ([\d,.]+) MiB",
+        out,
+    )
+    assert held, out
+    in_use, free, largest, request = (float(g.replace(",", "")) for g in held.groups())
+    # Each figure is rounded to 0.1 MiB: the regions (in use + free) are within the cap, and
+    # they could not grow by the request.
+    assert largest <= request + 0.1 and in_use + free <= 520.1 < in_use + free + request + 0.2, held.group(0)
     lms = re.search(r"3\. tflms step, capped: +TRAINED, measured peak ([\d,]+) MiB, predicted ([\d,]+) MiB", out)
     assert lms, out
     measured_plain, measured_lms = (int(m.group(1).replace(",", "")) for m in (plain, lms))

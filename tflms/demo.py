@@ -105,6 +105,12 @@ def _testbed_demo(args: argparse.Namespace) -> int:
     if capped.status == "oom":
         how = "process killed by a signal" if capped.returncode < 0 else "ResourceExhaustedError"
         print(f"2. plain step, capped:     OUT OF MEMORY ({how})  ({time.perf_counter() - t0:.0f} s)")
+        if capped.oom and "in_use" in capped.oom:
+            r = {k: f"{v / 2**20:,.1f} MiB" if isinstance(v, int) else v for k, v in capped.oom.items()}
+            print(
+                f"   the allocator held {r['in_use']} in use and {r['free']} free "
+                f"(largest free chunk {r['largest_free']}) and could not place {r['requested']} for {r['op']}"
+            )
     elif capped.ok:
         print(
             f"2. plain step, capped:     trained (measured peak {_mib(capped.value['plain']['peak'])}): "

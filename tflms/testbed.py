@@ -39,6 +39,7 @@ import dataclasses
 import importlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -59,6 +60,7 @@ __all__ = [
     "TestBedError",
     "HostWorker",
     "MeasuredResult",
+    "allocator_oom_report",
     "connect",
     "device_environ",
     "is_measured_process",
@@ -315,7 +317,8 @@ class MeasuredResult:
 
     ``status`` is ``'ok'``; ``'oom'`` (``ResourceExhaustedError``, an out-of-memory
     message, or death by a signal under a cap); or ``'error'`` (anything else:
-    ``error`` holds the last lines of its output).
+    ``error`` holds the last lines of its output). ``oom`` is what the device's
+    allocator reported when it ran out of memory (:func:`allocator_oom_report`), or None.
     """
 
     status: str
@@ -323,10 +326,58 @@ class MeasuredResult:
     error: str = ""
     returncode: int = 0
     seconds: float = 0.0
+    oom: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+_RAN_OUT = re.compile(r"ran out of memory trying to allocate .*?\(rounded to (\d+)\)\s*requested by op (\S+)")
+_CHUNK = re.compile(r"\] (InUse|Free) +at \w+ of size (\d+)")
+_REGION = re.compile(r"\] Next region of size (\d+)")
+
+
+def allocator_oom_report(log: str) -> dict[str, Any] | None:
+    """What TensorFlow's BFC allocator logged when it first ran out of memory, or None.
+
+    Parsed from the log of a process whose allocator failed (``TF_CPP_MIN_LOG_LEVEL=0``
+    for the chunk dump; :func:`run_measured` sets it under a cap): ``requested`` (bytes,
+    rounded as the allocator does) and ``op``; from the dump that follows, ``in_use``
+    and ``free`` (bytes of the chunks), ``largest_free`` (the largest free chunk),
+    ``pool`` (bytes of all regions) and ``regions`` (their sizes). A request larger
+    than ``largest_free`` while ``in_use`` is well below the cap is fragmentation.
+
+    >>> log = "\\n".join([
+    ...     "W0 bfc_allocator.cc:502] Allocator (bfc) ran out of memory trying to allocate 3.0KiB "
+    ...     "(rounded to 3072)requested by op grad/Mul",
+    ...     "I0 bfc_allocator.cc:1085] Next region of size 4096",
+    ...     "I0 bfc_allocator.cc:1105] InUse at 7f00 of size 1024 next 2",
+    ...     "I0 bfc_allocator.cc:1105] Free  at 7f04 of size 2048 next 3",
+    ...     "I0 bfc_allocator.cc:1105] InUse at 7f0c of size 1024 next 4",
+    ...     "I0 bfc_allocator.cc:1117] Sum Total of in-use chunks: 2.0KiB"])
+    >>> r = allocator_oom_report(log)
+    >>> r["requested"], r["op"], r["in_use"], r["free"], r["largest_free"], r["regions"]
+    (3072, 'grad/Mul', 2048, 2048, 2048, [4096])
+    """
+    found = _RAN_OUT.search(log)
+    if found is None:
+        return None
+    report: dict[str, Any] = {"requested": int(found.group(1)), "op": found.group(2)}
+    end = log.find("Sum Total of in-use chunks", found.end())
+    dump = log[found.end() : end if end >= 0 else len(log)]
+    chunks = [(kind, int(n)) for kind, n in _CHUNK.findall(dump)]
+    if chunks:
+        free = [n for kind, n in chunks if kind == "Free"]
+        regions = [int(n) for n in _REGION.findall(dump)]
+        report.update(
+            in_use=sum(n for kind, n in chunks if kind == "InUse"),
+            free=sum(free),
+            largest_free=max(free, default=0),
+            pool=sum(regions),
+            regions=regions,
+        )
+    return report
 
 
 _OOM_MARKS = ("ResourceExhaustedError", "OOM when allocating", "Out of memory", "out of memory")
@@ -352,7 +403,8 @@ def run_measured(
     if not isinstance(target, str) or target.count(":") != 1:
         raise ValueError(f"target must be 'package.module:function'. Received: target={target!r}")
     env = device_environ(cap)
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Under a cap, the allocator's out-of-memory dump (INFO lines) feeds MeasuredResult.oom.
+    env["TF_CPP_MIN_LOG_LEVEL"] = "0" if cap is not None else env.get("TF_CPP_MIN_LOG_LEVEL", "2")
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *filter(None, [env.get("PYTHONPATH")])])
     payload = json.dumps({"target": target, "kwargs": dict(kwargs or {})})
@@ -377,8 +429,11 @@ def run_measured(
             )
     output = (proc.stdout + proc.stderr)[-4000:]
     died = proc.returncode < 0 or proc.returncode in (134, 139)  # by a signal (abort, segfault)
-    oom = any(m in output for m in _OOM_MARKS) or (died and cap is not None)
-    return MeasuredResult("oom" if oom else "error", error=output, returncode=proc.returncode, seconds=seconds)
+    report = allocator_oom_report(proc.stderr)
+    oom = report is not None or any(m in output for m in _OOM_MARKS) or (died and cap is not None)
+    return MeasuredResult(
+        "oom" if oom else "error", error=output, returncode=proc.returncode, seconds=seconds, oom=report
+    )
 
 
 def _run_child() -> None:
