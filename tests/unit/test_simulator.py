@@ -236,6 +236,7 @@ def test_recorded_order_lets_an_update_start_after_its_own_gradient_not_after_id
     # Its own schedule waits for the IdentityN: u1 runs with both gradients and x live (3 x 400
     # bytes and u1's 4); in the recorded order g1 is freed (one position after its reader u1,
     # LAG) by the time g2 is made.
-    assert Simulator(model).order.index("u1") > Simulator(model).order.index("gradient_tape/g2")
-    assert Simulator(model).requested_peak() == 1204
+    own = Simulator(model)
+    assert own.order.index("u1") > own.order.index("gradient_tape/g2")
+    assert own.requested_peak() == 1204
     assert Simulator(model, order=order).requested_peak() == 804
