@@ -65,8 +65,16 @@ def main() -> None:
             kw = {"modes": ["lms"], "options": {"budget": int(cap * args.fraction)}} if lms else {"modes": ["plain"]}
             r = measure(name, batch, size=args.size, steps=args.steps, cap=cap, timeout=1800, **kw)
             ok = r.ok
-            log.append({"batch": batch, "lms": lms, "status": r.status, "seconds": round(r.seconds, 1)})
-            print(f"  {name} batch {batch} {'tflms' if lms else 'plain'}: {r.status} ({r.seconds:.0f} s)", flush=True)
+            probe = {"batch": batch, "lms": lms, "status": r.status, "seconds": round(r.seconds, 1)}
+            held = ""
+            if r.oom and "in_use" in r.oom:  # what the allocator held when it ran out (MiB)
+                probe["oom"] = {k: round(r.oom[k] / 2**20, 1) for k in ("requested", "in_use", "free", "largest_free")}
+                held = ", {in_use} MiB in use, {largest_free} MiB largest free chunk for {requested} MiB".format(
+                    **probe["oom"]
+                )
+            log.append(probe)
+            mode = "tflms" if lms else "plain"
+            print(f"  {name} batch {batch} {mode}: {r.status}{held} ({r.seconds:.0f} s)", flush=True)
             return ok
 
         plain = largest_fitting(lambda b: fits(b, False), args.limit, args.rel_tol, start=args.start)
