@@ -28,7 +28,16 @@ from .testbed import MeasuredResult, run_measured
 if TYPE_CHECKING:
     from .graph import GraphModel
 
-__all__ = ["MODELS", "build", "measure_step", "measure", "peak_anatomy", "recorded_order", "anatomy_step"]
+__all__ = [
+    "MODELS",
+    "build",
+    "measure_step",
+    "measure",
+    "peak_anatomy",
+    "replay_allocations",
+    "recorded_order",
+    "anatomy_step",
+]
 
 
 def _cnn(size: int) -> Any:
@@ -282,6 +291,69 @@ def peak_anatomy(records: list[dict[str, Any]], allocator: str | None = None) ->
     }
 
 
+def replay_allocations(
+    records: list[dict[str, Any]], allocator: str | None = None, limit: int | None = None
+) -> dict[str, Any]:
+    """The simulator's allocator emulation (its rule 8) run on a recorded sequence of allocations.
+
+    ``records`` are allocator events in time order (:func:`tflms._tf_internal.profile_step`);
+    ``allocator`` picks one by name (default: the one with the most events). What that
+    allocator held before the first event is placed first, as one chunk, as the simulator
+    places the variables; frees of chunks allocated before the records are skipped. So the
+    emulation gets the step's real requests in their real order, and its chunk peak against
+    the measured one (``in_use``) tells how far the emulated allocator alone is from
+    TensorFlow's. ``limit`` caps the emulated allocator's regions as a real memory cap does.
+
+    Returns ``{'allocator', 'peak', 'measured', 'out_of_memory'}``: ``peak`` and ``measured``
+    are the emulated and recorded largest chunk bytes in use (what was held before
+    included); ``out_of_memory`` is None or ``{'index', 'op', 'requested'}`` of the first
+    request the emulation could not place under ``limit`` (``peak`` is then up to it).
+
+    >>> rec = lambda kind, addr, req, in_use: {"kind": kind, "allocator": "a", "addr": addr,
+    ...     "bytes": req, "requested": req, "in_use": in_use, "op": f"op{addr}"}
+    >>> recs = [rec("alloc", 1, 1 << 20, 1 << 20), rec("alloc", 2, 1 << 20, 2 << 20),
+    ...         rec("free", 1, 1 << 20, 1 << 20), rec("alloc", 3, 3 << 19, 5 << 19)]
+    >>> r = replay_allocations(recs)  # the first region is 2 MiB: the 1.5 MiB request needs a new one
+    >>> r["peak"] >> 10, r["measured"] >> 10, r["out_of_memory"]
+    (2560, 2560, None)
+    >>> replay_allocations(recs, limit=3 << 20)["out_of_memory"]  # 1 MiB left under the limit
+    {'index': 3, 'op': 'op3', 'requested': 1572864}
+    """
+    from collections import Counter
+
+    from .simulator import _BFC, OutOfMemory
+
+    if allocator is None:
+        counts = Counter(r["allocator"] for r in records)
+        if not counts:
+            raise ValueError("records must hold at least one allocator event. Received: records=[]")
+        allocator = counts.most_common(1)[0][0]
+    mine = [r for r in records if r["allocator"] == allocator]
+    if not mine:
+        raise ValueError(f"no event of allocator {allocator!r} in records")
+    first = mine[0]
+    before = first["in_use"] - (first["bytes"] if first["kind"] == "alloc" else -first["bytes"])
+    bfc = _BFC(before, limit)
+    chunk: dict[Any, int] = {}
+    peak, failed = 0, None
+    for index, r in enumerate(mine):
+        if r["kind"] == "alloc":
+            try:
+                chunk[r["addr"]] = bfc.alloc(max(r["requested"], 1))
+            except OutOfMemory:
+                failed = {"index": index, "op": r["op"], "requested": r["requested"]}
+                break
+            peak = max(peak, bfc.in_use)
+        elif r["addr"] in chunk:
+            bfc.release(chunk.pop(r["addr"]))
+    return {
+        "allocator": allocator,
+        "peak": before + peak,
+        "measured": max(r["in_use"] for r in mine),
+        "out_of_memory": failed,
+    }
+
+
 def recorded_order(model: GraphModel, kernels: list[dict[str, Any]]) -> list[str]:
     """The ops of ``model`` in the order a profiled step started them: a schedule for :class:`tflms.Simulator`.
 
@@ -350,11 +422,14 @@ def anatomy_step(
     Returns ``{'model', 'batch', 'size', 'mode', 'measured_peak' (unprofiled),
     'profiled': {'in_use', 'requested', 'variables', 'op', 'op_phase', 'by_phase', 'top'},
     'predicted': {'peak', 'requested', 'variables', 'op', 'op_phase', 'by_phase', 'top'},
-    'predicted_at_measured_op', 'recorded_order': {'peak', 'requested', 'ops_recorded', 'ops'}}``:
+    'predicted_at_measured_op', 'recorded_order': {'peak', 'requested', 'ops_recorded', 'ops'},
+    'replayed': {'allocator', 'peak', 'measured', 'out_of_memory'}}``:
     bytes per phase at each peak, the 12 largest buffers, the simulator's buffers at the
     position of the op that reached the measured peak (None when that op is not in the
     traced step, e.g. one Grappler made), and the simulator's peaks when it runs the ops in
-    the order the profiled step started them (:func:`recorded_order`). ``requested`` leaves
+    the order the profiled step started them (:func:`recorded_order`), and ``'replayed'``: the
+    simulator's allocator emulation run on the profiled step's own allocations
+    (:func:`replay_allocations`). ``requested`` leaves
     out the allocator's rounding and unsplit rests: predicted, the simulator's requested
     bytes plus the variables; measured, what the live chunks' ops asked for plus what the
     allocator held before the step (``variables``, in chunks).
@@ -441,4 +516,5 @@ def anatomy_step(
             "ops_recorded": len({r["op"] for r in kernels} & set(graph_model.dag)),
             "ops": graph_model.dag.number_of_nodes(),
         },
+        "replayed": replay_allocations(records, anatomy["allocator"]),
     }

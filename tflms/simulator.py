@@ -164,16 +164,25 @@ BFC_FIRST_REGION = 2 << 20
 BFC_MAX_WASTE = 128 << 20
 
 
+class OutOfMemory(Exception):
+    """The emulated allocator cannot hold a request under its limit."""
+
+
 class _BFC:
     """Chunks of a best-fit-with-coalescing allocator; ``in_use`` counts chunk bytes.
 
     ``reserved`` bytes (the variables) are placed first, as TensorFlow's allocator
     would have after allocating them one by one in doubling regions: one region of
     the sum of those regions, the rest of it free, the next region twice the last.
-    They are not counted in ``in_use``.
+    They are not counted in ``in_use``. With a ``limit`` the regions together never
+    exceed it (``BFCAllocator::Extend``: a new region is the smaller of the next
+    doubling size and what the limit leaves), and a request that no free chunk and
+    no new region can hold raises :class:`OutOfMemory`.
     """
 
-    def __init__(self, reserved: int = 0) -> None:
+    def __init__(self, reserved: int = 0, limit: int | None = None) -> None:
+        self.limit = limit
+        self.pool = 0  # bytes of all regions
         self.free: list[tuple[int, int]] = []  # (size, address), sorted: best fit, lowest address
         self.size: dict[int, int] = {}
         self.used: dict[int, bool] = {}
@@ -187,12 +196,17 @@ class _BFC:
             while total < reserved:
                 region *= 2
                 total += region
+            if limit is not None:
+                if _rounded(reserved) > limit:
+                    raise OutOfMemory(f"{reserved} reserved bytes exceed the limit of {limit}")
+                total = min(total, limit // BFC_ROUND * BFC_ROUND)
             self._region(total)
             self._take(0, _rounded(reserved), force_split=True)
             self.next_region = 2 * region
 
     def _region(self, nbytes: int) -> None:
         addr = self.top
+        self.pool += nbytes
         self.top += nbytes + BFC_ROUND  # regions are never neighbours
         self.size[addr], self.used[addr], self.prev[addr] = nbytes, False, None
         self.region_end[addr] = addr + nbytes
@@ -218,11 +232,14 @@ class _BFC:
         rounded = _rounded(nbytes)
         i = bisect.bisect_left(self.free, (rounded, -1))
         if i == len(self.free):
+            left = rounded if self.limit is None else (self.limit - self.pool) // BFC_ROUND * BFC_ROUND
+            if rounded > left:
+                raise OutOfMemory(f"no free chunk holds {rounded} bytes and the limit leaves {left}")
             grown = False
             while rounded > self.next_region:
                 self.next_region *= 2
                 grown = True
-            self._region(self.next_region)
+            self._region(self.next_region if self.limit is None else min(self.next_region, left))
             if not grown:
                 self.next_region *= 2
             i = bisect.bisect_left(self.free, (rounded, -1))

@@ -92,6 +92,24 @@ def test_allocator_regions_double_to_fit():
     assert prof.peak_bytes == (4 << 20) + 100
 
 
+def test_allocator_under_a_limit_runs_out_with_free_bytes_split_over_regions():
+    import pytest
+
+    from tflms.simulator import _BFC, OutOfMemory
+
+    bfc = _BFC(limit=5 << 20)
+    a = bfc.alloc(1 << 20)  # the first region, 2 MiB, splits: 1 MiB taken, 1 MiB free
+    bfc.alloc(1 << 20)  # takes the free MiB
+    d = bfc.alloc(3 << 20)  # a new region: the next size (4 MiB) cut to what the limit leaves, 3 MiB
+    assert bfc.pool == 5 << 20 and bfc.in_use == 5 << 20
+    bfc.release(a)
+    bfc.release(d)
+    # 4 MiB free and 1 MiB in use, but in two regions of 1 and 3 MiB: 3.5 MiB fits in neither.
+    with pytest.raises(OutOfMemory):
+        bfc.alloc(7 << 19)
+    assert bfc.size[bfc.alloc(3 << 20)] == 3 << 20
+
+
 def test_schedule_is_depth_first_like_the_executor():
     ops = [
         op("a", "Relu", outputs=[f32(1)]),
