@@ -8,7 +8,9 @@ update, swap, other) and compared with the simulator's live buffers at its predi
 peak and at the op that reached the measured one. Two more figures split the error:
 what the live chunks' ops requested (the measured peak without the allocator's
 rounding and unsplit rests), and the simulator's peak when it runs the ops in the
-order the profiled step started them (:func:`tflms.measure.recorded_order`). The profiler slows the step, and on
+order the profiled step started them (:func:`tflms.measure.recorded_order`); and the
+simulator's allocator emulation run on the profiled step's own allocations
+(:func:`tflms.measure.replay_allocations`), which isolates the allocator. The profiler slows the step, and on
 the test bed a swapped tensor's device buffer lives until the link has sent it, so the
 profiled peak can be higher than the unprofiled one: both are printed.
 
@@ -66,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{'  in recorded order':22} {'':>10} {_mib(rec['peak']):>9} {_mib(rec['requested']):>9}"
             f"   ({rec['ops_recorded']} of {rec['ops']} traced ops recorded)"
         )
+        replayed = _mib(v["replayed"]["peak"])
+        print(f"{'  allocator, replayed':22} {'':>10} {replayed:>9}   (the emulation on these allocations)")
     save_result(args.json, "peak_anatomy", rows)
     return 0
 

@@ -240,20 +240,22 @@ def peak_anatomy(data: dict) -> str:
         f"_{_header(data)}; **measured** on the two-process test bed (one fresh process per row: an "
         "unprofiled step's peak, then a profiled step's allocator events and kernel start times), vs **predicted** "
         "(the simulator, in its own order and in the order the profiled step started the ops); MiB; peaks include "
-        "the variables, as allocator chunks / requested bytes; phase columns: measured allocator chunks / predicted "
-        "requested bytes at each side's peak, variables left out_",
+        "the variables, as allocator chunks / requested bytes; allocator replay: the simulator's allocator "
+        "emulation on the profiled step's own allocations (chunks); phase columns: measured allocator chunks / "
+        "predicted requested bytes at each side's peak, variables left out_",
         "",
-        "| model | batch | step | unprofiled peak | profiled peak | predicted peak | predicted, recorded order "
-        "| peak in | " + " | ".join(phases) + " |",
-        "|---|---:|---|---:|---:|---:|---:|---|" + "---:|" * len(phases),
+        "| model | batch | step | unprofiled peak | profiled peak | allocator replay | predicted peak "
+        "| predicted, recorded order | peak in | " + " | ".join(phases) + " |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---|" + "---:|" * len(phases),
     ]
     for r in data["rows"]:
         prof, pred = r["profiled"], r["predicted"]
         rec = r.get("recorded_order")
+        replay = mib(r["replayed"]["peak"]) if "replayed" in r else ""
         cells = " | ".join(f"{mib(prof['by_phase'].get(p, 0))} / {mib(pred['by_phase'].get(p, 0))}" for p in phases)
         lines.append(
             f"| {r['model']} | {r['batch']} | {_step({'mode': r['mode']})} | {mib(r['measured_peak'])} "
-            f"| {_chunks_requested(prof)} | {_chunks_requested(pred)} "
+            f"| {_chunks_requested(prof)} | {replay} | {_chunks_requested(pred)} "
             f"| {_chunks_requested(rec)} | {prof['op_phase']} / {pred['op_phase']} | {cells} |"
         )
     return "\n".join(lines)

@@ -256,6 +256,11 @@ def test_peak_anatomy_names_what_the_measured_peak_holds():
     rec = r.value["recorded_order"]
     assert rec["ops_recorded"] >= 0.4 * rec["ops"], rec
     assert abs(rec["requested"] / prof["requested"] - 1) <= 0.12, (rec, prof["requested"])
+    # The allocator emulation replays the same allocations: it reads the same peak of bytes in
+    # use, and its chunks hold at least what the live chunks' ops requested at the measured peak.
+    replayed = r.value["replayed"]
+    assert replayed["measured"] == prof["in_use"] and replayed["out_of_memory"] is None, replayed
+    assert replayed["peak"] >= prof["requested"], (replayed, prof["requested"])
 
 
 def test_peak_anatomy_of_a_plan_with_recomputes_simulates_the_step_as_planned():
