@@ -398,7 +398,9 @@ def run_measured(
     ``function(**kwargs)``; the function's JSON-serialisable return value comes back
     in :attr:`MeasuredResult.value`. A process that dies under a cap is reported as
     ``status='oom'``, not raised. ``pythonpath`` entries are prepended to the
-    child's ``PYTHONPATH`` (for targets outside installed packages).
+    child's ``PYTHONPATH`` (for targets outside installed packages). Under a cap the
+    child logs at ``TF_CPP_MIN_LOG_LEVEL=0`` (its output is captured, not shown), so that
+    :attr:`MeasuredResult.oom` gets the allocator's out-of-memory report.
     """
     if not isinstance(target, str) or target.count(":") != 1:
         raise ValueError(f"target must be 'package.module:function'. Received: target={target!r}")
