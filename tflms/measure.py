@@ -237,6 +237,21 @@ def measure(
     )
 
 
+def _events_of(records: list[dict[str, Any]], allocator: str | None) -> tuple[str, list[int]]:
+    """``(allocator, indices of its events in records)``; by default the allocator with the most events."""
+    from collections import Counter
+
+    if allocator is None:
+        counts = Counter(r["allocator"] for r in records)
+        if not counts:
+            raise ValueError("records must hold at least one allocator event. Received: records=[]")
+        allocator = counts.most_common(1)[0][0]
+    mine = [i for i, r in enumerate(records) if r["allocator"] == allocator]
+    if not mine:
+        raise ValueError(f"no event of allocator {allocator!r} in records")
+    return allocator, mine
+
+
 def peak_anatomy(records: list[dict[str, Any]], allocator: str | None = None) -> dict[str, Any]:
     """What the allocator held at its largest ``in_use`` among ``records``.
 
@@ -257,16 +272,7 @@ def peak_anatomy(records: list[dict[str, Any]], allocator: str | None = None) ->
     >>> a["in_use"], a["requested"], a["op"], a["before"], [c["op"] for c in a["live"]]
     (1768, 756, 'y', 1000, ['y', 'x'])
     """
-    from collections import Counter
-
-    if allocator is None:
-        counts = Counter(r["allocator"] for r in records)
-        if not counts:
-            raise ValueError("records must hold at least one allocator event. Received: records=[]")
-        allocator = counts.most_common(1)[0][0]
-    mine = [i for i, r in enumerate(records) if r["allocator"] == allocator]
-    if not mine:
-        raise ValueError(f"no event of allocator {allocator!r} in records")
+    allocator, mine = _events_of(records, allocator)
     index = max(mine, key=lambda i: (records[i]["in_use"], -i))  # the first event at the peak
     in_use = records[index]["in_use"]
     chunks: dict[int, dict[str, Any]] = {}  # replayed up to it
@@ -319,18 +325,10 @@ def replay_allocations(
     >>> replay_allocations(recs, limit=3 << 20)["out_of_memory"]  # 1 MiB left under the limit
     {'index': 3, 'op': 'op3', 'requested': 1572864}
     """
-    from collections import Counter
-
     from .simulator import _BFC, OutOfMemory
 
-    if allocator is None:
-        counts = Counter(r["allocator"] for r in records)
-        if not counts:
-            raise ValueError("records must hold at least one allocator event. Received: records=[]")
-        allocator = counts.most_common(1)[0][0]
-    mine = [r for r in records if r["allocator"] == allocator]
-    if not mine:
-        raise ValueError(f"no event of allocator {allocator!r} in records")
+    allocator, indices = _events_of(records, allocator)
+    mine = [records[i] for i in indices]
     first = mine[0]
     before = first["in_use"] - (first["bytes"] if first["kind"] == "alloc" else -first["bytes"])
     bfc = _BFC(before, limit)
