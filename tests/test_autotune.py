@@ -85,6 +85,7 @@ def test_max_batch_size_of_a_compiled_keras_model():
         return Simulator(tflms.GraphModel.from_func_graph(step.graph, batch_size=batch), HOST).peak()
 
     assert peak(result.without_lms) <= budget < peak(result.without_lms + 1)
+    assert tflms.autotune.keras_step_source(model, step) is step  # every forward size is told by the batch
     # With LMS, the autotuner fits the largest batch and not the next one.
     model_at = tflms.GraphModel.from_func_graph(step.graph, batch_size=result.with_lms)
     assert make_plan(model_at, LMSConfig(budget=budget)).peak_bytes_after <= budget
@@ -95,6 +96,38 @@ def test_max_batch_size_of_a_compiled_keras_model():
         tflms.max_batch_size(model, "lots")
     with pytest.raises(TypeError, match="step must be"):
         tflms.max_batch_size(42, budget)
+
+
+def test_max_batch_size_traces_a_transformer_per_batch():
+    """Traced with an unknown batch, a Dense on a 3-D input reshapes it to (None, None): no plan
+    can swap that view (its size would be a guess), so the Keras model is traced per batch."""
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    inp = h = keras.Input((64, 32))
+    for _ in range(3):
+        h = L.LayerNormalization()(h + L.MultiHeadAttention(num_heads=2, key_dim=16)(h, h))
+        h = L.LayerNormalization()(h + L.Dense(32)(L.Dense(128, activation="gelu")(h)))
+    model = keras.Model(inp, L.Dense(4)(L.GlobalAveragePooling1D()(h)))
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    step = tflms.autotune.keras_train_step(model)
+    traced = tflms.GraphModel.from_func_graph(step.graph)
+    assert any(t.shape == (None, None) and traced.phase(t.op) == "forward" for t in traced.tensors.values())
+    source = tflms.autotune.keras_step_source(model, step)
+    assert source is not step
+    assert source(8).structured_input_signature[0][0].shape.as_list() == [8, 64, 32]
+    budget = 8 * 2**20
+    result = tflms.max_batch_size(model, budget, limit=256)
+
+    def plan_at(batch):
+        return make_plan(tflms.GraphModel.from_func_graph(source(batch).graph), LMSConfig(budget=budget))
+
+    plan = plan_at(result.with_lms)
+    assert plan.peak_bytes_after <= budget
+    assert any("Tensordot/Reshape" in s.tensor for s in plan.swaps)  # the views the unknown batch hid
+    with pytest.raises(BudgetError):
+        plan_at(result.with_lms + 1)
+    # The unknown-batch trace, sized per batch, cannot plan those views: it predicts less.
+    assert tflms.max_batch_size(step, budget, limit=256).with_lms < result.with_lms
 
 
 # -- keras_train_step: inputs and labels derived from the model ------------------------
@@ -170,9 +203,13 @@ def test_keras_train_step_of_a_segmentation_model_trains_and_fits_a_budget():
     assert any(not np.array_equal(a, b) for a, b in zip(unet.get_weights(), initial, strict=True))  # it trained
     budget = 8 * 2**20
     result = tflms.max_batch_size(unet, budget, limit=4096)
+    # The per-pixel loss reshapes the logits to (None, None) (batch x 32 x 32 rows): the batch does
+    # not tell that tensor's size, so the model is sized on a trace per batch.
+    source = tflms.autotune.keras_step_source(unet, cf)
+    assert source is not cf
 
     def peak(batch):
-        return Simulator(tflms.GraphModel.from_func_graph(cf.graph, batch_size=batch), HOST).peak()
+        return Simulator(tflms.GraphModel.from_func_graph(source(batch).graph, batch_size=batch), HOST).peak()
 
     assert 1 <= result.without_lms < result.with_lms
     assert peak(result.without_lms) <= budget < peak(result.without_lms + 1)

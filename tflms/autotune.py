@@ -32,13 +32,22 @@ from typing import Any
 import numpy as np
 
 from .candidates import candidate_swaps
-from .config import LMSConfig, parse_bytes
+from .config import LMSConfig, check_int, parse_bytes
 from .errors import BudgetError
 from .graph import GraphModel
 from .plan import Swap, format_sizes, link_seconds
 from .simulator import Simulator
 
-__all__ = ["tune", "max_batch_size", "keras_train_step", "BatchSizeResult", "THRESHOLDS", "GROUPBYS", "AHEADS"]
+__all__ = [
+    "tune",
+    "max_batch_size",
+    "keras_train_step",
+    "keras_step_source",
+    "BatchSizeResult",
+    "THRESHOLDS",
+    "GROUPBYS",
+    "AHEADS",
+]
 
 THRESHOLDS = (0, 5, 10, 20, 40, 80, 160, 320, 640, 1280)
 GROUPBYS = (0, 5, 20, 80)
@@ -208,7 +217,10 @@ def max_batch_size(
     * a ConcreteFunction traced with an unknown (``None``) batch dimension: sizes
       are re-estimated per batch with the ``batch_size`` rule, no retracing;
     * a compiled ``keras.Model`` (loss and optimizer set): its training step is
-      traced once with an unknown batch dimension (see :func:`keras_train_step`);
+      traced once with an unknown batch dimension (see :func:`keras_train_step`), or per
+      batch with static shapes where that trace leaves the size of a forward tensor
+      unknown (a ``Dense`` on a 3-D input reshapes it to ``(None, None)``, which no plan
+      can swap: its size would be a guess);
     * a callable ``factory(batch_size) -> ConcreteFunction`` (retraced per size).
 
     "With LMS" means the autotuner (:func:`tune`) finds a plan that fits (with
@@ -266,6 +278,27 @@ def max_batch_size(
     )
 
 
+def keras_step_source(model: Any, step: Any, label_shape: Any = None, label_dtype: Any = None) -> Any:
+    """What to size a Keras model's training step by per batch: ``step`` (its
+    :func:`keras_train_step`, traced with an unknown batch), or a ``factory(batch) ->
+    ConcreteFunction`` tracing it with static shapes where the batch does not tell the size of
+    a forward tensor. Plans could not swap such a tensor: a ``Dense`` on a 3-D input reshapes
+    it to ``(None, None)``, and the product's leading dimension is batch x sequence.
+    """
+    traced = GraphModel.from_func_graph(step.graph)
+    if all(_batch_sized(t) for t in traced.tensors.values() if traced.phase(t.op) == "forward"):
+        return step
+    return lambda batch: keras_train_step(model, label_shape, label_dtype, batch_size=batch)
+
+
+def _batch_sized(t: Any) -> bool:
+    """True when the batch size tells ``t``'s size: its dimensions other than the leading one are static
+    (tensors of no data, such as resources, count as sized)."""
+    if t.dtype in ("resource", "variant", "string"):
+        return True
+    return t.shape is not None and None not in t.shape[1:]
+
+
 def _check_limit(limit: Any) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be an integer >= 1. Received: limit={limit!r}")
@@ -277,7 +310,7 @@ def _graph_source(step: Any) -> Callable[[int], GraphModel]:
     from . import _tf_internal as tfi
 
     if isinstance(step, keras.Model):
-        step = keras_train_step(step)
+        step = keras_step_source(step, keras_train_step(step))
     if isinstance(step, tfi.ConcreteFunction):
         graph = step.graph
         return lambda batch: GraphModel.from_func_graph(graph, batch_size=batch)
@@ -290,9 +323,13 @@ def _graph_source(step: Any) -> Callable[[int], GraphModel]:
 
 
 def keras_train_step(
-    model: Any, label_shape: Sequence[int | None] | None = None, label_dtype: str | None = None
+    model: Any,
+    label_shape: Sequence[int | None] | None = None,
+    label_dtype: str | None = None,
+    batch_size: int | None = None,
 ) -> Any:
-    """The training step of a compiled Keras model, traced with an unknown batch size.
+    """The training step of a compiled Keras model, traced with an unknown batch size
+    (or with ``batch_size``: every shape static).
 
     Inputs: every input of the model (``model.inputs``, in the structure the model
     takes them: one tensor, a list or a dict), with its shape and dtype. Labels: one
@@ -352,6 +389,8 @@ def keras_train_step(
         )
     if label_shape is not None:
         label_shape = _check_label_shape(label_shape)
+    if batch_size is not None:
+        check_int("batch_size", batch_size, 1)
     if label_dtype is not None:
         try:
             label_dtype = tf.as_dtype(label_dtype).name
@@ -366,9 +405,9 @@ def keras_train_step(
         sparse = _is_sparse_loss(loss)
         shape = label_shape if label_shape is not None else tuple(output.shape[1 : -1 if sparse else None])
         dtype = label_dtype or ("int32" if sparse else "float32")
-        return tf.TensorSpec((None, *shape), dtype)
+        return tf.TensorSpec((batch_size, *shape), dtype)
 
-    x_spec = keras.tree.map_structure(lambda t: tf.TensorSpec((None, *t.shape[1:]), t.dtype), x_struct)
+    x_spec = keras.tree.map_structure(lambda t: tf.TensorSpec((batch_size, *t.shape[1:]), t.dtype), x_struct)
     y_spec = keras.tree.pack_sequence_as(y_struct, [label_spec(o, loss) for o, loss in zip(outputs, losses)])
     optimizer = model.optimizer
     if not optimizer.built:

@@ -184,7 +184,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     import tflms
-    from tflms.autotune import _specs_text, keras_train_step
+    from tflms.autotune import _specs_text, keras_step_source, keras_train_step
 
     shape = tuple(args.input_shape or (224, 224, 3))
     model = build_model(args.model, shape, classes=args.classes or 1000)
@@ -196,7 +196,11 @@ def _plan(args: argparse.Namespace) -> int:
         raise CLIError(" ".join(str(err).split())) from None
     x_spec, y_spec = step.structured_input_signature[0]
     print(f"{args.model}: inputs {_specs_text(x_spec)}; labels {_specs_text(y_spec)}; batch {args.batch}")
-    gm = tflms.GraphModel.from_func_graph(step.graph, batch_size=args.batch)
+    source = keras_step_source(model, step, args.label_shape, args.label_dtype)
+    if source is step:
+        gm = tflms.GraphModel.from_func_graph(step.graph, batch_size=args.batch)
+    else:  # traced again at this batch: the unknown batch leaves a forward tensor's size unknown
+        gm = tflms.GraphModel.from_func_graph(source(args.batch).graph)
     config = tflms.LMSConfig(budget=None if args.budget is None else int(args.budget), recompute=args.recompute)
     try:
         plan = tflms.make_plan(gm, config)
@@ -217,7 +221,7 @@ def _plan(args: argparse.Namespace) -> int:
         plot_memory(gm, plan, args.plot)
         print(f"wrote {args.plot}")
     if args.max_batch:
-        print(tflms.max_batch_size(step, int(args.budget), recompute=args.recompute))
+        print(tflms.max_batch_size(source, int(args.budget), recompute=args.recompute))
     return 0
 
 
