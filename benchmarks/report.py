@@ -205,7 +205,8 @@ def testbed_capacity(data: dict) -> str:
         f"_{_header(data)}; **measured** on the two-process test bed under a real cap, tflms autotuned to "
         f"budget = fraction x cap; search precision {data['rel_tol']:.0%}; measured on: the row's date, and the "
         "measured process's priority below the host worker's (`testbed.DEVICE_NICE`; 0: equal); predicted "
-        "columns: the simulator (`tflms.max_batch_size`) for the same cap_",
+        "columns: the simulator (`tflms.max_batch_size`, the step traced per batch as the measured process traces it) "
+        "for a budget of the cap_",
         "",
         "| model | size | cap | budget | largest batch, plain | largest batch, tflms | ratio | predicted plain "
         "| predicted tflms | measured on |",

@@ -11,6 +11,8 @@ Usage::
 
     python benchmarks/testbed_capacity.py --models resnet50 --cap 600MiB
     python benchmarks/testbed_capacity.py --models transformer --cap 400MiB --start 16
+    python benchmarks/testbed_capacity.py --models encoder --cap 800MiB --start 8
+    python benchmarks/testbed_capacity.py --models resnet50 --predicted-only  # the predicted columns only
 
 Rows of earlier runs for other models are kept in the JSON (each row has its own cap).
 """
@@ -33,9 +35,12 @@ from tflms.testbed import DEVICE_NICE
 def predicted(model: str, size: int | None, cap: int, limit: int) -> tuple[int, int]:
     """(plain, with LMS) largest batch whose *predicted* peak fits ``cap`` (simulator).
 
-    The step is traced as the measured processes trace it: ``measure_step`` turns on op
-    determinism, which changes the graph (a deterministic sparse cross-entropy: ResNet50 96²
-    has 14,618 ops with it, 14,480 without) and so the plans the autotuner finds.
+    The step is traced as the measured processes trace it: per batch, with static shapes
+    (traced with an unknown batch, the transformers' ``Dense`` layers reshape to ``(None,
+    None)``, which no plan swaps: the encoder's plans then fit batch 42 in 720 MiB where the
+    measured process's fit 60), and with op determinism on, as ``measure_step`` does, which
+    changes the graph (a deterministic sparse cross-entropy: ResNet50 96² has 14,618 ops
+    with it, 14,480 without) and so the plans the autotuner finds.
     """
     import tensorflow as tf
 
@@ -45,9 +50,14 @@ def predicted(model: str, size: int | None, cap: int, limit: int) -> tuple[int, 
     from tflms.measure import build
 
     _, x, y, step = build(model, 1, size)
-    spec = [tf.TensorSpec((None, *x.shape[1:]), x.dtype), tf.TensorSpec((None,), y.dtype)]
-    cf = tf.function(step).get_concrete_function(*spec)
-    r = tflms.max_batch_size(cf, cap, limit=limit, rel_tol=0.05)
+    traced = tf.function(step)
+
+    def at(batch: int) -> tf.types.experimental.ConcreteFunction:
+        return traced.get_concrete_function(
+            tf.TensorSpec((batch, *x.shape[1:]), x.dtype), tf.TensorSpec((batch,), y.dtype)
+        )
+
+    r = tflms.max_batch_size(at, cap, limit=limit, rel_tol=0.05)
     return r.without_lms, r.with_lms
 
 
@@ -61,8 +71,24 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="steps per probe (default 2)")
     parser.add_argument("--limit", type=int, default=512, help="largest batch tried")
     parser.add_argument("--rel-tol", type=float, default=0.1, help="bisection precision (default 10%%)")
+    parser.add_argument(
+        "--predicted-only",
+        action="store_true",
+        help="recompute only the predicted columns of the JSON's rows of --models (at each row's cap and size)",
+    )
     args = parser.parse_args()
     cap = parse_bytes(args.cap, "cap")
+    path = Path(__file__).parent / "results" / "testbed_capacity.json"
+    if args.predicted_only:
+        old = json.loads(path.read_text())
+        for r in old["rows"]:
+            if r["model"] in args.models:
+                r["predicted_plain"], r["predicted_lms"] = predicted(r["model"], r["size"], r["cap"], args.limit)
+                r["predicted_on"] = time.strftime("%Y-%m-%d")
+                print(f"{r['model']}: predicted {r['predicted_plain']} plain, {r['predicted_lms']} with tflms")
+        path.write_text(json.dumps(old, indent=2) + "\n")
+        print(f"wrote {path}")
+        return
     rows = []
     for name in args.models:
         t0 = time.perf_counter()
@@ -104,7 +130,6 @@ def main() -> None:
                 "device_nice": DEVICE_NICE,
             }
         )
-    path = Path(__file__).parent / "results" / "testbed_capacity.json"
     if path.exists():  # keep the other models' rows: each model may have its own cap
         done = {r["model"] for r in rows}
         old = json.loads(path.read_text())

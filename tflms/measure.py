@@ -84,13 +84,20 @@ def _transformer(seq: int, dim: int = 256, heads: int = 8, layers: int = 2) -> A
     return keras.Model(inp, out)
 
 
+def _encoder(seq: int) -> Any:
+    """The transformer's blocks, 8 deep: a small encoder (BERT-base has 12 blocks of width 768)."""
+    return _transformer(seq, layers=8)
+
+
 #: name -> (builder(size), default size, input shape from size). ``size`` is the image
-#: side for CNNs and the sequence length for the transformer (width 256, 2 blocks).
+#: side for CNNs and the sequence length for the transformer (width 256, 2 blocks) and
+#: the encoder (the same blocks, 8 deep).
 MODELS: dict[str, tuple[Callable[[int], Any], int, Callable[[int], tuple[int, ...]]]] = {
     "cnn": (_cnn, 64, lambda s: (s, s, 3)),
     "resnet50": (_resnet50, 96, lambda s: (s, s, 3)),
     "densenet121": (_densenet121, 64, lambda s: (s, s, 3)),
     "transformer": (_transformer, 256, lambda s: (s, 256)),
+    "encoder": (_encoder, 256, lambda s: (s, 256)),
 }
 
 
