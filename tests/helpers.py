@@ -40,6 +40,10 @@ def check_structure(cf, plan, device, host):
                 op = graph.get_operation_by_name(consumer)
                 assert op.inputs[index] is land.outputs[0]
                 assert op.device != host
+    # Fences: the forward op waits for the swap-out (a control input from the host Identity).
+    for fence in plan.fences:
+        op = graph.get_operation_by_name(fence.op)
+        assert by_tensor[fence.tensor] in op.control_inputs and op.device != host
     return len(outs), len(ins)
 
 

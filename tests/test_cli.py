@@ -64,6 +64,8 @@ def test_plan_writes_json_that_fits_the_budget(tmp_path):
         "64,64,3",
         "--budget",
         "60MiB",
+        "--swapout-window",
+        "2",
         "--json",
         str(path),
     )
@@ -71,7 +73,11 @@ def test_plan_writes_json_that_fits_the_budget(tmp_path):
     plan = json.loads(path.read_text())
     assert plan["options"]["budget"] == 60 * 2**20
     assert plan["peak_bytes_after"] <= 60 * 2**20 < plan["peak_bytes_before"]
-    assert len(plan["swaps"]) == plan["options"]["n_tensors"] >= 1
+    assert len(plan["swaps"]) == plan["options"]["n_tensors"] >= 3
+    # One fence per swap after the first two (no two swapped tensors share a producer here).
+    assert plan["options"]["swapout_window"] == 2 and len(plan["fences"]) == len(plan["swaps"]) - 2
+    assert {f["tensor"] for f in plan["fences"]} < {s["tensor"] for s in plan["swaps"]}
+    assert f"swap-out fences: {len(plan['fences'])}" in r.stdout
     assert "tflms plan for train_step" in r.stdout
 
 
@@ -90,6 +96,11 @@ def test_plan_writes_json_that_fits_the_budget(tmp_path):
             "bytes): the best plan's peak is ",
         ),
         (["plan", "MobileNetV3Small", "--batch", "4", "--max-batch"], 1, "--max-batch needs --budget"),
+        (
+            ["plan", "MobileNetV3Small", "--batch", "4", "--swapout-window", "0"],
+            1,
+            "swapout_window must be an integer >= 1 or None. Received: swapout_window=0",
+        ),
     ],
 )
 def test_bad_input_gives_one_clear_line(args, code, message):

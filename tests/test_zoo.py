@@ -61,6 +61,26 @@ def test_lms_training_is_bit_identical_and_structured(name):
     assert swap_ops(original.graph) == ([], [])
 
 
+@pytest.mark.parametrize("name", ["cnn", "transformer"])
+def test_swapout_fences_keep_training_bit_identical(name):
+    """``swapout_window`` adds control edges from swap-outs to forward ops: the same numbers
+    as the plain step, the same swaps as without it, and every fence in the graph."""
+    setup = zoo.ZOO[name]()
+    fn = setup.step_fn()
+    plain = tf.function(fn)
+    fenced = tflms.function(fn, device=DEVICE, swapout_window=2, **SMALL)
+    losses_plain, vars_plain = zoo.run_steps(setup, plain, n=3)
+    losses_fenced, vars_fenced = zoo.run_steps(setup, fenced, n=3)
+    np.testing.assert_array_equal(losses_fenced, losses_plain)
+    for a, b in zip(vars_fenced, vars_plain, strict=True):
+        np.testing.assert_array_equal(a, b)
+    plan = fenced.get_plan(setup.x, setup.y)
+    unfenced = tflms.function(fn, device=DEVICE, **SMALL).get_plan(setup.x, setup.y)
+    assert plan.swaps == unfenced.swaps and unfenced.fences == ()
+    assert len(plan.fences) >= 1
+    check_structure(fenced.get_concrete_function(setup.x, setup.y), plan, DEVICE, HOST)
+
+
 def test_resnet50_plan_lowers_the_predicted_peak():
     setup = zoo.resnet50(batch=16, size=128)
     cf = tf.function(setup.step_fn()).get_concrete_function(setup.x, setup.y)

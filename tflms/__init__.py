@@ -50,6 +50,7 @@ _EXPORTS = {
     "TflmsError": "errors",
     "GraphModel": "graph",
     "LMSCallback": "keras",
+    "Fence": "plan",
     "Recompute": "plan",
     "Swap": "plan",
     "SwapIn": "plan",

@@ -201,7 +201,11 @@ def _plan(args: argparse.Namespace) -> int:
         gm = tflms.GraphModel.from_func_graph(step.graph, batch_size=args.batch)
     else:  # traced again at this batch: the unknown batch leaves a forward tensor's size unknown
         gm = tflms.GraphModel.from_func_graph(source(args.batch).graph)
-    config = tflms.LMSConfig(budget=None if args.budget is None else int(args.budget), recompute=args.recompute)
+    config = tflms.LMSConfig(
+        budget=None if args.budget is None else int(args.budget),
+        recompute=args.recompute,
+        swapout_window=args.swapout_window,
+    )
     try:
         plan = tflms.make_plan(gm, config)
     except tflms.BudgetError as err:
@@ -293,6 +297,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--recompute",
         action="store_true",
         help="recompute cheap element-wise tensors instead of swapping them where the cost model predicts less time",
+    )
+    p.add_argument(
+        "--swapout-window",
+        type=int,
+        metavar="N",
+        help="at most N swap-outs in flight: fence each swapped tensor's producer on the swap-out N before it",
     )
     p.add_argument("--json", help="write the plan JSON here")
     p.add_argument("--plot", help="write the memory timeline PNG here")

@@ -213,6 +213,13 @@ class LMSConfig:
         device_bandwidth: device memory bandwidth in bytes per second (like
             ``link_bandwidth``); the recompute cost model's compute speed. Default
             :data:`DEVICE_BANDWIDTH`.
+        swapout_window: at most this many swap-outs in flight: the forward op that
+            produces the k-th swapped tensor (in execution order) starts only after the
+            swap-out of the (k - ``swapout_window``)-th has reached the host (a
+            :class:`tflms.Fence` per swap). A swapped-out buffer stays on the device
+            until the link has sent it, so when the forward pass runs ahead of the link,
+            several wait at once and the peak exceeds the prediction. ``None`` (default):
+            no fences.
     """
 
     device: str | None = None
@@ -232,6 +239,7 @@ class LMSConfig:
     link_latency: float = LINK_LATENCY
     recompute: bool = False
     device_bandwidth: int = DEVICE_BANDWIDTH
+    swapout_window: int | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -248,6 +256,7 @@ class LMSConfig:
         check_int("min_bytes", self.min_bytes, 0)
         check_int("n_tensors", self.n_tensors, 0, allow_none=True)
         check_int("batch_size", self.batch_size, 1, allow_none=True)
+        check_int("swapout_window", self.swapout_window, 1, allow_none=True)
         if self.budget is not None:
             set_(self, "budget", parse_bytes(self.budget, "budget"))
         set_(self, "link_bandwidth", _check_bandwidth("link_bandwidth", self.link_bandwidth))

@@ -5,10 +5,10 @@ The planner and the rewriter meet only here. A plan can be printed
 :meth:`SwapPlan.from_json`), edited by hand, compared against a golden, and
 broadcast so that every Horovod rank applies the same plan.
 
-JSON format (``format_version`` 2; version 1, without ``recomputes``, is still read),
-a top-level object::
+JSON format (``format_version`` 3; version 1, without ``recomputes``, and version 2,
+without ``fences``, are still read), a top-level object::
 
-    {"format_version": 2, "function": "...", "options": {...LMSConfig...},
+    {"format_version": 3, "function": "...", "options": {...LMSConfig...},
      "n_ops": 1234, "peak_bytes_before": ..., "peak_bytes_after": ...,
      "variable_bytes": ..., "reason": "",
      "swaps": [{"tensor": "conv1/Relu:0", "producer": "conv1/Relu",
@@ -22,10 +22,14 @@ a top-level object::
                      "bytes": 2097152, "work_bytes": 14680064, "level": 20, "distance": 50,
                      "groups": [{"consumers": [["gradient_tape/conv3/Conv2DBackpropFilter", 0]],
                                  "trigger": "gradient_tape/conv3/...", "level": 70,
-                                 "trigger_level": 69}]}]}
+                                 "trigger_level": 69}]}],
+     "fences": [{"tensor": "conv1/Relu:0", "op": "conv3/Conv2D"}]}
 
 A swap's consumer may be a recompute's clone (``tflms_recompute/<producer>/<group>/<op>``):
 the recompute reads a swapped tensor. The rewrite applies the recomputes first.
+
+A fence (``swapout_window``) is an ordering edge: ``op``, a forward op, starts only after
+``tensor``'s swap-out has reached the host.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ __all__ = [
     "SwapIn",
     "Swap",
     "Recompute",
+    "Fence",
     "SwapPlan",
     "FORMAT_VERSION",
     "RECOMPUTE_SCOPE",
@@ -58,9 +63,9 @@ __all__ = [
     "recompute_seconds",
 ]
 
-FORMAT_VERSION = 2
-#: Plan format versions :meth:`SwapPlan.from_dict` reads (1: before recompute existed).
-READ_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+#: Plan format versions :meth:`SwapPlan.from_dict` reads (1: before recompute existed; 2: before fences).
+READ_VERSIONS = (1, 2, 3)
 #: Name scope of the ops a recompute adds (clones of forward ops).
 RECOMPUTE_SCOPE = "tflms_recompute"
 #: Fixed cost of one recomputed op in seconds (a kernel launch), in the recompute cost model.
@@ -132,6 +137,16 @@ class Recompute:
         return self.clone_tensor(self.tensor, group)
 
 
+@dataclasses.dataclass(frozen=True)
+class Fence:
+    """An ordering edge: the forward op ``op`` starts only after the swap-out of ``tensor``
+    (a swapped tensor of the same plan) has reached the host. It bounds how far the forward
+    pass runs ahead of the link (see ``LMSConfig.swapout_window``)."""
+
+    tensor: str
+    op: str
+
+
 def recompute_seconds(recomputes: Iterable[Recompute], device_bandwidth: float) -> float:
     """Predicted compute time the recomputes add per step: per group, ``OP_LATENCY`` per op
     plus ``work_bytes / device_bandwidth`` (element-wise ops are memory-bound).
@@ -180,6 +195,7 @@ class SwapPlan:
     reason: str = ""
     format_version: int = FORMAT_VERSION
     recomputes: tuple[Recompute, ...] = ()
+    fences: tuple[Fence, ...] = ()
 
     def __post_init__(self) -> None:
         # Frozen means frozen: the options are a read-only view of a private copy.
@@ -293,6 +309,7 @@ class SwapPlan:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["swaps"] = [dataclasses.asdict(s) for s in self.swaps]
         d["recomputes"] = [dataclasses.asdict(r) for r in self.recomputes]
+        d["fences"] = [dataclasses.asdict(f) for f in self.fences]
         d["options"] = dict(self.options)
         return _jsonable(d)
 
@@ -352,6 +369,7 @@ class SwapPlan:
             variable_bytes=d.get("variable_bytes", 0),
             reason=d.get("reason", ""),
             recomputes=recomputes,
+            fences=tuple(Fence(tensor=f["tensor"], op=f["op"]) for f in d.get("fences", ())),
         )
 
     @classmethod
@@ -386,6 +404,12 @@ class SwapPlan:
             lines.append(
                 f"predicted recompute time per step: {self.recompute_seconds * 1e3:.2f} ms at {bandwidth / 1e9:g} GB/s "
                 f"of device memory and {OP_LATENCY * 1e6:g} us per op"
+            )
+        if self.fences:
+            window = self.options.get("swapout_window")
+            lines.append(
+                f"swap-out fences: {len(self.fences)} (a forward op waits until the swap-out {window} swaps "
+                "before it has reached the host)"
             )
         if self.reason:
             lines.append(f"note: {self.reason}")

@@ -26,6 +26,9 @@ Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`
 * ``n_tensors`` keeps the largest candidates (bytes, then distance, then name).
 * ``budget`` (bytes) hands the choice of ``swapout_threshold``, ``swapin_ahead``,
   ``swapin_groupby`` and ``n_tensors`` to :mod:`tflms.autotune`.
+* ``swapout_window`` adds fences (:class:`tflms.Fence`): with the swapped tensors in
+  the simulator's execution order, the producer of the k-th waits for the swap-out of
+  the (k - window)-th, when it runs strictly later (several outputs of one op share it).
 * ``recompute=True`` first takes the candidates that :mod:`tflms.recompute` predicts
   cheaper to recompute than to swap (with the options as given, before any tuning),
   applies them to the model (:func:`tflms.recompute.recomputed_model`), and plans the
@@ -44,10 +47,18 @@ from ._util import format_bytes, format_sizes
 from .candidates import EXCLUDED_DTYPES, EXCLUDED_PRODUCER_TYPES, candidate_swaps, is_collective
 from .config import LMSConfig
 from .graph import GraphModel
-from .plan import SwapPlan
+from .plan import Fence, Swap, SwapPlan
 from .simulator import Simulator
 
-__all__ = ["make_plan", "empty_plan", "candidate_swaps", "is_collective", "EXCLUDED_PRODUCER_TYPES", "EXCLUDED_DTYPES"]
+__all__ = [
+    "make_plan",
+    "empty_plan",
+    "fences_for",
+    "candidate_swaps",
+    "is_collective",
+    "EXCLUDED_PRODUCER_TYPES",
+    "EXCLUDED_DTYPES",
+]
 
 
 def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None = None) -> SwapPlan:
@@ -103,7 +114,19 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         peak_bytes_after=sim.peak(swaps),
         variable_bytes=model.variable_bytes,
         recomputes=tuple(recomputes),
+        fences=fences_for(model, swaps, config.swapout_window) if config.swapout_window else (),
     ).with_model(original)
+
+
+def fences_for(model: GraphModel, swaps: list[Swap], window: int) -> tuple[Fence, ...]:
+    """The fences that keep at most ``window`` of ``swaps`` in flight (see :class:`tflms.LMSConfig`)."""
+    pos = {op: i for i, op in enumerate(model.schedule())}
+    ordered = sorted(swaps, key=lambda s: (pos[s.producer], s.tensor))
+    return tuple(
+        Fence(tensor=earlier.tensor, op=later.producer)
+        for earlier, later in zip(ordered, ordered[window:])
+        if pos[later.producer] > pos[earlier.producer]
+    )
 
 
 def empty_plan(model: GraphModel, config: LMSConfig, peak_bytes: int, reason: str) -> SwapPlan:

@@ -31,6 +31,10 @@ same rewrites, and their control input from the trigger keeps them distinct from
 originals, so they survive (``tests/test_recompute.py`` checks both). A swap whose
 consumer is a clone then rewires the clone's input, as for any consumer.
 
+Fences (:class:`~tflms.plan.Fence`) are control inputs from a swap-out (on the host) to a
+forward op on the device: TensorFlow's partitioner turns such an edge into a send of a
+control signal after the host's ``Identity`` has its copy, so the op waits for the transfer.
+
 Why the landing: the consumers then read a tensor of their own device, as in the
 plain step. Grappler leaves alone some rewrites whose inputs sit on another device:
 constant folding's push-down (``Mul(C, Mul(x, y))`` -> ``Mul(x, Mul(C, y))``) checks
@@ -81,7 +85,7 @@ def _plan_error(plan: SwapPlan, what: str) -> ValueError:
 
 def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on: str = "host") -> dict[str, int]:
     """Edit ``graph`` in place; return op-count changes, e.g.
-    ``{'swap_out': 3, 'swap_in': 4, 'landing': 4, 'recompute': 0}``.
+    ``{'swap_out': 3, 'swap_in': 4, 'landing': 4, 'recompute': 0, 'fence': 0}``.
 
     ``device`` is where the step runs (its unplaced ops and the consumers of swap-ins);
     every swap op is placed on ``host``. ``swap_in_on='device'`` instead places the
@@ -138,12 +142,18 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
                 if index >= len(op.inputs) or op.inputs[index].name != tensor.name:
                     raise _plan_error(plan, f"input {index} of {op_name!r} is not {swap.tensor!r}")
                 tfi.update_input(op, index, land)
+    swapped_out = {s.tensor: out for s, out in zip(plan.swaps, outs)}
+    for fence in plan.fences:
+        if fence.tensor not in swapped_out:
+            raise _plan_error(plan, f"fence on {fence.tensor!r}, which the plan does not swap")
+        tfi.add_control_input(lookup("fence op", graph.get_operation_by_name, fence.op), swapped_out[fence.tensor].op)
     n_in = sum(len(g) for g in backs)
     return {
         "swap_out": len(outs),
         "swap_in": n_in,
         "landing": n_in if swap_in_on == "host" else 0,
         "recompute": n_clones,
+        "fence": len(plan.fences),
     }
 
 

@@ -139,15 +139,37 @@ def test_plan_json_is_deterministic_and_roundtrips():
     p2 = make_plan(chain_model(n_fwd=6), cfg)
     assert p1.to_json() == p2.to_json() and p1.fingerprint() == p2.fingerprint()
     data = json.loads(p1.to_json())
-    assert data["format_version"] == 2 and data["recomputes"] == []
+    assert data["format_version"] == 3 and data["recomputes"] == [] and data["fences"] == []
     assert {"swaps", "peak_bytes_before", "peak_bytes_after", "options"} <= set(data)
     assert data["options"]["swapout_threshold"] == 4
     assert SwapPlan.from_json(p1.to_json()) == p1
     with pytest.raises(ValueError, match="format_version"):
         SwapPlan.from_json(json.dumps({**data, "format_version": 99}))
-    # Version 1 (before recompute) is still read: no recomputes.
-    old = {k: v for k, v in data.items() if k != "recomputes"}
+    # Versions 1 (before recompute) and 2 (before fences) are still read.
+    old = {k: v for k, v in data.items() if k not in ("recomputes", "fences")}
     assert SwapPlan.from_json(json.dumps({**old, "format_version": 1})) == p1
+    assert SwapPlan.from_json(json.dumps({**old, "format_version": 2})) == p1
+
+
+def test_swapout_window_fences_each_swap_on_the_one_window_before_it():
+    model = chain_model(n_fwd=8)
+    plain = make_plan(model, LMSConfig(swapout_threshold=2, swapin_ahead=1, min_bytes=0))
+    assert plain.fences == () and len(plain.swaps) >= 4
+    for window in (1, 2):
+        plan = make_plan(model, LMSConfig(swapout_threshold=2, swapin_ahead=1, min_bytes=0, swapout_window=window))
+        assert plan.swaps == plain.swaps and plan.peak_bytes_after == plain.peak_bytes_after
+        pos = {o: i for i, o in enumerate(model.schedule())}
+        ordered = sorted(plan.swaps, key=lambda s: pos[s.producer])
+        # The producer of each swapped tensor waits for the swap-out `window` swaps before it.
+        assert [(f.tensor, f.op) for f in plan.fences] == [
+            (a.tensor, b.producer) for a, b in zip(ordered, ordered[window:])
+        ]
+        assert f"swap-out fences: {len(plan.fences)}" in plan.summary()
+        data = json.loads(plan.to_json())
+        assert data["fences"][0] == {"tensor": ordered[0].tensor, "op": ordered[window].producer}
+        assert SwapPlan.from_json(plan.to_json()) == plan
+    with pytest.raises(ValueError, match=r"swapout_window must be.*Received: swapout_window=0"):
+        LMSConfig(swapout_window=0)
 
 
 def test_summary_lists_every_swap_and_the_peaks():
