@@ -113,6 +113,7 @@ def _step(row: dict) -> str:
         "lms": "tflms",
         "lms_device_gated": "tflms, swap-ins on the device",
         "lms_recompute": "tflms, recompute",
+        "lms_fenced": "tflms, fenced (`swapout_window=4`)",
     }[row["mode"]]
 
 
@@ -215,8 +216,10 @@ def testbed_capacity(data: dict) -> str:
     for r in data["rows"]:
         ratio = f"x{r['ratio']:.1f}" if r["ratio"] else "-"
         fraction = r.get("fraction", data.get("fraction"))
+        window = r.get("swapout_window")
+        model = f"{r['model']}, fenced (`swapout_window={window}`)" if window else r["model"]
         lines.append(
-            f"| {r['model']} | {r['size']} | {_mib(r['cap'])} | {fraction:g} x cap | {r['plain']} | {r['lms']} "
+            f"| {model} | {r['size']} | {_mib(r['cap'])} | {fraction:g} x cap | {r['plain']} | {r['lms']} "
             f"| {ratio} | {r['predicted_plain']} "
             f"| {r['predicted_lms']} | {r['date']}, nice {r['device_nice']} |"
         )
@@ -270,6 +273,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "testbed_memory": testbed_memory,
     "testbed_capacity": testbed_capacity,
     "recompute": recompute,
+    "fences": simulator_accuracy,
     "peak_anatomy": peak_anatomy,
 }
 

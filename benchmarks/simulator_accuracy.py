@@ -4,7 +4,8 @@ Each case trains a few Adam steps of a model of :data:`tflms.measure.MODELS` in 
 fresh measured process (:func:`tflms.measure.measure`: TensorFlow's BFC allocator
 on the CPU is the device, a second TensorFlow process is the host), plain and
 with the default LMS plan (and, for ``MODEL:BATCH:gated`` cases, the same plan with
-its swap-ins on the device: tflms 0.1's rewrite, the negative control), from the
+its swap-ins on the device: tflms 0.1's rewrite, the negative control; for ``:fenced``,
+the same swaps with ``swapout_window=tflms.measure.FENCE_WINDOW``), from the
 same weights, and repeats that in ``--runs`` fresh processes. Per run it records
 the steady-state peak (the largest per-step peak after one warm-up step) and the
 first step's peak; the simulator's prediction is the same in every run.
@@ -16,6 +17,9 @@ Usage::
     # recompute (issue 8): the README's recompute table
     python benchmarks/simulator_accuracy.py --cases cnn:32:recompute transformer:8:recompute \
         resnet50:16:recompute --runs 2 --json benchmarks/results/recompute.json
+    # fences: the README's fences table
+    python benchmarks/simulator_accuracy.py --cases transformer:16:fenced encoder:32:fenced --runs 3 \
+        --steps 8 --json benchmarks/results/fences.json
 """
 
 from __future__ import annotations
@@ -61,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         "--cases",
         nargs="+",
         default=list(DEFAULT_CASES),
-        help="MODEL:BATCH[:gated][:recompute] (gated: also the swap-ins-on-the-device control; recompute: also "
-        "the plan with recompute=True)",
+        help="MODEL:BATCH[:gated][:recompute][:fenced] (gated: also the swap-ins-on-the-device control; "
+        "recompute: also the plan with recompute=True; fenced: also the plan with swapout_window)",
     )
     parser.add_argument("--runs", type=int, default=3, help="fresh measured processes per case")
     parser.add_argument("--steps", type=int, default=4, help="measured steps per run, after one warm-up step")
@@ -74,11 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'model':12} {'batch':>5} {'step':>6} {'steady MiB (per run)':>28} {'predicted MiB':>14}")
     for case in args.cases:
         model, batch, *flags = case.split(":")
-        unknown = sorted(set(flags) - {"gated", "recompute"})
+        unknown = sorted(set(flags) - {"gated", "recompute", "fenced"})
         if unknown:
-            parser.error(f"unknown case flag(s) {', '.join(unknown)} in {case!r}: use gated and/or recompute")
+            parser.error(f"unknown case flag(s) {', '.join(unknown)} in {case!r}: use gated, recompute or fenced")
         modes = ["plain", "lms"] + (["lms_device_gated"] if "gated" in flags else [])
         modes += ["lms_recompute"] if "recompute" in flags else []
+        modes += ["lms_fenced"] if "fenced" in flags else []
         for row in run_case(model, int(batch), modes, args.runs, args.steps):
             rows.append(row)
             runs = " ".join(f"{p / 2**20:.0f}" for p in row["runs"]) or "failed"

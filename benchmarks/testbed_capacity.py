@@ -12,9 +12,11 @@ Usage::
     python benchmarks/testbed_capacity.py --models resnet50 --cap 600MiB
     python benchmarks/testbed_capacity.py --models transformer --cap 400MiB --start 16
     python benchmarks/testbed_capacity.py --models encoder --cap 800MiB --start 8
+    python benchmarks/testbed_capacity.py --models encoder --cap 800MiB --start 8 --swapout-window 4
     python benchmarks/testbed_capacity.py --models resnet50 --predicted-only  # the predicted columns only
 
-Rows of earlier runs for other models are kept in the JSON (each row has its own cap).
+Rows of earlier runs for other models are kept in the JSON (each row has its own cap); a
+run with ``--swapout-window`` (the tflms probes plan with fences) has rows of its own.
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=512, help="largest batch tried")
     parser.add_argument("--rel-tol", type=float, default=0.1, help="bisection precision (default 10%%)")
     parser.add_argument(
+        "--swapout-window", type=int, metavar="N", help="tflms probes plan with swapout_window=N (fences)"
+    )
+    parser.add_argument(
         "--predicted-only",
         action="store_true",
         help="recompute only the predicted columns of the JSON's rows of --models (at each row's cap and size)",
@@ -95,7 +100,8 @@ def main() -> None:
         log: list[dict] = []
 
         def fits(batch: int, lms: bool, name: str = name, log: list = log) -> bool:
-            kw = {"modes": ["lms"], "options": {"budget": int(cap * args.fraction)}} if lms else {"modes": ["plain"]}
+            options = {"budget": int(cap * args.fraction), "swapout_window": args.swapout_window}
+            kw = {"modes": ["lms"], "options": options} if lms else {"modes": ["plain"]}
             r = measure(name, batch, size=args.size, steps=args.steps, cap=cap, timeout=1800, **kw)
             ok = r.ok
             probe = {"batch": batch, "lms": lms, "status": r.status, "seconds": round(r.seconds, 1)}
@@ -119,6 +125,7 @@ def main() -> None:
                 "size": args.size or MODELS[name][1],
                 "cap": cap,
                 "fraction": args.fraction,
+                "swapout_window": args.swapout_window,
                 "plain": plain,
                 "lms": with_lms,
                 "ratio": round(with_lms / plain, 2) if plain else None,
@@ -131,10 +138,14 @@ def main() -> None:
             }
         )
     if path.exists():  # keep the other models' rows: each model may have its own cap
-        done = {r["model"] for r in rows}
+        done = {(r["model"], r["swapout_window"]) for r in rows}
         old = json.loads(path.read_text())
         # Rows from before per-row dates were measured at the file's date, at equal priority.
-        kept = [{"date": old["date"], "device_nice": 0, **r} for r in old["rows"] if r["model"] not in done]
+        kept = [
+            {"date": old["date"], "device_nice": 0, **r}
+            for r in old["rows"]
+            if (r["model"], r.get("swapout_window")) not in done
+        ]
         rows = kept + rows
     print("\nlargest batch under a real cap (measured, two-process test bed)")
     head = ("model", "cap MiB", "size", "plain", "tflms", "ratio", "pred. plain", "pred. tflms")

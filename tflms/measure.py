@@ -101,6 +101,11 @@ MODELS: dict[str, tuple[Callable[[int], Any], int, Callable[[int], tuple[int, ..
 }
 
 
+#: ``swapout_window`` of the ``'lms_fenced'`` mode of :func:`measure_step`: four swap-outs in flight
+#: kept every step of the 8-block encoder (batch 32) within 2 % of its prediction on the test bed.
+FENCE_WINDOW = 4
+
+
 def build(name: str, batch: int, size: int | None = None, seed: int = 0) -> tuple[Any, Any, Any, Callable]:
     """``(model, x, y, train_step)`` for a model of :data:`MODELS`, seeded and deterministic."""
     import keras
@@ -160,10 +165,11 @@ def measure_step(
     has ``peak`` (the steady-state peak: the largest measured per-step peak after the
     warm-up, bytes), ``first_peak``, ``peaks`` and ``losses`` (every step, the warm-up
     included), ``step_seconds``, ``predicted`` (the simulator's peak of the step that ran) and, for
-    ``'lms'``, ``n_swaps``, ``n_swap_ins``, ``swapped_bytes`` and the plan's ``options``.
+    ``'lms'``, ``n_swaps``, ``n_swap_ins``, ``n_fences``, ``swapped_bytes`` and the plan's ``options``.
     ``'lms_device_gated'`` applies the same plan with the swap-ins on the device (as tflms
     0.1 did; see :func:`tflms.rewrite.apply_plan`): the negative control.
-    ``'lms_recompute'`` is ``'lms'`` with ``recompute=True`` (:mod:`tflms.recompute`);
+    ``'lms_fenced'`` is ``'lms'`` with ``swapout_window=``:data:`FENCE_WINDOW` (the same swaps,
+    plus fences). ``'lms_recompute'`` is ``'lms'`` with ``recompute=True`` (:mod:`tflms.recompute`);
     its entry also has ``n_recomputes`` and ``recomputed_bytes``. Every ``lms`` mode's entry
     has the plan's predicted ``link_seconds`` and ``recompute_seconds``.
     """
@@ -178,10 +184,11 @@ def measure_step(
 
     check_int("steps", steps, 1)
     check_int("warmup", warmup, 0)
-    unknown = sorted(set(modes) - {"plain", "lms", "lms_device_gated", "lms_recompute"})
+    unknown = sorted(set(modes) - {"plain", "lms", "lms_device_gated", "lms_recompute", "lms_fenced"})
     if unknown or not modes:
         raise ValueError(
-            "modes must be a non-empty list of 'plain', 'lms', 'lms_device_gated' and 'lms_recompute'. "
+            "modes must be a non-empty list of 'plain', 'lms', 'lms_device_gated', 'lms_recompute' and "
+            "'lms_fenced'. "
             f"Received: modes={modes!r}"
         )
     tf.config.experimental.enable_op_determinism()
@@ -202,7 +209,7 @@ def measure_step(
         entry: dict[str, Any] = {}
         step = cf
         if mode.startswith("lms"):
-            extra = {"recompute": True} if mode == "lms_recompute" else {}
+            extra = {"lms_recompute": {"recompute": True}, "lms_fenced": {"swapout_window": FENCE_WINDOW}}.get(mode, {})
             step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **{**(options or {}), **extra})
             if mode == "lms_device_gated":  # the negative control: tflms 0.1's swap-in placement
                 graph = tfi.copy_graph(cf)
@@ -212,6 +219,7 @@ def measure_step(
                 predicted=plan.peak_bytes_after,
                 n_swaps=len(plan.swaps),
                 n_swap_ins=plan.n_swap_ins,
+                n_fences=len(plan.fences),
                 swapped_bytes=plan.swapped_bytes,
                 n_recomputes=len(plan.recomputes),
                 recomputed_bytes=plan.recomputed_bytes,
