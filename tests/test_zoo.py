@@ -79,6 +79,13 @@ def test_swapout_fences_keep_training_bit_identical(name):
     assert plan.swaps == unfenced.swaps and unfenced.fences == ()
     assert len(plan.fences) >= 1
     check_structure(fenced.get_concrete_function(setup.x, setup.y), plan, DEVICE, HOST)
+    # A fence on a tensor the plan does not swap (a hand-edited plan) is refused by name.
+    from tflms.rewrite import apply_plan
+
+    bad = dataclasses.replace(plan, fences=(tflms.Fence("no/such:0", plan.fences[0].op),))
+    graph = tfi.copy_graph(plain.get_concrete_function(setup.x, setup.y))
+    with pytest.raises(ValueError, match=r"fence on 'no/such:0', which the plan does not swap"):
+        apply_plan(graph, bad, DEVICE, HOST)
 
 
 def test_resnet50_plan_lowers_the_predicted_peak():
