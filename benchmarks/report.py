@@ -16,6 +16,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from tflms.measure import FENCE_WINDOW
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -113,7 +115,7 @@ def _step(row: dict) -> str:
         "lms": "tflms",
         "lms_device_gated": "tflms, swap-ins on the device",
         "lms_recompute": "tflms, recompute",
-        "lms_fenced": "tflms, fenced (`swapout_window=4`)",
+        "lms_fenced": f"tflms, fenced (`swapout_window={FENCE_WINDOW}`)",
     }[row["mode"]]
 
 

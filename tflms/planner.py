@@ -42,6 +42,7 @@ Deterministic: the same graph and options give the same plan, byte for byte.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from ._util import format_bytes, format_sizes
 from .candidates import EXCLUDED_DTYPES, EXCLUDED_PRODUCER_TYPES, candidate_swaps, is_collective
@@ -114,13 +115,13 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         peak_bytes_after=sim.peak(swaps),
         variable_bytes=model.variable_bytes,
         recomputes=tuple(recomputes),
-        fences=fences_for(model, swaps, config.swapout_window) if config.swapout_window else (),
+        fences=fences_for(sim.pos, swaps, config.swapout_window) if config.swapout_window else (),
     ).with_model(original)
 
 
-def fences_for(model: GraphModel, swaps: list[Swap], window: int) -> tuple[Fence, ...]:
-    """The fences that keep at most ``window`` of ``swaps`` in flight (see :class:`tflms.LMSConfig`)."""
-    pos = {op: i for i, op in enumerate(model.schedule())}
+def fences_for(pos: Mapping[str, int], swaps: list[Swap], window: int) -> tuple[Fence, ...]:
+    """The fences that keep at most ``window`` of ``swaps`` in flight (see :class:`tflms.LMSConfig`);
+    ``pos``: each op's position in the execution order (:attr:`tflms.Simulator.pos`)."""
     ordered = sorted(swaps, key=lambda s: (pos[s.producer], s.tensor))
     return tuple(
         Fence(tensor=earlier.tensor, op=later.producer)
