@@ -1,6 +1,7 @@
 """@tflms.function on real models: bit-identical training and the exact graph structure."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -79,13 +80,31 @@ def test_swapout_fences_keep_training_bit_identical(name):
     assert plan.swaps == unfenced.swaps and unfenced.fences == ()
     assert len(plan.fences) >= 1
     check_structure(fenced.get_concrete_function(setup.x, setup.y), plan, DEVICE, HOST)
-    # A fence on a tensor the plan does not swap (a hand-edited plan) is refused by name.
+    # A fence on a tensor the plan does not swap (a hand-edited plan) is refused by name,
+    # before the graph is edited.
     from tflms.rewrite import apply_plan
 
     bad = dataclasses.replace(plan, fences=(tflms.Fence("no/such:0", plan.fences[0].op),))
     graph = tfi.copy_graph(plain.get_concrete_function(setup.x, setup.y))
+    n_ops = len(graph.get_operations())
     with pytest.raises(ValueError, match=r"fence on 'no/such:0', which the plan does not swap"):
         apply_plan(graph, bad, DEVICE, HOST)
+    # A fence that makes its tensor's own producer wait for the swap-out would make a
+    # cycle: refused by name, before the graph is edited.
+    swap = plan.swaps[0]
+    cyclic = dataclasses.replace(plan, fences=(tflms.Fence(swap.tensor, swap.producer),))
+    refused = rf"fence on '{re.escape(swap.tensor)}' at '{re.escape(swap.producer)}' would make a cycle"
+    with pytest.raises(ValueError, match=refused):
+        apply_plan(graph, cyclic, DEVICE, HOST)
+    # So is a swap-in triggered by the op it feeds.
+    consumer = swap.swap_ins[0].consumers[0][0]
+    late = dataclasses.replace(swap.swap_ins[0], trigger=consumer)
+    cyclic = dataclasses.replace(
+        plan, fences=(), swaps=(dataclasses.replace(swap, swap_ins=(late, *swap.swap_ins[1:])), *plan.swaps[1:])
+    )
+    with pytest.raises(ValueError, match=rf"swap-in trigger '{re.escape(consumer)}' of '{re.escape(swap.tensor)}'"):
+        apply_plan(graph, cyclic, DEVICE, HOST)
+    assert len(graph.get_operations()) == n_ops
 
 
 def test_resnet50_plan_lowers_the_predicted_peak():

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import networkx as nx
 import tensorflow as tf
 
 from . import _tf_internal as tfi
@@ -102,6 +103,11 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
         except (KeyError, ValueError):
             raise _plan_error(plan, f"no {kind} {name!r}") from None
 
+    swapped = {s.tensor for s in plan.swaps}
+    for fence in plan.fences:
+        if fence.tensor not in swapped:
+            raise _plan_error(plan, f"fence on {fence.tensor!r}, which the plan does not swap")
+    _check_acyclic(graph, plan)
     n_clones = _apply_recomputes(graph, plan, device, lookup)
     tensors = [lookup("tensor", graph.get_tensor_by_name, s.tensor) for s in plan.swaps]
     with graph.as_default(), tf.control_dependencies(None):
@@ -144,8 +150,6 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
                 tfi.update_input(op, index, land)
     swapped_out = {s.tensor: out for s, out in zip(plan.swaps, outs)}
     for fence in plan.fences:
-        if fence.tensor not in swapped_out:
-            raise _plan_error(plan, f"fence on {fence.tensor!r}, which the plan does not swap")
         tfi.add_control_input(lookup("fence op", graph.get_operation_by_name, fence.op), swapped_out[fence.tensor].op)
     n_in = sum(len(g) for g in backs)
     return {
@@ -155,6 +159,41 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
         "recompute": n_clones,
         "fence": len(plan.fences),
     }
+
+
+def _check_acyclic(graph: Any, plan: SwapPlan) -> None:
+    """Refuse, before any edit, a plan whose ordering edges would make a cycle.
+
+    Each trigger runs before its group's consumers (through the swap-in or the clones),
+    and each fence's op after the producer of its tensor (through the swap-out). A
+    hand-edited plan can break that (a fence op upstream of its tensor, a trigger after
+    a consumer); TensorFlow would only refuse the graph when the step first runs. Names
+    the graph does not have are left to the lookups that report them.
+    """
+    dag = nx.DiGraph()
+    for op in graph.get_operations():
+        dag.add_node(op.name)
+        dag.add_edges_from((t.op.name, op.name) for t in op.inputs)
+        dag.add_edges_from((c.name, op.name) for c in op.control_inputs)
+    added: dict[tuple[str, str], str] = {}
+    for s in plan.swaps:
+        for si in s.swap_ins:
+            for consumer, _ in si.consumers if si.trigger is not None else ():
+                added.setdefault((si.trigger, consumer), f"swap-in trigger {si.trigger!r} of {s.tensor!r}")
+    for rc in plan.recomputes:
+        for group in rc.groups:
+            for consumer, _ in group.consumers:
+                added.setdefault((group.trigger, consumer), f"recompute trigger {group.trigger!r} of {rc.tensor!r}")
+    for fence in plan.fences:
+        added.setdefault((fence.tensor.rpartition(":")[0], fence.op), f"fence on {fence.tensor!r} at {fence.op!r}")
+    dag.add_edges_from(edge for edge in added if edge[0] in dag and edge[1] in dag)
+    try:
+        cycle = nx.find_cycle(dag)
+    except nx.NetworkXNoCycle:
+        return
+    culprits = [added[(u, v)] for u, v in cycle if (u, v) in added]
+    path = " -> ".join([u for u, _ in cycle][:6] + ["..."] * (len(cycle) > 6))
+    raise _plan_error(plan, f"its {'; '.join(culprits) or 'ordering edges'} would make a cycle ({path})")
 
 
 def _apply_recomputes(graph: Any, plan: SwapPlan, device: str, lookup: Any) -> int:
