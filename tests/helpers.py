@@ -44,6 +44,10 @@ def check_structure(cf, plan, device, host):
     for fence in plan.fences:
         op = graph.get_operation_by_name(fence.op)
         assert by_tensor[fence.tensor] in op.control_inputs and op.device != host
+    # Orders: one backward op waits for another (a control input on the device).
+    for order in plan.orders:
+        op = graph.get_operation_by_name(order.op)
+        assert graph.get_operation_by_name(order.after) in op.control_inputs and op.device != host
     return len(outs), len(ins)
 
 

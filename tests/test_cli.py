@@ -81,6 +81,19 @@ def test_plan_writes_json_that_fits_the_budget(tmp_path):
     assert "tflms plan for train_step" in r.stdout
 
 
+def test_plan_serialize_writes_its_orders(tmp_path):
+    path = tmp_path / "plan.json"
+    args = ("--batch", "32", "--input-shape", "64,64,3", "--classes", "10", "--serialize", "--json", str(path))
+    r = tflms("plan", "MobileNetV3Small", *args)
+    assert r.returncode == 0, r.stderr[-2000:]
+    plan = json.loads(path.read_text())
+    assert plan["options"]["serialize"] is True and plan["format_version"] == 4
+    assert len(plan["orders"]) >= 1 and all(set(o) == {"op", "after"} for o in plan["orders"])
+    assert all(o["op"].startswith("gradient_tape/") for o in plan["orders"])  # backward ops only
+    n = len(plan["orders"])
+    assert f"memory-aware schedule: {n} ordering edge{'s' * (n != 1)} (" in r.stdout
+
+
 @pytest.mark.parametrize(
     "args, code, message",
     [

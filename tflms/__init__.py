@@ -9,6 +9,7 @@ The data flow, one module a stage::
                  tflms.recompute  which candidates to recompute instead (cost model)
                  tflms.planner    SwapPlan (tflms.plan): what to swap, where it comes back
                  tflms.autotune   the plan's knobs for a memory budget
+                 tflms.schedule   ordering edges that lower the peak (a memory-aware schedule)
     rewrite      tflms.rewrite    apply a SwapPlan to a graph (recompute clones, swap-ins gated on the host)
     rebuild      tflms._tf_internal  a new ConcreteFunction (all private TF use is here)
     integrations tflms.core (optimize, @tflms.function), tflms.keras (LMSCallback),
@@ -51,6 +52,7 @@ _EXPORTS = {
     "GraphModel": "graph",
     "LMSCallback": "keras",
     "Fence": "plan",
+    "Order": "plan",
     "Recompute": "plan",
     "Swap": "plan",
     "SwapIn": "plan",

@@ -205,6 +205,7 @@ def _plan(args: argparse.Namespace) -> int:
         budget=None if args.budget is None else int(args.budget),
         recompute=args.recompute,
         swapout_window=args.swapout_window,
+        serialize=args.serialize,
     )
     try:
         plan = tflms.make_plan(gm, config)
@@ -303,6 +304,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         metavar="N",
         help="at most N swap-outs in flight: fence each swapped tensor's producer on the swap-out N before it",
+    )
+    p.add_argument(
+        "--serialize",
+        action="store_true",
+        help="memory-aware schedule: order backward branches where the simulator predicts a lower peak",
     )
     p.add_argument("--json", help="write the plan JSON here")
     p.add_argument("--plot", help="write the memory timeline PNG here")

@@ -220,6 +220,10 @@ class LMSConfig:
             until the link has sent it, so when the forward pass runs ahead of the link,
             several wait at once and the peak exceeds the prediction. ``None`` (default):
             no fences.
+        serialize: when ``True``, a memory-aware schedule: ordering edges
+            (:class:`tflms.Order`) that make one branch of the backward pass wait for
+            another where the simulator predicts a lower peak (:mod:`tflms.schedule`).
+            Default ``False``.
     """
 
     device: str | None = None
@@ -240,6 +244,7 @@ class LMSConfig:
     recompute: bool = False
     device_bandwidth: int = DEVICE_BANDWIDTH
     swapout_window: int | None = None
+    serialize: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -261,8 +266,9 @@ class LMSConfig:
             set_(self, "budget", parse_bytes(self.budget, "budget"))
         set_(self, "link_bandwidth", _check_bandwidth("link_bandwidth", self.link_bandwidth))
         set_(self, "link_latency", _check_seconds("link_latency", self.link_latency))
-        if not isinstance(self.recompute, bool):
-            raise ValueError(f"recompute must be True or False. {_received('recompute', self.recompute)}")
+        for name in ("recompute", "serialize"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False. {_received(name, getattr(self, name))}")
         set_(self, "device_bandwidth", _check_bandwidth("device_bandwidth", self.device_bandwidth))
         for name in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):
             set_(self, name, _check_names(name, getattr(self, name)))

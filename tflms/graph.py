@@ -28,6 +28,7 @@ __all__ = [
     "UPDATE_OP_TYPES",
     "ALIAS_OP_TYPES",
     "with_recomputes",
+    "with_orders",
     "with_constant_pushdown",
     "PUSHDOWN_FAMILIES",
 ]
@@ -306,6 +307,22 @@ def with_recomputes(model: GraphModel, recomputes: Sequence[Any]) -> GraphModel:
                     )
                 records[consumer]["inputs"][index] = rc.output(k)
     return GraphModel.from_ops(records.values(), variable_bytes=model.variable_bytes, name=model.name)
+
+
+def with_orders(model: GraphModel, orders: Sequence[Any]) -> GraphModel:
+    """``model`` with a control edge ``after -> op`` for each of ``orders``
+    (:class:`tflms.plan.Order`), as the rewrite adds them; ``model`` itself when there are none."""
+    if not orders:
+        return model
+    dag = model.dag.copy()  # new attribute dicts: the levels set below are the copy's
+    for o in orders:
+        if dag.has_edge(o.after, o.op):
+            dag.edges[o.after, o.op]["control"] = True
+        else:
+            dag.add_edge(o.after, o.op, tensors=(), control=True)
+    ordered = dataclasses.replace(model, dag=dag)  # tensors and inputs are unchanged: an order is no data
+    ordered._annotate()  # noqa: SLF001 (this module's class)
+    return ordered
 
 
 def _records(model: GraphModel) -> dict[str, dict[str, Any]]:

@@ -137,6 +137,10 @@ def build(name: str, batch: int, size: int | None = None, seed: int = 0) -> tupl
     return model, x, y, train_step
 
 
+#: The modes :func:`measure_step` measures.
+MEASURE_MODES = ("plain", "lms", "lms_device_gated", "lms_recompute", "lms_fenced", "lms_serialized")
+
+
 def measure_step(
     model: str,
     batch: int,
@@ -166,12 +170,14 @@ def measure_step(
     has ``peak`` (the steady-state peak: the largest measured per-step peak after the
     warm-up, bytes), ``first_peak``, ``peaks`` and ``losses`` (every step, the warm-up
     included), ``step_seconds``, ``predicted`` (the simulator's peak of the step that ran) and, for
-    ``'lms'``, ``n_swaps``, ``n_swap_ins``, ``n_fences``, ``swapped_bytes`` and the plan's ``options``.
+    ``'lms'``, ``n_swaps``, ``n_swap_ins``, ``n_fences``, ``n_orders``, ``swapped_bytes`` and the plan's ``options``.
     ``'lms_device_gated'`` applies the same plan with the swap-ins on the device (as tflms
     0.1 did; see :func:`tflms.rewrite.apply_plan`): the negative control.
     ``'lms_fenced'`` is ``'lms'`` with ``swapout_window=``:data:`FENCE_WINDOW` (the same swaps,
-    plus fences). ``'lms_recompute'`` is ``'lms'`` with ``recompute=True`` (:mod:`tflms.recompute`);
-    its entry also has ``n_recomputes`` and ``recomputed_bytes``. Every ``lms`` mode's entry
+    plus fences). ``'lms_serialized'`` is ``'lms'`` with ``serialize=True`` (the same swaps, plus
+    the memory-aware schedule's orders, counted in ``n_orders``). ``'lms_recompute'`` is ``'lms'``
+    with ``recompute=True`` (:mod:`tflms.recompute`); its entry also has ``n_recomputes`` and
+    ``recomputed_bytes``. Every ``lms`` mode's entry
     has the plan's predicted ``link_seconds`` and ``recompute_seconds``.
     """
     import tensorflow as tf
@@ -185,11 +191,10 @@ def measure_step(
 
     check_int("steps", steps, 1)
     check_int("warmup", warmup, 0)
-    unknown = sorted(set(modes) - {"plain", "lms", "lms_device_gated", "lms_recompute", "lms_fenced"})
+    unknown = sorted(set(modes) - set(MEASURE_MODES))
     if unknown or not modes:
         raise ValueError(
-            "modes must be a non-empty list of 'plain', 'lms', 'lms_device_gated', 'lms_recompute' and "
-            "'lms_fenced'. "
+            f"modes must be a non-empty list of {', '.join(map(repr, MEASURE_MODES[:-1]))} and {MEASURE_MODES[-1]!r}. "
             f"Received: modes={modes!r}"
         )
     tf.config.experimental.enable_op_determinism()
@@ -210,7 +215,11 @@ def measure_step(
         entry: dict[str, Any] = {}
         step = cf
         if mode.startswith("lms"):
-            extra = {"lms_recompute": {"recompute": True}, "lms_fenced": {"swapout_window": FENCE_WINDOW}}.get(mode, {})
+            extra = {
+                "lms_recompute": {"recompute": True},
+                "lms_fenced": {"swapout_window": FENCE_WINDOW},
+                "lms_serialized": {"serialize": True},
+            }.get(mode, {})
             step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **{**(options or {}), **extra})
             if mode == "lms_device_gated":  # the negative control: tflms 0.1's swap-in placement
                 graph = tfi.copy_graph(cf)
@@ -221,6 +230,7 @@ def measure_step(
                 n_swaps=len(plan.swaps),
                 n_swap_ins=plan.n_swap_ins,
                 n_fences=len(plan.fences),
+                n_orders=len(plan.orders),
                 swapped_bytes=plan.swapped_bytes,
                 n_recomputes=len(plan.recomputes),
                 recomputed_bytes=plan.recomputed_bytes,
@@ -453,7 +463,7 @@ def anatomy_step(
     from . import _tf_internal as tfi
     from . import testbed
     from .core import optimize
-    from .graph import GraphModel, with_recomputes
+    from .graph import GraphModel, with_orders, with_recomputes
     from .simulator import Simulator
 
     if mode not in ("plain", "lms"):
@@ -467,7 +477,7 @@ def anatomy_step(
         step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **(options or {}))
         swaps, host = plan.swaps, testbed.HOST
         # The step as planned and simulated: with its recompute clones (backward ops).
-        graph_model = with_recomputes(graph_model, plan.recomputes)
+        graph_model = with_orders(with_recomputes(graph_model, plan.recomputes), plan.orders)
     sim = Simulator(graph_model, host)
 
     def phase(op: str) -> str:

@@ -5,10 +5,10 @@ The planner and the rewriter meet only here. A plan can be printed
 :meth:`SwapPlan.from_json`), edited by hand, compared against a golden, and
 broadcast so that every Horovod rank applies the same plan.
 
-JSON format (``format_version`` 3; version 1, without ``recomputes``, and version 2,
-without ``fences``, are still read), a top-level object::
+JSON format (``format_version`` 4; version 1, without ``recomputes``, version 2,
+without ``fences``, and version 3, without ``orders``, are still read), a top-level object::
 
-    {"format_version": 3, "function": "...", "options": {...LMSConfig...},
+    {"format_version": 4, "function": "...", "options": {...LMSConfig...},
      "n_ops": 1234, "peak_bytes_before": ..., "peak_bytes_after": ...,
      "variable_bytes": ..., "reason": "",
      "swaps": [{"tensor": "conv1/Relu:0", "producer": "conv1/Relu",
@@ -23,13 +23,15 @@ without ``fences``, are still read), a top-level object::
                      "groups": [{"consumers": [["gradient_tape/conv3/Conv2DBackpropFilter", 0]],
                                  "trigger": "gradient_tape/conv3/...", "level": 70,
                                  "trigger_level": 69}]}],
-     "fences": [{"tensor": "conv1/Relu:0", "op": "conv3/Conv2D"}]}
+     "fences": [{"tensor": "conv1/Relu:0", "op": "conv3/Conv2D"}],
+     "orders": [{"op": "gradient_tape/bn0/mul", "after": "gradient_tape/bn3/Sum"}]}
 
 A swap's consumer may be a recompute's clone (``tflms_recompute/<producer>/<group>/<op>``):
 the recompute reads a swapped tensor. The rewrite applies the recomputes first.
 
 A fence (``swapout_window``) is an ordering edge: ``op``, a forward op, starts only after
-``tensor``'s swap-out has reached the host.
+``tensor``'s swap-out has reached the host. An order (``serialize``) is an ordering edge
+within the backward pass: ``op`` starts only after ``after`` has run.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ __all__ = [
     "Swap",
     "Recompute",
     "Fence",
+    "Order",
     "SwapPlan",
     "FORMAT_VERSION",
     "RECOMPUTE_SCOPE",
@@ -63,9 +66,10 @@ __all__ = [
     "recompute_seconds",
 ]
 
-FORMAT_VERSION = 3
-#: Plan format versions :meth:`SwapPlan.from_dict` reads (1: before recompute existed; 2: before fences).
-READ_VERSIONS = (1, 2, 3)
+FORMAT_VERSION = 4
+#: Plan format versions :meth:`SwapPlan.from_dict` reads (1: before recompute existed; 2: before fences;
+#: 3: before orders).
+READ_VERSIONS = (1, 2, 3, 4)
 #: Name scope of the ops a recompute adds (clones of forward ops).
 RECOMPUTE_SCOPE = "tflms_recompute"
 #: Fixed cost of one recomputed op in seconds (a kernel launch), in the recompute cost model.
@@ -147,6 +151,16 @@ class Fence:
     op: str
 
 
+@dataclasses.dataclass(frozen=True, order=True)
+class Order:
+    """An ordering edge the memory-aware schedule adds (``LMSConfig.serialize``): the
+    backward op ``op`` starts only after the backward op ``after`` has run, so that two
+    branches of the backward pass do not hold their buffers at the same time."""
+
+    op: str
+    after: str
+
+
 def recompute_seconds(recomputes: Iterable[Recompute], device_bandwidth: float) -> float:
     """Predicted compute time the recomputes add per step: per group, ``OP_LATENCY`` per op
     plus ``work_bytes / device_bandwidth`` (element-wise ops are memory-bound).
@@ -196,6 +210,7 @@ class SwapPlan:
     format_version: int = FORMAT_VERSION
     recomputes: tuple[Recompute, ...] = ()
     fences: tuple[Fence, ...] = ()
+    orders: tuple[Order, ...] = ()
 
     def __post_init__(self) -> None:
         # Frozen means frozen: the options are a read-only view of a private copy.
@@ -310,6 +325,7 @@ class SwapPlan:
         d["swaps"] = [dataclasses.asdict(s) for s in self.swaps]
         d["recomputes"] = [dataclasses.asdict(r) for r in self.recomputes]
         d["fences"] = [dataclasses.asdict(f) for f in self.fences]
+        d["orders"] = [dataclasses.asdict(o) for o in self.orders]
         d["options"] = dict(self.options)
         return _jsonable(d)
 
@@ -370,6 +386,7 @@ class SwapPlan:
             reason=d.get("reason", ""),
             recomputes=recomputes,
             fences=tuple(Fence(tensor=f["tensor"], op=f["op"]) for f in d.get("fences", ())),
+            orders=tuple(Order(op=o["op"], after=o["after"]) for o in d.get("orders", ())),
         )
 
     @classmethod
@@ -410,6 +427,12 @@ class SwapPlan:
             lines.append(
                 f"swap-out fences: {len(self.fences)} (a forward op waits until the swap-out {window} swaps "
                 "before it has reached the host)"
+            )
+        if self.orders:
+            lines.append(
+                f"memory-aware schedule: {len(self.orders)} ordering edge{'s' * (len(self.orders) != 1)} "
+                "(a backward op waits for another, "
+                "so that two branches do not hold their buffers at once)"
             )
         if self.reason:
             lines.append(f"note: {self.reason}")

@@ -35,6 +35,9 @@ Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`
   swaps, tuning included, on that model: a recompute's clones are backward consumers
   like any other, and its sources may be swapped. The predicted peak after is the
   simulator's on that model.
+* ``serialize=True`` then adds ordering edges (:class:`tflms.Order`) within the backward
+  pass, chosen by :func:`tflms.schedule.memory_orders` on the model with the swaps
+  applied; the predicted peak after, and the fences, are the simulator's with them.
 
 Deterministic: the same graph and options give the same plan, byte for byte.
 """
@@ -106,6 +109,13 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
             f"no tensor qualifies (forward output >= min_bytes={config.min_bytes} with a backward "
             f"consumer more than swapout_threshold={config.swapout_threshold} levels later)"
         )
+    orders: tuple = ()
+    if config.serialize:
+        from .schedule import memory_orders
+
+        orders, ordered = memory_orders(model, swaps, config.host)
+        if orders:
+            sim = Simulator(ordered, config.host)
     return SwapPlan(
         function=model.name,
         options=config.to_dict(),
@@ -116,6 +126,7 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         variable_bytes=model.variable_bytes,
         recomputes=tuple(recomputes),
         fences=fences_for(sim.pos, swaps, config.swapout_window) if config.swapout_window else (),
+        orders=orders,
     ).with_model(original)
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from ._util import format_bytes
 from .errors import LMSWarning
-from .graph import ALIAS_OP_TYPES, GraphModel, with_recomputes
+from .graph import ALIAS_OP_TYPES, GraphModel, with_orders, with_recomputes
 from .simulator import Simulator
 
 if TYPE_CHECKING:
@@ -174,7 +174,8 @@ def memory_plot_data(model: GraphModel, plan: SwapPlan) -> MemoryPlotData:
     """
     _check_matches(model, plan)
     plain = Simulator(model, plan.options.get("host")).profile()
-    planned = Simulator(with_recomputes(model, plan.recomputes), plan.options.get("host")).profile(plan.swaps)
+    planned_model = with_orders(with_recomputes(model, plan.recomputes), plan.orders)
+    planned = Simulator(planned_model, plan.options.get("host")).profile(plan.swaps)
     planned = _on_schedule(planned, plain.schedule)
     if plain.peak_bytes != plan.peak_bytes_before:
         warnings.warn(

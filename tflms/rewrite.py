@@ -34,6 +34,7 @@ consumer is a clone then rewires the clone's input, as for any consumer.
 Fences (:class:`~tflms.plan.Fence`) are control inputs from a swap-out (on the host) to a
 forward op on the device: TensorFlow's partitioner turns such an edge into a send of a
 control signal after the host's ``Identity`` has its copy, so the op waits for the transfer.
+Orders (:class:`~tflms.plan.Order`) are control inputs between two backward ops on the device.
 
 Why the landing: the consumers then read a tensor of their own device, as in the
 plain step. Grappler leaves alone some rewrites whose inputs sit on another device:
@@ -86,7 +87,7 @@ def _plan_error(plan: SwapPlan, what: str) -> ValueError:
 
 def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on: str = "host") -> dict[str, int]:
     """Edit ``graph`` in place; return op-count changes, e.g.
-    ``{'swap_out': 3, 'swap_in': 4, 'landing': 4, 'recompute': 0, 'fence': 0}``.
+    ``{'swap_out': 3, 'swap_in': 4, 'landing': 4, 'recompute': 0, 'fence': 0, 'order': 0}``.
 
     ``device`` is where the step runs (its unplaced ops and the consumers of swap-ins);
     every swap op is placed on ``host``. ``swap_in_on='device'`` instead places the
@@ -151,6 +152,9 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
     swapped_out = {s.tensor: out for s, out in zip(plan.swaps, outs)}
     for fence in plan.fences:
         tfi.add_control_input(lookup("fence op", graph.get_operation_by_name, fence.op), swapped_out[fence.tensor].op)
+    for order in plan.orders:
+        get = graph.get_operation_by_name
+        tfi.add_control_input(lookup("ordered op", get, order.op), lookup("ordered op", get, order.after))
     n_in = sum(len(g) for g in backs)
     return {
         "swap_out": len(outs),
@@ -158,6 +162,7 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
         "landing": n_in if swap_in_on == "host" else 0,
         "recompute": n_clones,
         "fence": len(plan.fences),
+        "order": len(plan.orders),
     }
 
 
@@ -165,7 +170,8 @@ def _check_acyclic(graph: Any, plan: SwapPlan) -> None:
     """Refuse, before any edit, a plan whose ordering edges would make a cycle.
 
     Each trigger runs before its group's consumers (through the swap-in or the clones),
-    and each fence's op after the producer of its tensor (through the swap-out). A
+    each fence's op after the producer of its tensor (through the swap-out), and each
+    order's op after its ``after``. A
     hand-edited plan can break that (a fence op upstream of its tensor, a trigger after
     a consumer); TensorFlow would only refuse the graph when the step first runs. Names
     the graph does not have are left to the lookups that report them.
@@ -186,6 +192,8 @@ def _check_acyclic(graph: Any, plan: SwapPlan) -> None:
                 added.setdefault((group.trigger, consumer), f"recompute trigger {group.trigger!r} of {rc.tensor!r}")
     for fence in plan.fences:
         added.setdefault((fence.tensor.rpartition(":")[0], fence.op), f"fence on {fence.tensor!r} at {fence.op!r}")
+    for order in plan.orders:
+        added.setdefault((order.after, order.op), f"order of {order.op!r} after {order.after!r}")
     dag.add_edges_from(edge for edge in added if edge[0] in dag and edge[1] in dag)
     try:
         cycle = nx.find_cycle(dag)

@@ -355,6 +355,14 @@ class Simulator:
         """Peak of the requested bytes (variables included): rules 1-7 only, a lower bound of :meth:`peak`."""
         return self._run(self._undone(swaps)).requested_peak(swaps)
 
+    def requested_peak_position(self, swaps: Sequence[Swap] = ()) -> tuple[int, tuple[str, ...]]:
+        """``(position, schedule)``: where the requested-bytes peak (rules 1-7) is reached with
+        ``swaps`` applied, in the schedule that :meth:`live`'s positions refer to."""
+        run = self._run(self._undone(swaps))
+        n = len(run.order)
+        position = int(np.argmax(run.requested(swaps))) if n else 0
+        return position, tuple(run.order)
+
     def peak(self, swaps: Sequence[Swap] = ()) -> int:
         """Predicted peak bytes (variables included) with ``swaps`` applied: BFC chunks (rule 8)."""
         return self._run(self._undone(swaps)).peak(swaps)
@@ -588,9 +596,12 @@ class _Replay:
             peaks[k + 1] = np.cumsum(delta[:n_ops]).max(initial=0)
         return peaks + self.model.variable_bytes
 
+    def requested(self, swaps: Sequence[Swap] = ()) -> np.ndarray:
+        """Requested bytes (rules 1-7, variables excluded) while each op of ``self.order`` runs."""
+        return np.cumsum(self._delta(swaps)[: len(self.order)])
+
     def requested_peak(self, swaps: Sequence[Swap] = ()) -> int:
-        n = len(self.order)
-        return int(np.cumsum(self._delta(swaps)[:n]).max(initial=0)) + self.model.variable_bytes
+        return int(self.requested(swaps).max(initial=0)) + self.model.variable_bytes
 
     def peak(self, swaps: Sequence[Swap] = ()) -> int:
         return int(self._allocated(swaps).max(initial=0)) + self.model.variable_bytes

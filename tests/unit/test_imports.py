@@ -25,7 +25,7 @@ def tf_loaded_after(code: str) -> bool:
     [
         "import tflms",
         "import tflms; tflms.LMSConfig(host='/job:worker/task:0/device:CPU:0', budget='1GiB')",
-        "import tflms.graph, tflms.planner, tflms.simulator, tflms.plan, tflms.autotune, tflms.testbed",
+        "import tflms.graph, tflms.planner, tflms.simulator, tflms.plan, tflms.autotune, tflms.schedule, tflms.testbed",
         "from tflms.cli import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass",
     ],
 )

@@ -140,16 +140,16 @@ def test_plan_json_is_deterministic_and_roundtrips():
     p2 = make_plan(chain_model(n_fwd=6), cfg)
     assert p1.to_json() == p2.to_json() and p1.fingerprint() == p2.fingerprint()
     data = json.loads(p1.to_json())
-    assert data["format_version"] == 3 and data["recomputes"] == [] and data["fences"] == []
+    assert data["format_version"] == 4 and data["recomputes"] == data["fences"] == data["orders"] == []
     assert {"swaps", "peak_bytes_before", "peak_bytes_after", "options"} <= set(data)
     assert data["options"]["swapout_threshold"] == 4
     assert SwapPlan.from_json(p1.to_json()) == p1
     with pytest.raises(ValueError, match="format_version"):
         SwapPlan.from_json(json.dumps({**data, "format_version": 99}))
-    # Versions 1 (before recompute) and 2 (before fences) are still read.
-    old = {k: v for k, v in data.items() if k not in ("recomputes", "fences")}
-    assert SwapPlan.from_json(json.dumps({**old, "format_version": 1})) == p1
-    assert SwapPlan.from_json(json.dumps({**old, "format_version": 2})) == p1
+    # Versions 1 (before recompute), 2 (before fences) and 3 (before orders) are still read.
+    old = {k: v for k, v in data.items() if k not in ("recomputes", "fences", "orders")}
+    for version in (1, 2, 3):
+        assert SwapPlan.from_json(json.dumps({**old, "format_version": version})) == p1
 
 
 def test_swapout_window_fences_each_swap_on_the_one_window_before_it():

@@ -1,0 +1,94 @@
+"""The memory-aware schedule (``serialize``) on hand-built graphs."""
+
+import json
+
+import pytest
+
+from tflms import LMSConfig, Order, SwapPlan, make_plan
+from tflms.graph import GraphModel
+from tflms.schedule import memory_orders
+from tflms.simulator import Simulator
+
+from graphs import f32, op
+
+G = "gradient_tape/"
+
+
+def fork_ops(b1_type="Mul"):
+    """A forward chain x -> f0 -> f1 -> f2 -> loss, then a backward pass whose gradient dy feeds two
+    branches with big temporaries a1 and b1. The executor's depth-first order runs b1 while a1
+    waits for the small c, so both are live at once; the last backward op reads f0."""
+    big = f32(64, 256)
+    ops = [op("x", "Placeholder", outputs=[f32(8, 128)])]
+    prev = "x:0"
+    for i in range(3):
+        ops.append(op(f"f{i}", "Relu", [prev], [f32(8, 128)]))
+        prev = f"f{i}:0"
+    ops += [
+        op("loss", "Sum", [prev], [f32(8, 128)]),
+        op(G + "dy", "ReluGrad", ["loss:0", "f2:0"], [f32(8, 128)]),
+        op(G + "a1", "Mul", [G + "dy:0"], [big]),
+        op(G + "a3", "Neg", [G + "a2:0"], [f32(8, 128)]),
+        op(G + "b1", b1_type, [G + "dy:0"], [big]),
+        op(G + "c", "Neg", [G + "dy:0"], [f32(1)]),
+        op(G + "a2", "Sum", [G + "a1:0", G + "c:0"], [f32(8, 128)]),
+    ]
+    if b1_type == "Mul":
+        ops += [
+            op(G + "b2", "Sum", [G + "b1:0"], [f32(8, 128)]),
+            op(G + "g1", "ReluGrad", [G + "a3:0", "f1:0"], [f32(8, 128)]),
+            op(G + "g0", "ReluGrad", [G + "g1:0", "f0:0"], [f32(8, 128)]),
+            op(G + "out", "AddV2", [G + "g0:0", G + "b2:0"], [f32(8, 128)]),
+            op("update", "AssignSubVariableOp", [G + "out:0"], []),
+        ]
+    else:  # b1 is a weight gradient: the optimizer's IdentityN, then the update
+        ops += [
+            op(G + "g1", "ReluGrad", [G + "a3:0", "f1:0"], [f32(8, 128)]),
+            op(G + "g0", "ReluGrad", [G + "g1:0", "f0:0"], [f32(8, 128)]),
+            op("IdentityN", "IdentityN", [G + "g0:0", G + "b1:0"], [f32(8, 128), big]),
+            op("update", "ResourceApplyAdam", ["IdentityN:0"], []),
+            op("update_1", "ResourceApplyAdam", ["IdentityN:1"], []),
+        ]
+    return ops
+
+
+def test_memory_orders_make_one_branch_wait_for_the_other():
+    model = GraphModel.from_ops(fork_ops())
+    sim = Simulator(model)
+    assert sim.order.index(G + "b1") < sim.order.index(G + "a2")  # side by side: a1 and b1 both live
+    orders, ordered = memory_orders(model)
+    assert orders == (Order(op=G + "b1", after=G + "a2"),)
+    assert ordered.dag.edges[G + "a2", G + "b1"]["control"]
+    after = Simulator(ordered)
+    assert after.order.index(G + "b1") > after.order.index(G + "a2")
+    big = 64 * 256 * 4
+    assert sim.requested_peak() - after.requested_peak() == big  # one temporary fewer at the peak
+    assert memory_orders(model)[0] == orders  # deterministic
+
+
+def test_weight_gradients_and_forward_ops_are_never_ordered():
+    # Delaying a weight gradient lowers only the prediction (the simulator holds weight
+    # gradients until the IdentityN has them all; the executor does not).
+    weight_grad = GraphModel.from_ops(fork_ops(b1_type="Conv2DBackpropFilter"))
+    assert memory_orders(weight_grad)[0] == ()
+    # The same fork outside the gradient scope is forward: not ordered either.
+    forward = [{**o, "name": o["name"].replace(G, "fwd_")} for o in fork_ops()]
+    for o in forward:
+        o["inputs"] = [t.replace(G, "fwd_") for t in o["inputs"]]
+    assert memory_orders(GraphModel.from_ops(forward))[0] == ()
+
+
+def test_make_plan_with_serialize_adds_orders_to_the_same_swaps():
+    model = GraphModel.from_ops(fork_ops())
+    options = {"swapout_threshold": 2, "swapin_ahead": 1, "min_bytes": 0}
+    plain = make_plan(model, LMSConfig(**options))
+    plan = make_plan(model, LMSConfig(serialize=True, **options))
+    assert plain.orders == () and plain.swaps and plan.swaps == plain.swaps
+    assert plan.orders == (Order(op=G + "b1", after=G + "a2"),)
+    assert plan.peak_bytes_after < plain.peak_bytes_after
+    assert "memory-aware schedule: 1 ordering edge (a backward op waits" in plan.summary()
+    data = json.loads(plan.to_json())
+    assert data["orders"] == [{"op": G + "b1", "after": G + "a2"}]
+    assert SwapPlan.from_json(plan.to_json()) == plan
+    with pytest.raises(ValueError, match=r"serialize must be True or False. Received: serialize='yes'"):
+        LMSConfig(serialize="yes")

@@ -1,0 +1,155 @@
+"""A memory-aware schedule: ordering edges that keep two branches of the backward pass
+from holding their buffers at the same time (``LMSConfig.serialize``).
+
+TensorFlow's executor runs every op whose inputs are ready. Where the backward pass forks
+(a residual block's main and shortcut branches both read the block's output gradient), it
+runs the element-wise BatchNorm gradients of both branches side by side, and both sets of
+full-size temporaries are live at once. An :class:`~tflms.plan.Order` makes one branch's
+ops wait until the op that frees the other branch's buffers has run.
+
+Greedy, on the simulator (:mod:`tflms.simulator`) with the plan's swaps applied:
+
+1. take the position of the predicted peak (requested bytes) and the ``TOP`` largest
+   buffers live there;
+2. for each such buffer ``a`` and its last reader ``R`` (a backward op), and each other
+   such buffer ``b`` made up to the peak by a backward op ``B`` that ``R`` does not need:
+   one candidate makes ``B``, and the backward ops that read one of ``B``'s inputs and ran
+   up to the peak (its siblings: the other products of the same gradient), wait for
+   ``R``, leaving out the ops ``R`` needs;
+3. the candidate with the lowest predicted peak is kept if it lowers the requested peak by
+   at least ``MIN_GAIN`` and does not raise the allocator-chunk peak; then again, at most
+   ``MAX_ROUNDS`` times.
+
+Only backward ops are ordered, and never an op whose outputs only become weight gradients:
+the simulator holds every weight gradient until the optimizer's ``IdentityN`` has them all
+(README, "The memory simulator"), while the executor starts each variable's update as soon
+as its gradient exists, so delaying a weight gradient would lower only the prediction.
+Deterministic: candidates are tried in sorted order and ties keep the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import networkx as nx
+
+from .graph import GraphModel, with_orders
+from .plan import Order
+from .simulator import Simulator
+
+if TYPE_CHECKING:
+    from .plan import Swap
+
+__all__ = ["memory_orders", "TOP", "MAX_ROUNDS", "MIN_GAIN"]
+
+#: Live buffers at the peak that the greedy pairs up (the largest).
+TOP = 8
+#: At most this many rounds (each adds one candidate's edges).
+MAX_ROUNDS = 10
+#: A round must lower the requested-bytes peak by at least this fraction.
+MIN_GAIN = 0.005
+
+_UNORDERED_TYPES = frozenset({"Const", "Shape", "ShapeN", "Size", "Rank", "NoOp"})
+_PASS_THROUGH = frozenset({"Identity", "IdentityN", "AddN"})
+
+
+def memory_orders(
+    model: GraphModel, swaps: Sequence[Swap] = (), host: str | None = None
+) -> tuple[tuple[Order, ...], GraphModel]:
+    """Ordering edges that lower ``model``'s predicted peak with ``swaps`` applied, and the
+    model with them (:func:`tflms.graph.with_orders`); ``((), model)`` when none helps.
+
+    >>> from tflms.graph import GraphModel
+    >>> f32 = lambda n: ("float32", (n,), 4 * n, False)
+    >>> g = "gradient_tape/"
+    >>> ops = [  # one gradient, two branches; the executor runs b1 while a1 waits for c
+    ...     {"name": g + "dy", "type": "Relu", "inputs": [], "outputs": [f32(100)]},
+    ...     {"name": g + "a1", "type": "Mul", "inputs": [g + "dy:0"], "outputs": [f32(1000)]},
+    ...     {"name": g + "a3", "type": "Neg", "inputs": [g + "a2:0"], "outputs": [f32(1)]},
+    ...     {"name": g + "b1", "type": "Mul", "inputs": [g + "dy:0"], "outputs": [f32(1000)]},
+    ...     {"name": g + "c", "type": "Neg", "inputs": [g + "dy:0"], "outputs": [f32(1)]},
+    ...     {"name": g + "a2", "type": "Sum", "inputs": [g + "a1:0", g + "c:0"], "outputs": [f32(1)]},
+    ...     {"name": g + "b2", "type": "Sum", "inputs": [g + "b1:0"], "outputs": [f32(1)]},
+    ...     {"name": g + "out", "type": "AddV2", "inputs": [g + "a3:0", g + "b2:0"], "outputs": [f32(1)]},
+    ... ]
+    >>> model = GraphModel.from_ops(ops)
+    >>> orders, ordered = memory_orders(model)
+    >>> orders
+    (Order(op='gradient_tape/b1', after='gradient_tape/a2'),)
+    >>> Simulator(model).requested_peak(), Simulator(ordered).requested_peak()
+    (8408, 4408)
+    """
+    orders: list[Order] = []
+    current, sim = model, Simulator(model, host)
+    best_requested, best_chunks = sim.requested_peak(swaps), sim.peak(swaps)
+    for _ in range(MAX_ROUNDS):
+        found = None
+        for candidate in _candidates(sim, swaps):
+            trial = with_orders(current, candidate)
+            trial_sim = Simulator(trial, host)
+            requested = trial_sim.requested_peak(swaps)
+            if requested <= best_requested * (1 - MIN_GAIN) and (found is None or requested < found[0]):
+                found = (requested, candidate, trial, trial_sim)
+        if found is None:
+            break
+        requested, candidate, trial, trial_sim = found
+        chunks = trial_sim.peak(swaps)
+        if chunks > best_chunks:
+            break
+        orders.extend(candidate)
+        current, sim, best_requested, best_chunks = trial, trial_sim, requested, chunks
+    return tuple(orders), current
+
+
+def _candidates(sim: Simulator, swaps: Sequence[Swap]) -> list[tuple[Order, ...]]:
+    """The edge sets one round tries (step 2 of the module doc), sorted."""
+    model = sim.model_for(swaps)
+    position, schedule = sim.requested_peak_position(swaps)
+    pos = {op: i for i, op in enumerate(schedule)}
+    groups = {(s.tensor, k): si.consumers for s in swaps for k, si in enumerate(s.swap_ins)}
+    live = [name for name, _ in sim.live(position, swaps)[:TOP]]
+
+    def last_reader(buffer: str) -> str | None:
+        tensor, _, k = buffer.partition(" (swap-in ")
+        readers = groups[tensor, int(k[:-1])] if k else model.tensors[tensor].consumers
+        later = [c for c, _ in readers if pos[c] > position]
+        return max(later, key=pos.__getitem__) if later else None
+
+    found: set[tuple[Order, ...]] = set()
+    for a in live:
+        reader = last_reader(a)
+        if reader is None or model.phase(reader) != "backward":
+            continue
+        needed = nx.ancestors(model.dag, reader) | {reader}
+        for b in live:
+            if b == a or " (swap-in " in b:
+                continue
+            producer = model.tensors[b].op
+            if pos[producer] > position or producer in needed or not _orderable(model, producer):
+                continue
+            ops = {producer} | {
+                c
+                for t in model.inputs_of[producer]
+                for c, _ in model.tensors[t].consumers
+                if c not in needed and pos[c] <= position and _orderable(model, c)
+            }
+            found.add(tuple(Order(op=c, after=reader) for c in sorted(ops)))
+    return sorted(found)
+
+
+def _orderable(model: GraphModel, op: str) -> bool:
+    """A backward op that computes data and whose outputs do not only become weight gradients."""
+    if model.phase(op) != "backward" or model.dag.nodes[op]["type"] in _UNORDERED_TYPES:
+        return False
+    seen, stack = set(), [op]
+    while stack:
+        for t in model.outputs_of[stack.pop()]:
+            for c, _ in model.tensors[t].consumers:
+                kind = model.dag.nodes[c]["type"]
+                if kind in _PASS_THROUGH and c not in seen and model.phase(c) == "backward":
+                    seen.add(c)
+                    stack.append(c)
+                elif kind != "IdentityN" and model.phase(c) == "backward":
+                    return True
+    return False
