@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from tflms.measure import FENCE_WINDOW
+from tflms.measure import FENCE_WINDOW, MODELS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -116,7 +116,14 @@ def _step(row: dict) -> str:
         "lms_device_gated": "tflms, swap-ins on the device",
         "lms_recompute": "tflms, recompute",
         "lms_fenced": f"tflms, fenced (`swapout_window={FENCE_WINDOW}`)",
+        "lms_serialized": "tflms, serialized (`serialize=True`)",
     }[row["mode"]]
+
+
+def _model(row: dict) -> str:
+    """The model's name, with its input size when it is not the test bed's default."""
+    size = row.get("size")
+    return row["model"] if size in (None, MODELS[row["model"]][1]) else f"{row['model']} {size}²"
 
 
 def _measured_header(data: dict) -> str:
@@ -136,12 +143,12 @@ def simulator_accuracy(data: dict) -> str:
     ]
     for r in data["rows"]:
         if not r["runs"]:
-            lines.append(f"| {r['model']} | {r['batch']} | {_step(r)} | (failed) | | | |")
+            lines.append(f"| {_model(r)} | {r['batch']} | {_step(r)} | (failed) | | | |")
             continue
         mib = [p / 2**20 for p in r["runs"]]
         ratios = [p / r["predicted"] for p in r["runs"]]
         lines.append(
-            f"| {r['model']} | {r['batch']} | {_step(r)} | {_range(mib, unit=' MiB')} "
+            f"| {_model(r)} | {r['batch']} | {_step(r)} | {_range(mib, unit=' MiB')} "
             f"| {_mib(max(r['first_peaks']))} | {_mib(r['predicted'])} | {_range(ratios, '{:.2f}')} |"
         )
     return "\n".join(lines)
@@ -276,6 +283,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "testbed_capacity": testbed_capacity,
     "recompute": recompute,
     "fences": simulator_accuracy,
+    "serialize": simulator_accuracy,
     "peak_anatomy": peak_anatomy,
 }
 

@@ -5,8 +5,9 @@ fresh measured process (:func:`tflms.measure.measure`: TensorFlow's BFC allocato
 on the CPU is the device, a second TensorFlow process is the host), plain and
 with the default LMS plan (and, for ``MODEL:BATCH:gated`` cases, the same plan with
 its swap-ins on the device: tflms 0.1's rewrite, the negative control; for ``:fenced``,
-the same swaps with ``swapout_window=tflms.measure.FENCE_WINDOW``), from the
-same weights, and repeats that in ``--runs`` fresh processes. Per run it records
+the same swaps with ``swapout_window=tflms.measure.FENCE_WINDOW``; for ``:serialized``, the
+same swaps with ``serialize=True``), from the same weights, and repeats that in ``--runs``
+fresh processes. Per run it records
 the steady-state peak (the largest per-step peak after one warm-up step) and the
 first step's peak; the simulator's prediction is the same in every run.
 
@@ -20,6 +21,9 @@ Usage::
     # fences: the README's fences table
     python benchmarks/simulator_accuracy.py --cases transformer:16:fenced encoder:32:fenced --runs 3 \
         --steps 8 --json benchmarks/results/fences.json
+    # the memory-aware schedule: the README's serialize table (MODEL@SIZE: another input size)
+    python benchmarks/simulator_accuracy.py --cases resnet50@224:32:serialized --runs 3 \
+        --json benchmarks/results/serialize.json
 """
 
 from __future__ import annotations
@@ -34,14 +38,19 @@ from tflms.measure import measure
 
 DEFAULT_CASES = ("cnn:32", "transformer:8", "transformer:16", "resnet50:16:gated", "resnet50:32", "resnet50:48")
 #: What an LMS step's row records of its plan.
-PLAN_FIELDS = ("n_swaps", "swapped_bytes", "n_recomputes", "recomputed_bytes", "link_seconds", "recompute_seconds")
+PLAN_FIELDS = (
+    "n_swaps", "swapped_bytes", "n_recomputes", "recomputed_bytes", "n_orders", "link_seconds", "recompute_seconds",
+)  # fmt: skip
+#: Case flags and the :func:`tflms.measure.measure_step` mode each adds.
+FLAG_MODES = {"gated": "lms_device_gated", "recompute": "lms_recompute", "fenced": "lms_fenced",
+              "serialized": "lms_serialized"}  # fmt: skip
 
 
-def run_case(model: str, batch: int, modes: list[str], runs: int, steps: int) -> list[dict]:
+def run_case(model: str, batch: int, modes: list[str], runs: int, steps: int, size: int | None = None) -> list[dict]:
     """One row per mode: the steady and first-step peaks of every run, and the prediction."""
     rows = {m: {"model": model, "batch": batch, "mode": m, "runs": [], "first_peaks": []} for m in modes}
     for _ in range(runs):
-        r = measure(model, batch, modes=modes, steps=steps)
+        r = measure(model, batch, size=size, modes=modes, steps=steps)
         if not r.ok:
             for row in rows.values():
                 row.setdefault("errors", []).append(f"{r.status}: {r.error[-300:]}")
@@ -65,8 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         "--cases",
         nargs="+",
         default=list(DEFAULT_CASES),
-        help="MODEL:BATCH[:gated][:recompute][:fenced] (gated: also the swap-ins-on-the-device control; "
-        "recompute: also the plan with recompute=True; fenced: also the plan with swapout_window)",
+        help="MODEL[@SIZE]:BATCH[:gated][:recompute][:fenced][:serialized] (SIZE: input size other than the "
+        "model's default; gated: also the swap-ins-on-the-device control; recompute: also the plan with "
+        "recompute=True; fenced: also the plan with swapout_window; serialized: also with serialize=True)",
     )
     parser.add_argument("--runs", type=int, default=3, help="fresh measured processes per case")
     parser.add_argument("--steps", type=int, default=4, help="measured steps per run, after one warm-up step")
@@ -78,13 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'model':12} {'batch':>5} {'step':>6} {'steady MiB (per run)':>28} {'predicted MiB':>14}")
     for case in args.cases:
         model, batch, *flags = case.split(":")
-        unknown = sorted(set(flags) - {"gated", "recompute", "fenced"})
+        model, _, size = model.partition("@")
+        unknown = sorted(set(flags) - set(FLAG_MODES))
         if unknown:
-            parser.error(f"unknown case flag(s) {', '.join(unknown)} in {case!r}: use gated, recompute or fenced")
-        modes = ["plain", "lms"] + (["lms_device_gated"] if "gated" in flags else [])
-        modes += ["lms_recompute"] if "recompute" in flags else []
-        modes += ["lms_fenced"] if "fenced" in flags else []
-        for row in run_case(model, int(batch), modes, args.runs, args.steps):
+            parser.error(f"unknown case flag(s) {', '.join(unknown)} in {case!r}: use {', '.join(FLAG_MODES)}")
+        modes = ["plain", "lms"] + [FLAG_MODES[f] for f in FLAG_MODES if f in flags]
+        for row in run_case(model, int(batch), modes, args.runs, args.steps, int(size) if size else None):
             rows.append(row)
             runs = " ".join(f"{p / 2**20:.0f}" for p in row["runs"]) or "failed"
             predicted = f"{row['predicted'] / 2**20:14.0f}" if "predicted" in row else ""
