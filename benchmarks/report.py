@@ -110,6 +110,7 @@ def _range(values: list[float], fmt: str = "{:,.0f}", unit: str = "") -> str:
 
 
 def _step(row: dict) -> str:
+    manual = ", memory optimizer `MANUAL`" if row.get("memory_optimizer") == "manual" else ""
     return {
         "plain": "plain",
         "lms": "tflms",
@@ -117,7 +118,7 @@ def _step(row: dict) -> str:
         "lms_recompute": "tflms, recompute",
         "lms_fenced": f"tflms, fenced (`swapout_window={FENCE_WINDOW}`)",
         "lms_serialized": "tflms, serialized (`serialize=True`)",
-    }[row["mode"]]
+    }[row["mode"]] + manual
 
 
 def _model(row: dict) -> str:
@@ -284,6 +285,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "recompute": recompute,
     "fences": simulator_accuracy,
     "serialize": simulator_accuracy,
+    "memory_optimizer": simulator_accuracy,
     "peak_anatomy": peak_anatomy,
 }
 

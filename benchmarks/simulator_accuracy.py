@@ -6,7 +6,8 @@ on the CPU is the device, a second TensorFlow process is the host), plain and
 with the default LMS plan (and, for ``MODEL:BATCH:gated`` cases, the same plan with
 its swap-ins on the device: tflms 0.1's rewrite, the negative control; for ``:fenced``,
 the same swaps with ``swapout_window=tflms.measure.FENCE_WINDOW``; for ``:serialized``, the
-same swaps with ``serialize=True``), from the same weights, and repeats that in ``--runs``
+same swaps with ``serialize=True``; for ``:manual``, every step of the case run within
+``tflms.manual_memory_optimizer()``), from the same weights, and repeats that in ``--runs``
 fresh processes. Per run it records
 the steady-state peak (the largest per-step peak after one warm-up step) and the
 first step's peak; the simulator's prediction is the same in every run.
@@ -24,6 +25,9 @@ Usage::
     # the memory-aware schedule: the README's serialize table (MODEL@SIZE: another input size)
     python benchmarks/simulator_accuracy.py --cases resnet50@224:32:serialized --runs 3 \
         --json benchmarks/results/serialize.json
+    # Grappler's memory optimizer at MANUAL (no AddN accumulation rewrite): the README's table
+    python benchmarks/simulator_accuracy.py --cases resnet50@224:32 resnet50@224:32:manual resnet50:32 \
+        resnet50:32:manual --runs 2 --json benchmarks/results/memory_optimizer.json
 """
 
 from __future__ import annotations
@@ -46,11 +50,23 @@ FLAG_MODES = {"gated": "lms_device_gated", "recompute": "lms_recompute", "fenced
               "serialized": "lms_serialized"}  # fmt: skip
 
 
-def run_case(model: str, batch: int, modes: list[str], runs: int, steps: int, size: int | None = None) -> list[dict]:
+def run_case(
+    model: str,
+    batch: int,
+    modes: list[str],
+    runs: int,
+    steps: int,
+    size: int | None = None,
+    memory_optimizer: str = "default",
+) -> list[dict]:
     """One row per mode: the steady and first-step peaks of every run, and the prediction."""
-    rows = {m: {"model": model, "batch": batch, "mode": m, "runs": [], "first_peaks": []} for m in modes}
+    rows = {
+        m: {"model": model, "batch": batch, "mode": m, "memory_optimizer": memory_optimizer}
+        | {"runs": [], "first_peaks": []}
+        for m in modes
+    }
     for _ in range(runs):
-        r = measure(model, batch, size=size, modes=modes, steps=steps)
+        r = measure(model, batch, size=size, modes=modes, steps=steps, memory_optimizer=memory_optimizer)
         if not r.ok:
             for row in rows.values():
                 row.setdefault("errors", []).append(f"{r.status}: {r.error[-300:]}")
@@ -74,9 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         "--cases",
         nargs="+",
         default=list(DEFAULT_CASES),
-        help="MODEL[@SIZE]:BATCH[:gated][:recompute][:fenced][:serialized] (SIZE: input size other than the "
-        "model's default; gated: also the swap-ins-on-the-device control; recompute: also the plan with "
-        "recompute=True; fenced: also the plan with swapout_window; serialized: also with serialize=True)",
+        help="MODEL[@SIZE]:BATCH[:gated][:recompute][:fenced][:serialized][:manual] (SIZE: input size other "
+        "than the model's default; gated: also the swap-ins-on-the-device control; recompute: also the plan "
+        "with recompute=True; fenced: also the plan with swapout_window; serialized: also with "
+        "serialize=True; manual: every step within tflms.manual_memory_optimizer())",
     )
     parser.add_argument("--runs", type=int, default=3, help="fresh measured processes per case")
     parser.add_argument("--steps", type=int, default=4, help="measured steps per run, after one warm-up step")
@@ -89,11 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     for case in args.cases:
         model, batch, *flags = case.split(":")
         model, _, size = model.partition("@")
-        unknown = sorted(set(flags) - set(FLAG_MODES))
+        unknown = sorted(set(flags) - set(FLAG_MODES) - {"manual"})
         if unknown:
-            parser.error(f"unknown case flag(s) {', '.join(unknown)} in {case!r}: use {', '.join(FLAG_MODES)}")
+            parser.error(
+                f"unknown case flag(s) {', '.join(unknown)} in {case!r}: use {', '.join([*FLAG_MODES, 'manual'])}"
+            )
         modes = ["plain", "lms"] + [FLAG_MODES[f] for f in FLAG_MODES if f in flags]
-        for row in run_case(model, int(batch), modes, args.runs, args.steps, int(size) if size else None):
+        memory_optimizer = "manual" if "manual" in flags else "default"
+        size_or_none = int(size) if size else None
+        for row in run_case(model, int(batch), modes, args.runs, args.steps, size_or_none, memory_optimizer):
             rows.append(row)
             runs = " ".join(f"{p / 2**20:.0f}" for p in row["runs"]) or "failed"
             predicted = f"{row['predicted'] / 2**20:14.0f}" if "predicted" in row else ""

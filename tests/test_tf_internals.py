@@ -2,6 +2,7 @@
 TensorFlow upgrade points at tflms/_tf_internal.py."""
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from tflms import _tf_internal as tfi
@@ -161,3 +162,42 @@ def test_grappler_removes_the_optimizers_identity_n_and_updates_start_before_the
     first_update = min(i for i, op in enumerate(started) if op in updates)
     last_backward = max(i for i, op in enumerate(started) if op in traced.dag and traced.phase(op) == "backward")
     assert first_update < last_backward, (started[first_update], started[last_backward])
+
+
+def test_grappler_rewrites_a_large_addn_into_an_accumulation_unless_the_memory_optimizer_is_manual():
+    """Grappler's memory optimizer (default level) turns an AddN of more than two inputs whose
+    estimated peak exceeds 80 % of the device's memory (a CPU device reports 256 MiB) into a
+    TemporaryVariable, AssignAdds and a Const of zeros the size of the sum, which the function
+    then holds in device memory; tflms.manual_memory_optimizer() keeps the AddN."""
+    import tflms
+
+    from conftest import DEVICE
+
+    x = tf.reshape(tf.range(20000 * 1024, dtype=tf.float32), (20000, 1024)) * 1e-7  # 78 MiB
+
+    def make():
+        @tf.function
+        def total(x):
+            return tf.math.add_n([tf.sin(x), tf.cos(x), tf.tanh(x)])
+
+        return total
+
+    def ran(fn):
+        def call():
+            with tf.device(DEVICE):
+                out.append(fn(x).numpy())
+
+        return [n for g in tfi.ran_graphs(call) for n in g.node]
+
+    out = []
+    default = ran(make())
+    zeros = [n for n in default if n.name.endswith("/tmp_var_zeros")]
+    assert {n.op for n in default} >= {"TemporaryVariable", "AssignAdd", "DestroyTemporaryVariable"}
+    assert [n.op for n in zeros] == ["Const"]
+    assert [d.size for d in zeros[0].attr["value"].tensor.tensor_shape.dim] == [20000, 1024]
+    with tflms.manual_memory_optimizer():
+        manual = ran(make())
+    assert "AddN" in {n.op for n in manual} and not {"TemporaryVariable", "AssignAdd"} & {n.op for n in manual}
+    expected = (tf.sin(x) + tf.cos(x) + tf.tanh(x)).numpy()
+    np.testing.assert_array_equal(out[1], expected)  # the AddN sums left to right
+    np.testing.assert_allclose(out[0], expected, rtol=1e-6)

@@ -62,6 +62,41 @@ def test_lms_training_is_bit_identical_and_structured(name):
     assert swap_ops(original.graph) == ([], [])
 
 
+def test_steps_called_with_a_manual_memory_optimizer_stay_bit_identical_and_keep_their_addns():
+    """Within tflms.manual_memory_optimizer() the rewritten step trains as the plain step does
+    (both called within it), keeps its swap ops, and Grappler leaves its AddNs alone. (In this
+    one-process setup Grappler did not rewrite this model's AddNs by default either, at 64² b4 or
+    96² b16: test_tf_internals pins the rewrite and what MANUAL changes.)"""
+    setup = zoo.resnet50()
+    fn = setup.step_fn()
+    plain = tf.function(fn)
+    lms = tflms.function(fn, device=DEVICE, **SMALL)
+    ran = {}
+
+    def first_call_recorded(name, step):
+        def call(x, y):
+            if name in ran:
+                return step(x, y)
+            out = []
+            ran[name] = [n for g in tfi.ran_graphs(lambda: out.append(step(x, y))) for n in g.node]
+            return out[0]
+
+        return call
+
+    with tflms.manual_memory_optimizer():
+        losses_plain, vars_plain = zoo.run_steps(setup, first_call_recorded("plain", plain), n=3)
+        losses_lms, vars_lms = zoo.run_steps(setup, first_call_recorded("lms", lms), n=3)
+    np.testing.assert_array_equal(losses_lms, losses_plain)
+    for a, b in zip(vars_lms, vars_plain):
+        np.testing.assert_array_equal(a, b)
+    assert losses_plain[0] != losses_plain[2]
+    swapped = {op.name for op in sum(swap_ops(lms.get_concrete_function(setup.x, setup.y).graph), [])}
+    for name in ("plain", "lms"):
+        ops = {n.op for n in ran[name]}
+        assert "AddN" in ops and not {"TemporaryVariable", "AssignAdd"} & ops, name
+    assert swapped and swapped <= {n.name for n in ran["lms"]}
+
+
 @pytest.mark.parametrize("name", ["cnn", "transformer"])
 def test_swapout_fences_keep_training_bit_identical(name):
     """``swapout_window`` adds control edges from swap-outs to forward ops: the same numbers

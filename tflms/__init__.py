@@ -29,6 +29,7 @@ name that needs it is used)::
     tflms.max_batch_size  # largest batch whose predicted peak fits a budget
     tflms.plot_memory   # PNG of the predicted memory timeline before/after a plan (plan.plot(path))
     tflms.testbed       # the real-memory test bed (two processes, no GPU needed)
+    tflms.manual_memory_optimizer  # call steps without Grappler's AddN accumulation rewrite
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ _EXPORTS = {
     "LMSConfig": "config",
     "LMSFunction": "core",
     "function": "core",
+    "manual_memory_optimizer": "core",
     "optimize": "core",
     "resolve_device": "core",
     "BudgetError": "errors",

@@ -17,6 +17,10 @@ A TensorFlow upgrade that breaks tflms should break only this module, and
 * ``Graph._create_op_internal`` makes a recompute's clone of a forward op (same type,
   attributes and op def, other inputs and name).
 * ``op_def_registry.get`` tells whether an op type exists (``tflms.config``).
+* ``context.context().function_call_options`` (thread-local) carries the ``ConfigProto``
+  with which the runtime instantiates a function called under it (eagerly, or the call
+  op traced under it): :func:`manual_memory_optimizer` sets Grappler's memory optimizer
+  to ``MANUAL`` there.
 * Keras 3 (TensorFlow backend) internals used by ``LMSCallback`` (``keras_*``
   functions below; pinned by ``tests/test_keras.py``): ``Model._make_function`` and
   ``_jit_compile`` to install the rewritten step, ``_resolve_auto_jit_compile``,
@@ -27,6 +31,8 @@ A TensorFlow upgrade that breaks tflms should break only this module, and
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import tensorflow as tf
@@ -49,6 +55,7 @@ __all__ = [
     "grappler_optimize",
     "profile_step",
     "ran_graphs",
+    "manual_memory_optimizer",
     "op_type_registered",
     "keras_make_function",
     "keras_auto_jit_compile",
@@ -164,6 +171,36 @@ def grappler_optimize(cf: ConcreteFunction, device: str, config: Any = None) -> 
         fetch.node_list.value.append(op.name)
     meta.collection_def["train_op"].CopyFrom(fetch)
     return tf_optimizer.OptimizeGraph(config or config_pb2.ConfigProto(), meta)
+
+
+@contextlib.contextmanager
+def manual_memory_optimizer() -> Iterator[None]:
+    """Within it, functions are instantiated with Grappler's memory optimizer at ``MANUAL``.
+
+    At its default level the memory optimizer's scheduling pass rewrites every ``AddN`` of
+    more than two inputs that its static estimate finds live at a peak above 80 % of the
+    device's memory (a CPU device reports 256 MiB) into a ``TemporaryVariable`` that
+    ``AssignAdd`` accumulates into in arrival order, initialised from a ``ZerosLike`` that
+    constant folding turns into a ``Const``: device memory of the sum's size, held while
+    the function exists, and sums whose order varies from run to run. ``MANUAL`` keeps
+    only the rewrites that ops ask for by attribute. The setting is thread-local and
+    read when a function is instantiated (its first call under this setting), or when a
+    call op is traced under it; the rest of the ``ConfigProto`` is kept.
+    """
+    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    previous = ctx.function_call_options
+    config = config_pb2.ConfigProto()
+    if previous.config_proto_serialized:
+        config.ParseFromString(previous.config_proto_serialized)
+    config.graph_options.rewrite_options.memory_optimization = rewriter_config_pb2.RewriterConfig.MANUAL
+    ctx.function_call_options = context.FunctionCallOptions(executor_type=previous.executor_type, config_proto=config)
+    try:
+        yield
+    finally:
+        ctx.function_call_options = previous
 
 
 def ran_graphs(fn: Any) -> list[Any]:

@@ -6,7 +6,8 @@
   function per input signature, with :meth:`LMSFunction.memory_report`;
 * device helpers: :func:`resolve_device` (which device LMS relieves), :func:`check_host`,
   :func:`device_memory` (measured memory where the device reports it);
-* :func:`paused_gc`, used around every pass.
+* :func:`paused_gc`, used around every pass;
+* :func:`manual_memory_optimizer`: call steps with Grappler's memory optimizer at ``MANUAL``.
 """
 
 from __future__ import annotations
@@ -33,12 +34,48 @@ from .planner import empty_plan, make_plan
 from .rewrite import apply_plan, is_rewritten
 from .simulator import Simulator
 
-__all__ = ["optimize", "function", "LMSFunction", "resolve_device", "check_host", "device_memory", "paused_gc"]
+__all__ = [
+    "optimize",
+    "function",
+    "LMSFunction",
+    "resolve_device",
+    "check_host",
+    "device_memory",
+    "paused_gc",
+    "manual_memory_optimizer",
+]
 
 log = logging.getLogger("tflms")
 
 # Rebuilt functions -> their plan, so that optimizing one again changes nothing.
 _REWRITTEN: weakref.WeakKeyDictionary[Any, SwapPlan] = weakref.WeakKeyDictionary()
+
+
+def manual_memory_optimizer() -> Any:
+    """A context in which steps are called (and instantiated) with Grappler's memory optimizer at ``MANUAL``.
+
+    By default that optimizer rewrites an ``AddN`` of more than two inputs, when its static
+    estimate puts the step's peak above 80 % of the device's memory (a CPU device reports
+    256 MiB), into an accumulation: a temporary variable that each input is added to as it
+    arrives, initialised from a constant of zeros of the sum's size. The constant stays in
+    device memory while the function exists, and the sum's order varies from run to run.
+    ``MANUAL`` turns that rewrite off (see the README's "Grappler's AddN rewrite").
+
+    The setting is read when a function is instantiated: call a step always within it, or
+    never (outside it, the same function is instantiated a second time, with the default).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> import tflms
+        >>> @tf.function
+        ... def total(x):
+        ...     return tf.math.add_n([tf.sin(x), tf.cos(x), tf.tanh(x)])
+        >>> with tflms.manual_memory_optimizer():
+        ...     y = total(tf.ones((2, 2)))
+        >>> float(y[0, 0]) == float(tf.sin(1.0) + tf.cos(1.0) + tf.tanh(1.0))
+        True
+    """
+    return tfi.manual_memory_optimizer()
 
 
 def resolve_device(config: LMSConfig) -> str | None:

@@ -149,6 +149,7 @@ def measure_step(
     steps: int = 3,
     options: dict[str, Any] | None = None,
     warmup: int = 1,
+    memory_optimizer: str = "default",
 ) -> dict[str, Any]:
     """Train ``warmup + steps`` steps of ``model`` per mode in this measured process; return measurements.
 
@@ -179,7 +180,15 @@ def measure_step(
     with ``recompute=True`` (:mod:`tflms.recompute`); its entry also has ``n_recomputes`` and
     ``recomputed_bytes``. Every ``lms`` mode's entry
     has the plan's predicted ``link_seconds`` and ``recompute_seconds``.
+
+    ``memory_optimizer='manual'`` runs every step of every mode within
+    :func:`tflms.manual_memory_optimizer` (Grappler's memory optimizer at ``MANUAL``: no
+    rewrite of ``AddN`` ops into accumulations, and no device memory held for them between
+    steps); ``'default'`` leaves TensorFlow's setting. A step's peak includes what the
+    functions of earlier modes hold between steps (e.g. the zeros of such a rewrite).
     """
+    import contextlib
+
     import tensorflow as tf
 
     from . import _tf_internal as tfi
@@ -191,6 +200,10 @@ def measure_step(
 
     check_int("steps", steps, 1)
     check_int("warmup", warmup, 0)
+    if memory_optimizer not in ("default", "manual"):
+        raise ValueError(
+            f"memory_optimizer must be 'default' or 'manual'. Received: memory_optimizer={memory_optimizer!r}"
+        )
     unknown = sorted(set(modes) - set(MEASURE_MODES))
     if unknown or not modes:
         raise ValueError(
@@ -208,7 +221,9 @@ def measure_step(
         "batch": batch,
         "size": size or MODELS[model][1],
         "plain_predicted": plain_predicted,
+        "memory_optimizer": memory_optimizer,
     }
+    calls = tfi.manual_memory_optimizer if memory_optimizer == "manual" else contextlib.nullcontext
     for i, mode in enumerate(modes):
         for v, value in zip(state, initial):
             v.assign(value)
@@ -244,7 +259,7 @@ def measure_step(
         for _ in range(warmup + steps):
             testbed.reset_peak()
             t0 = time.perf_counter()
-            with tf.device(testbed.DEVICE):
+            with tf.device(testbed.DEVICE), calls():
                 loss = float(step(x, y).numpy())
             seconds.append(time.perf_counter() - t0)
             peaks.append(testbed.memory()["peak"])
