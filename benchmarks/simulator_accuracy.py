@@ -60,11 +60,8 @@ def run_case(
     memory_optimizer: str = "default",
 ) -> list[dict]:
     """One row per mode: the steady and first-step peaks of every run, and the prediction."""
-    rows = {
-        m: {"model": model, "batch": batch, "mode": m, "memory_optimizer": memory_optimizer}
-        | {"runs": [], "first_peaks": []}
-        for m in modes
-    }
+    first = {"model": model, "batch": batch, "memory_optimizer": memory_optimizer}
+    rows = {m: {**first, "mode": m, "runs": [], "first_peaks": []} for m in modes}
     for _ in range(runs):
         r = measure(model, batch, size=size, modes=modes, steps=steps, memory_optimizer=memory_optimizer)
         if not r.ok:

@@ -175,18 +175,8 @@ def grappler_optimize(cf: ConcreteFunction, device: str, config: Any = None) -> 
 
 @contextlib.contextmanager
 def manual_memory_optimizer() -> Iterator[None]:
-    """Within it, functions are instantiated with Grappler's memory optimizer at ``MANUAL``.
-
-    At its default level the memory optimizer's scheduling pass rewrites every ``AddN`` of
-    more than two inputs that its static estimate finds live at a peak above 80 % of the
-    device's memory (a CPU device reports 256 MiB) into a ``TemporaryVariable`` that
-    ``AssignAdd`` accumulates into in arrival order, initialised from a ``ZerosLike`` that
-    constant folding turns into a ``Const``: device memory of the sum's size, held while
-    the function exists, and sums whose order varies from run to run. ``MANUAL`` keeps
-    only the rewrites that ops ask for by attribute. The setting is thread-local and
-    read when a function is instantiated (its first call under this setting), or when a
-    call op is traced under it; the rest of the ``ConfigProto`` is kept.
-    """
+    """Within it, functions are instantiated with Grappler's memory optimizer at ``MANUAL``
+    (why: :func:`tflms.core.manual_memory_optimizer`); the rest of the current ``ConfigProto`` is kept."""
     from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
     from tensorflow.python.eager import context
 

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -51,7 +52,7 @@ log = logging.getLogger("tflms")
 _REWRITTEN: weakref.WeakKeyDictionary[Any, SwapPlan] = weakref.WeakKeyDictionary()
 
 
-def manual_memory_optimizer() -> Any:
+def manual_memory_optimizer() -> contextlib.AbstractContextManager[None]:
     """A context in which steps are called (and instantiated) with Grappler's memory optimizer at ``MANUAL``.
 
     By default that optimizer rewrites an ``AddN`` of more than two inputs, when its static
