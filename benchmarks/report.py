@@ -121,17 +121,42 @@ def _step(row: dict) -> str:
     }[row["mode"]] + manual
 
 
+def _auto(row: dict) -> str:
+    """Marks a row measured as tflms calls its steps, in a table with rows measured otherwise."""
+    return ", *tflms at `MANUAL`*" if row.get("memory_optimizer") == "auto" else ""
+
+
 def _model(row: dict) -> str:
     """The model's name, with its input size when it is not the test bed's default."""
     size = row.get("size")
     return row["model"] if size in (None, MODELS[row["model"]][1]) else f"{row['model']} {size}²"
 
 
+def _memory_optimizer_note(rows: list[dict]) -> str:
+    """What Grappler's memory-optimizer level the measured steps ran at (``measure_step``'s
+    ``memory_optimizer``; rows without it were measured before tflms called its steps at ``MANUAL``)."""
+    levels = {r.get("memory_optimizer", "default") for r in rows}
+    if levels == {"auto"}:
+        return (
+            "; tflms steps called at Grappler's memory-optimizer level `MANUAL`, as tflms calls them, "
+            "plain steps at TensorFlow's default"
+        )
+    if levels == {"default"}:
+        return (
+            "; every step at TensorFlow's default memory-optimizer level (measured before tflms called "
+            "its steps at `MANUAL`)"
+        )
+    return (
+        "; steps marked `MANUAL` (or *tflms at `MANUAL`*: the tflms steps, as tflms calls them) at that "
+        "memory-optimizer level, the others at TensorFlow's default"
+    )
+
+
 def _measured_header(data: dict) -> str:
     return (
         f"_{_header(data)}; **measured** on the two-process test bed ({len(data['rows'][0]['runs'])} fresh "
         f"processes per model and batch; steady-state peak: the largest per-step peak of {data['steps']} steps "
-        f"after {data['warmup']} warm-up step)"
+        f"after {data['warmup']} warm-up step){_memory_optimizer_note(data['rows'])}"
     )
 
 
@@ -217,7 +242,7 @@ def testbed_capacity(data: dict) -> str:
         f"budget = fraction x cap; search precision {data['rel_tol']:.0%}; measured on: the row's date, and the "
         "measured process's priority below the host worker's (`testbed.DEVICE_NICE`; 0: equal); predicted "
         "columns: the simulator (`tflms.max_batch_size`, the step traced per batch as the measured process traces it) "
-        "for a budget of the cap_",
+        f"for a budget of the cap{_memory_optimizer_note(data['rows'])}_",
         "",
         "| model | size | cap | budget | largest batch, plain | largest batch, tflms | ratio | predicted plain "
         "| predicted tflms | measured on |",
@@ -231,7 +256,7 @@ def testbed_capacity(data: dict) -> str:
         lines.append(
             f"| {model} | {r['size']} | {_mib(r['cap'])} | {fraction:g} x cap | {r['plain']} | {r['lms']} "
             f"| {ratio} | {r['predicted_plain']} "
-            f"| {r['predicted_lms']} | {r['date']}, nice {r['device_nice']} |"
+            f"| {r['predicted_lms']} | {r['date']}, nice {r['device_nice']}{_auto(r)} |"
         )
     return "\n".join(lines)
 
@@ -256,7 +281,7 @@ def peak_anatomy(data: dict) -> str:
         "(the simulator, in its own order and in the order the profiled step started the ops); MiB; peaks include "
         "the variables, as allocator chunks / requested bytes; allocator replay: the simulator's allocator "
         "emulation on the profiled step's own allocations (chunks); phase columns: measured allocator chunks / "
-        "predicted requested bytes at each side's peak, variables left out_",
+        f"predicted requested bytes at each side's peak, variables left out{_memory_optimizer_note(data['rows'])}_",
         "",
         "| model | batch | step | unprofiled peak | profiled peak | allocator replay | predicted peak "
         "| predicted, recorded order | peak in | " + " | ".join(phases) + " |",

@@ -6,9 +6,11 @@ on the CPU is the device, a second TensorFlow process is the host), plain and
 with the default LMS plan (and, for ``MODEL:BATCH:gated`` cases, the same plan with
 its swap-ins on the device: tflms 0.1's rewrite, the negative control; for ``:fenced``,
 the same swaps with ``swapout_window=tflms.measure.FENCE_WINDOW``; for ``:serialized``, the
-same swaps with ``serialize=True``; for ``:manual``, every step of the case run within
-``tflms.manual_memory_optimizer()``), from the same weights, and repeats that in ``--runs``
-fresh processes. Per run it records
+same swaps with ``serialize=True``), from the same weights, and repeats that in ``--runs``
+fresh processes. The plain step is called as TensorFlow calls it and the tflms steps as
+``tflms.function`` calls them (Grappler's memory optimizer at ``MANUAL``); ``:manual`` calls
+every step of the case within ``tflms.manual_memory_optimizer()``, ``:default`` every step
+at TensorFlow's default level. Per run it records
 the steady-state peak (the largest per-step peak after one warm-up step) and the
 first step's peak; the simulator's prediction is the same in every run.
 
@@ -26,8 +28,8 @@ Usage::
     python benchmarks/simulator_accuracy.py --cases resnet50@224:32:serialized --runs 3 \
         --json benchmarks/results/serialize.json
     # Grappler's memory optimizer at MANUAL (no AddN accumulation rewrite): the README's table
-    python benchmarks/simulator_accuracy.py --cases resnet50@224:32 resnet50@224:32:manual resnet50:32 \
-        resnet50:32:manual --runs 2 --json benchmarks/results/memory_optimizer.json
+    python benchmarks/simulator_accuracy.py --cases resnet50@224:32:default resnet50@224:32:manual \
+        resnet50:32:default resnet50:32:manual --runs 2 --json benchmarks/results/memory_optimizer.json
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ PLAN_FIELDS = (
 #: Case flags and the :func:`tflms.measure.measure_step` mode each adds.
 FLAG_MODES = {"gated": "lms_device_gated", "recompute": "lms_recompute", "fenced": "lms_fenced",
               "serialized": "lms_serialized"}  # fmt: skip
+#: Case flags that set :func:`tflms.measure.measure_step`'s ``memory_optimizer`` for every step.
+LEVELS = ("manual", "default")
 
 
 def run_case(
@@ -57,7 +61,7 @@ def run_case(
     runs: int,
     steps: int,
     size: int | None = None,
-    memory_optimizer: str = "default",
+    memory_optimizer: str = "auto",
 ) -> list[dict]:
     """One row per mode: the steady and first-step peaks of every run, and the prediction."""
     first = {"model": model, "batch": batch, "memory_optimizer": memory_optimizer}
@@ -87,10 +91,12 @@ def main(argv: list[str] | None = None) -> int:
         "--cases",
         nargs="+",
         default=list(DEFAULT_CASES),
-        help="MODEL[@SIZE]:BATCH[:gated][:recompute][:fenced][:serialized][:manual] (SIZE: input size other "
-        "than the model's default; gated: also the swap-ins-on-the-device control; recompute: also the plan "
-        "with recompute=True; fenced: also the plan with swapout_window; serialized: also with "
-        "serialize=True; manual: every step within tflms.manual_memory_optimizer())",
+        help="MODEL[@SIZE]:BATCH[:gated][:recompute][:fenced][:serialized][:manual|:default] (SIZE: input "
+        "size other than the model's default; gated: also the swap-ins-on-the-device control; recompute: also "
+        "the plan with recompute=True; fenced: also the plan with swapout_window; serialized: also with "
+        "serialize=True; manual: every step within tflms.manual_memory_optimizer(); default: every step at "
+        "TensorFlow's default memory-optimizer level; neither: plain steps at the default, tflms steps at MANUAL "
+        "as tflms calls them)",
     )
     parser.add_argument("--runs", type=int, default=3, help="fresh measured processes per case")
     parser.add_argument("--steps", type=int, default=4, help="measured steps per run, after one warm-up step")
@@ -103,13 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     for case in args.cases:
         model, batch, *flags = case.split(":")
         model, _, size = model.partition("@")
-        unknown = sorted(set(flags) - set(FLAG_MODES) - {"manual"})
+        unknown = sorted(set(flags) - set(FLAG_MODES) - set(LEVELS))
         if unknown:
-            parser.error(
-                f"unknown case flag(s) {', '.join(unknown)} in {case!r}: use {', '.join([*FLAG_MODES, 'manual'])}"
-            )
+            known = ", ".join([*FLAG_MODES, *LEVELS])
+            parser.error(f"unknown case flag(s) {', '.join(unknown)} in {case!r}: use {known}")
+        if set(LEVELS) <= set(flags):
+            parser.error(f"a case takes :manual or :default, not both. Received: {case!r}")
         modes = ["plain", "lms"] + [FLAG_MODES[f] for f in FLAG_MODES if f in flags]
-        memory_optimizer = "manual" if "manual" in flags else "default"
+        memory_optimizer = next((f for f in flags if f in LEVELS), "auto")
         size_or_none = int(size) if size else None
         for row in run_case(model, int(batch), modes, args.runs, args.steps, size_or_none, memory_optimizer):
             rows.append(row)

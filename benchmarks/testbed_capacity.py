@@ -135,6 +135,7 @@ def main() -> None:
                 "seconds": round(time.perf_counter() - t0),
                 "date": time.strftime("%Y-%m-%d"),
                 "device_nice": DEVICE_NICE,
+                "memory_optimizer": "auto",  # measure's default: tflms steps at MANUAL, as tflms calls them
             }
         )
     if path.exists():  # keep the other models' rows: each model may have its own cap

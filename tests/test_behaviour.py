@@ -310,3 +310,35 @@ def test_misspelled_option_lists_the_valid_ones_everywhere():
 def test_missing_cpu_device_says_how_to_make_one(mlp):
     with pytest.raises(ValueError, match=r"no GPU.*set_logical_device_configuration.*device='/device:CPU:1'"):
         tflms.function(mlp.step_fn(), device="/device:CPU:7").get_plan(mlp.x, mlp.y)
+
+
+def test_steps_are_called_with_a_manual_memory_optimizer_unless_configured_otherwise():
+    """tflms.function calls its step with Grappler's memory optimizer at MANUAL, so a large
+    AddN stays an AddN (at the default level Grappler makes it an accumulation with a constant
+    of zeros held in device memory: tests/test_tf_internals.py); manual_memory_optimizer=False
+    leaves TensorFlow's default, and a level the caller set is kept."""
+    from helpers import ACCUMULATION, memory_optimization, ran_op_types
+
+    x = tf.reshape(tf.range(20000 * 1024, dtype=tf.float32), (20000, 1024)) * 1e-7  # 78 MiB
+
+    def total(x):
+        return tf.math.add_n([tf.sin(x), tf.cos(x), tf.tanh(x)])
+
+    def ran(**options):
+        step = tflms.function(total, device=DEVICE, **options)
+        out = []
+        ops = ran_op_types(lambda: out.append(step(x).numpy()))
+        return ops, out[0]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LMSWarning)  # nothing to swap in a forward-only step
+        manual, y = ran()
+        default, _ = ran(manual_memory_optimizer=False)
+        with memory_optimization("SCHEDULING_HEURISTICS"):
+            kept, _ = ran()
+    assert "AddN" in manual and not ACCUMULATION & manual
+    np.testing.assert_array_equal(y, (tf.sin(x) + tf.cos(x) + tf.tanh(x)).numpy())
+    assert ACCUMULATION <= default
+    assert ACCUMULATION <= kept
+    with pytest.raises(ValueError, match="manual_memory_optimizer must be True or False. Received: .*='yes'"):
+        LMSConfig(manual_memory_optimizer="yes")

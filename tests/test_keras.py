@@ -581,3 +581,44 @@ def test_train_step_is_traced_like_keras_without_autograph():
             _fit(setup, callbacks, epochs=1)
         errors.append(type(info.value))
     assert errors[0] is errors[1] and issubclass(errors[0], TypeError)
+
+
+def test_fit_calls_the_step_with_a_manual_memory_optimizer_unless_configured_otherwise():
+    """The callback's train function runs with Grappler's memory optimizer at MANUAL: the AddN
+    that sums the gradients of a tensor read by three layers stays an AddN (at the default
+    level, with tensors this large, Grappler makes it an accumulation whose constant of zeros
+    stays in device memory: tests/test_tf_internals.py). ``manual_memory_optimizer=False``
+    leaves TensorFlow's default."""
+    from helpers import ACCUMULATION, ran_op_types
+
+    def model():
+        keras.utils.set_random_seed(0)
+        x = keras.Input((256,))
+        h = keras.layers.Dense(256)(x)
+        branches = [keras.layers.Activation(a)(h) for a in ("sigmoid", "softplus", "tanh")]
+        out = keras.layers.Dense(1)(keras.layers.Add()(branches))
+        m = keras.Model(x, out)
+        m.compile(optimizer="sgd", loss="mse", jit_compile=False)
+        return m
+
+    batch = 80000  # three [80000, 256] gradients of 78 MiB each
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((batch, 256), dtype=np.float32)
+    y = rng.standard_normal((batch, 1), dtype=np.float32)
+
+    def ran(**options):
+        m = model()
+        cb = LMSCallback(device=DEVICE, batch_size=batch, swapout_threshold=1, **options)
+        history = []
+
+        def fit():
+            with tf.device(DEVICE):
+                history.append(m.fit(x, y, batch_size=batch, epochs=1, verbose=0, shuffle=False, callbacks=[cb]))
+
+        return ran_op_types(fit), cb
+
+    manual, cb = ran()
+    default, _ = ran(manual_memory_optimizer=False)
+    assert cb.plan.swaps  # the step was rewritten
+    assert "AddN" in manual and not ACCUMULATION & manual
+    assert ACCUMULATION <= default

@@ -174,9 +174,12 @@ def grappler_optimize(cf: ConcreteFunction, device: str, config: Any = None) -> 
 
 
 @contextlib.contextmanager
-def manual_memory_optimizer() -> Iterator[None]:
+def manual_memory_optimizer(keep_explicit: bool = False) -> Iterator[None]:
     """Within it, functions are instantiated with Grappler's memory optimizer at ``MANUAL``
-    (why: :func:`tflms.core.manual_memory_optimizer`); the rest of the current ``ConfigProto`` is kept."""
+    (why: :func:`tflms.core.manual_memory_optimizer`); the rest of the current ``ConfigProto`` is kept.
+
+    ``keep_explicit=True`` changes nothing where the current level is not Grappler's default
+    (``DEFAULT_MEM_OPT``): a level the caller set stays."""
     from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
     from tensorflow.python.eager import context
 
@@ -185,7 +188,11 @@ def manual_memory_optimizer() -> Iterator[None]:
     config = config_pb2.ConfigProto()
     if previous.config_proto_serialized:
         config.ParseFromString(previous.config_proto_serialized)
-    config.graph_options.rewrite_options.memory_optimization = rewriter_config_pb2.RewriterConfig.MANUAL
+    options = config.graph_options.rewrite_options
+    if keep_explicit and options.memory_optimization != rewriter_config_pb2.RewriterConfig.DEFAULT_MEM_OPT:
+        yield
+        return
+    options.memory_optimization = rewriter_config_pb2.RewriterConfig.MANUAL
     ctx.function_call_options = context.FunctionCallOptions(executor_type=previous.executor_type, config_proto=config)
     try:
         yield

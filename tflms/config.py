@@ -224,6 +224,13 @@ class LMSConfig:
             (:class:`tflms.Order`) that make one branch of the backward pass wait for
             another where the simulator predicts a lower peak (:mod:`tflms.schedule`).
             Default ``False``.
+        manual_memory_optimizer: when ``True`` (default), ``tflms.function`` and
+            ``tflms.LMSCallback`` call the step within :func:`tflms.manual_memory_optimizer`
+            (Grappler's memory optimizer at ``MANUAL``): Grappler's default level may rewrite
+            a large ``AddN`` into an accumulation whose constant of zeros stays in device
+            memory, which the plan's predicted peak does not count. A level set by the
+            caller's own ``function_call_options`` is kept. It changes no plan; steps from
+            :func:`tflms.optimize` are called by the caller, who can wrap the calls.
     """
 
     device: str | None = None
@@ -245,6 +252,7 @@ class LMSConfig:
     device_bandwidth: int = DEVICE_BANDWIDTH
     swapout_window: int | None = None
     serialize: bool = False
+    manual_memory_optimizer: bool = True
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -266,7 +274,7 @@ class LMSConfig:
             set_(self, "budget", parse_bytes(self.budget, "budget"))
         set_(self, "link_bandwidth", _check_bandwidth("link_bandwidth", self.link_bandwidth))
         set_(self, "link_latency", _check_seconds("link_latency", self.link_latency))
-        for name in ("recompute", "serialize"):
+        for name in ("recompute", "serialize", "manual_memory_optimizer"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False. {_received(name, getattr(self, name))}")
         set_(self, "device_bandwidth", _check_bandwidth("device_bandwidth", self.device_bandwidth))

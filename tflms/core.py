@@ -64,6 +64,9 @@ def manual_memory_optimizer() -> contextlib.AbstractContextManager[None]:
 
     The setting is read when a function is instantiated: call a step always within it, or
     never (outside it, the same function is instantiated a second time, with the default).
+    ``tflms.function`` and ``tflms.LMSCallback`` call their steps within it already
+    (``LMSConfig.manual_memory_optimizer``, default ``True``); wrap the calls of a step from
+    :func:`tflms.optimize` yourself.
 
     Example:
         >>> import tensorflow as tf
@@ -319,9 +322,11 @@ class LMSFunction:
                 )
             return self.python_function(*args, **kwargs)
         new_cf, _, device = self._entry(args, kwargs)
-        if device is None:
-            return new_cf(*args, **kwargs)
-        with tf.device(device):
+        with contextlib.ExitStack() as stack:
+            if self._config.manual_memory_optimizer:
+                stack.enter_context(tfi.manual_memory_optimizer(keep_explicit=True))
+            if device is not None:
+                stack.enter_context(tf.device(device))
             return new_cf(*args, **kwargs)
 
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:

@@ -149,7 +149,7 @@ def measure_step(
     steps: int = 3,
     options: dict[str, Any] | None = None,
     warmup: int = 1,
-    memory_optimizer: str = "default",
+    memory_optimizer: str = "auto",
 ) -> dict[str, Any]:
     """Train ``warmup + steps`` steps of ``model`` per mode in this measured process; return measurements.
 
@@ -170,7 +170,8 @@ def measure_step(
     Returns ``{'model', 'batch', 'size', 'plain_predicted', MODE: {...}}`` where each mode
     has ``peak`` (the steady-state peak: the largest measured per-step peak after the
     warm-up, bytes), ``first_peak``, ``peaks`` and ``losses`` (every step, the warm-up
-    included), ``step_seconds``, ``predicted`` (the simulator's peak of the step that ran) and, for
+    included), ``step_seconds``, ``predicted`` (the simulator's peak of the step that ran),
+    ``manual_memory_optimizer`` (whether its steps ran at ``MANUAL``; see below) and, for
     ``'lms'``, ``n_swaps``, ``n_swap_ins``, ``n_fences``, ``n_orders``, ``swapped_bytes`` and the plan's ``options``.
     ``'lms_device_gated'`` applies the same plan with the swap-ins on the device (as tflms
     0.1 did; see :func:`tflms.rewrite.apply_plan`): the negative control.
@@ -181,11 +182,14 @@ def measure_step(
     ``recomputed_bytes``. Every ``lms`` mode's entry
     has the plan's predicted ``link_seconds`` and ``recompute_seconds``.
 
-    ``memory_optimizer='manual'`` runs every step of every mode within
-    :func:`tflms.manual_memory_optimizer` (Grappler's memory optimizer at ``MANUAL``: no
-    rewrite of ``AddN`` ops into accumulations, and no device memory held for them between
-    steps); ``'default'`` leaves TensorFlow's setting. A step's peak includes what the
-    functions of earlier modes hold between steps (e.g. the zeros of such a rewrite).
+    ``memory_optimizer='auto'`` (default) calls each step as a user gets it: the plain step
+    with TensorFlow's setting, the rewritten ones as ``tflms.function`` calls them (within
+    :func:`tflms.manual_memory_optimizer` unless ``options`` has
+    ``manual_memory_optimizer=False``). ``'manual'`` runs every step of every mode within it
+    (Grappler's memory optimizer at ``MANUAL``: no rewrite of ``AddN`` ops into accumulations,
+    and no device memory held for them between steps); ``'default'`` leaves TensorFlow's
+    setting for every step. A step's peak includes what the functions of earlier modes hold
+    between steps (e.g. the zeros of such a rewrite).
     """
     import contextlib
 
@@ -200,9 +204,9 @@ def measure_step(
 
     check_int("steps", steps, 1)
     check_int("warmup", warmup, 0)
-    if memory_optimizer not in ("default", "manual"):
+    if memory_optimizer not in ("auto", "default", "manual"):
         raise ValueError(
-            f"memory_optimizer must be 'default' or 'manual'. Received: memory_optimizer={memory_optimizer!r}"
+            f"memory_optimizer must be 'auto', 'default' or 'manual'. Received: memory_optimizer={memory_optimizer!r}"
         )
     unknown = sorted(set(modes) - set(MEASURE_MODES))
     if unknown or not modes:
@@ -223,12 +227,12 @@ def measure_step(
         "plain_predicted": plain_predicted,
         "memory_optimizer": memory_optimizer,
     }
-    calls = tfi.manual_memory_optimizer if memory_optimizer == "manual" else contextlib.nullcontext
     for i, mode in enumerate(modes):
         for v, value in zip(state, initial):
             v.assign(value)
         entry: dict[str, Any] = {}
         step = cf
+        manual = memory_optimizer == "manual"
         if mode.startswith("lms"):
             extra = {
                 "lms_recompute": {"recompute": True},
@@ -253,18 +257,26 @@ def measure_step(
                 recompute_seconds=plan.recompute_seconds,
                 options=dict(plan.options),
             )
+            manual = manual or (memory_optimizer == "auto" and plan.options.get("manual_memory_optimizer", True))
         else:
             entry["predicted"] = plain_predicted
         peaks, losses, seconds = [], [], []
         for _ in range(warmup + steps):
             testbed.reset_peak()
             t0 = time.perf_counter()
-            with tf.device(testbed.DEVICE), calls():
+            with tf.device(testbed.DEVICE), tfi.manual_memory_optimizer() if manual else contextlib.nullcontext():
                 loss = float(step(x, y).numpy())
             seconds.append(time.perf_counter() - t0)
             peaks.append(testbed.memory()["peak"])
             losses.append(loss)
-        entry.update(peak=max(peaks[warmup:]), first_peak=peaks[0], peaks=peaks, losses=losses, step_seconds=seconds)
+        entry.update(
+            manual_memory_optimizer=manual,
+            peak=max(peaks[warmup:]),
+            first_peak=peaks[0],
+            peaks=peaks,
+            losses=losses,
+            step_seconds=seconds,
+        )
         result[mode if mode not in result else f"{mode}_{i}"] = entry
     return result
 
@@ -458,7 +470,11 @@ def anatomy_step(
     (tflms's swap ops, and the transfers' receives, which carry no op name) or ``other``
     (ops Grappler made).
 
-    Returns ``{'model', 'batch', 'size', 'mode', 'measured_peak' (unprofiled),
+    The rewritten step is called as ``tflms.function`` calls it (within
+    :func:`tflms.manual_memory_optimizer` unless ``options`` turn that off), the plain one at
+    TensorFlow's setting: ``memory_optimizer`` is ``'auto'``, as in :func:`measure_step`.
+
+    Returns ``{'model', 'batch', 'size', 'mode', 'memory_optimizer', 'measured_peak' (unprofiled),
     'profiled': {'in_use', 'requested', 'variables', 'op', 'op_phase', 'by_phase', 'top'},
     'predicted': {'peak', 'requested', 'variables', 'op', 'op_phase', 'by_phase', 'top'},
     'predicted_at_measured_op', 'recorded_order': {'peak', 'requested', 'ops_recorded', 'ops'},
@@ -473,6 +489,8 @@ def anatomy_step(
     bytes plus the variables; measured, what the live chunks' ops asked for plus what the
     allocator held before the step (``variables``, in chunks).
     """
+    import contextlib
+
     import tensorflow as tf
 
     from . import _tf_internal as tfi
@@ -515,7 +533,9 @@ def anatomy_step(
         op = profile.schedule[position]
         return {"op": op, "op_phase": phase(op), **summary(buffers)}
 
-    with tf.device(testbed.DEVICE):
+    # The rewritten step is called as tflms.function calls it (LMSConfig.manual_memory_optimizer).
+    manual = mode == "lms" and plan.options.get("manual_memory_optimizer", True)
+    with tf.device(testbed.DEVICE), tfi.manual_memory_optimizer() if manual else contextlib.nullcontext():
         for _ in range(warmup):
             step(x, y)
         testbed.reset_peak()
@@ -533,6 +553,7 @@ def anatomy_step(
         "batch": batch,
         "size": size or MODELS[model][1],
         "mode": mode,
+        "memory_optimizer": "auto",
         "measured_peak": measured_peak,
         "profiled": {
             "in_use": anatomy["in_use"],
