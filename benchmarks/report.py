@@ -146,10 +146,14 @@ def _memory_optimizer_note(rows: list[dict]) -> str:
             "; every step at TensorFlow's default memory-optimizer level (measured before tflms called "
             "its steps at `MANUAL`)"
         )
-    return (
-        "; steps marked `MANUAL` (or *tflms at `MANUAL`*: the tflms steps, as tflms calls them) at that "
-        "memory-optimizer level, the others at TensorFlow's default"
-    )
+    if "auto" in levels:
+        return (
+            "; rows marked *tflms at `MANUAL`* called the tflms steps at Grappler's memory-optimizer level "
+            "`MANUAL`, as tflms calls them, and plain steps at TensorFlow's default; the other rows ran "
+            + ("at `MANUAL` where marked, else " if "manual" in levels else "")
+            + "at TensorFlow's default"
+        )
+    return "; steps marked `MANUAL` at that memory-optimizer level, the others at TensorFlow's default"
 
 
 def _measured_header(data: dict) -> str:

@@ -130,6 +130,46 @@ def test_max_batch_size_traces_a_transformer_per_batch():
     assert tflms.max_batch_size(step, budget, limit=256).with_lms < result.with_lms
 
 
+def test_pixels_reshaped_to_rows_are_traced_per_batch():
+    """``reshape(t, (-1, C))`` of a (None, H, W, C) feature map gives (None, C): static dimensions
+    after an unknown leading one that counts batch x H x W rows, not the batch. Sized by the batch,
+    those tensors would be H x W times too small, so the Keras model is traced per batch. A
+    Flatten's reshape, whose rows are the batch, is no such view: without the per-pixel Dense, the
+    unknown-batch trace is used."""
+
+    def model(per_pixel):
+        keras.utils.set_random_seed(0)
+        L = keras.layers
+        inp = keras.Input((8, 8, 3))
+        h = L.Conv2D(16, 3, padding="same")(inp)
+        if per_pixel:
+            rows = L.Lambda(lambda t: keras.ops.reshape(t, (-1, 16)))(h)
+            h = L.Lambda(lambda t: keras.ops.reshape(t, (-1, 8, 8, 16)))(L.Dense(16, activation="relu")(rows))
+        m = keras.Model(inp, L.Dense(4)(L.Flatten()(h)))
+        m.compile(optimizer="sgd", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    def reshapes(traced, shape):
+        return [
+            t
+            for t in traced.tensors.values()
+            if traced.phase(t.op) == "forward" and t.shape == shape and traced.dag.nodes[t.op]["type"] == "Reshape"
+        ]
+
+    plain = model(False)
+    step = tflms.autotune.keras_train_step(plain)
+    assert reshapes(tflms.GraphModel.from_func_graph(step.graph), (None, 8 * 8 * 16))  # the Flatten
+    assert tflms.autotune.keras_step_source(plain, step) is step
+    per_pixel = model(True)
+    step = tflms.autotune.keras_train_step(per_pixel)
+    folded = reshapes(tflms.GraphModel.from_func_graph(step.graph), (None, 16))
+    assert folded
+    source = tflms.autotune.keras_step_source(per_pixel, step)
+    assert source is not step
+    at_4 = tflms.GraphModel.from_func_graph(source(4).graph)
+    assert {at_4.tensors[t.name].shape for t in folded} == {(4 * 8 * 8, 16)}
+
+
 # -- keras_train_step: inputs and labels derived from the model ------------------------
 
 L = keras.layers

@@ -26,6 +26,7 @@ budget) reproduces the plan.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -286,17 +287,26 @@ def keras_step_source(model: Any, step: Any, label_shape: Any = None, label_dtyp
     it to ``(None, None)``, and the product's leading dimension is batch x sequence.
     """
     traced = GraphModel.from_func_graph(step.graph)
-    if all(_batch_sized(t) for t in traced.tensors.values() if traced.phase(t.op) == "forward"):
+    if all(_batch_sized(traced, t) for t in traced.tensors.values() if traced.phase(t.op) == "forward"):
         return step
     return lambda batch: keras_train_step(model, label_shape, label_dtype, batch_size=batch)
 
 
-def _batch_sized(t: Any) -> bool:
+def _batch_sized(model: GraphModel, t: Any) -> bool:
     """True when the batch size tells ``t``'s size: its dimensions other than the leading one are static
-    (tensors of no data, such as resources, count as sized)."""
+    (tensors of no data, such as resources, count as sized), and it is not a ``Reshape`` that changes
+    the elements per row of an unknown leading dimension (``reshape(t, (-1, C))`` of a ``(None, H, W,
+    C)`` tensor gives ``(None, C)``: batch x H x W rows)."""
     if t.dtype in ("resource", "variant", "string"):
         return True
-    return t.shape is not None and None not in t.shape[1:]
+    if t.shape is None or None in t.shape[1:]:
+        return False
+    if t.shape and t.shape[0] is None and model.dag.nodes[t.op]["type"] == "Reshape":
+        source = model.tensors[model.inputs_of[t.op][0]]
+        if source.shape is None or not source.shape or source.shape[0] is not None or None in source.shape[1:]:
+            return False
+        return math.prod(source.shape[1:]) == math.prod(t.shape[1:])
+    return True
 
 
 def _check_limit(limit: Any) -> None:
