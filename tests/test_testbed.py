@@ -192,7 +192,8 @@ def test_recompute_frees_as_much_real_memory_with_less_link_traffic():
     """recompute=True (issue 8): the transformer's GELU and layer-norm products are recomputed
     instead of swapped. Measured here (2-CPU AMD EPYC, 2026-11-23, three fresh processes): plain
     213-216 MiB, swaps only 92-104 MiB, with recompute 90-98 MiB (predicted 94 MiB both), 134 -> 90
-    MiB swapped out (benchmarks/results/recompute.json has two of those runs)."""
+    MiB swapped out. benchmarks/results/recompute.json has two later runs, with the tflms steps at
+    MANUAL (2026-11-24): 92-102 MiB swaps only, 95-97 MiB with recompute."""
     v = _measured("transformer", 8, modes=["plain", "lms", "lms_recompute"], steps=3)
     plain, lms, rec = v["plain"], v["lms"], v["lms_recompute"]
     _check_losses(plain, rec)
