@@ -1,7 +1,5 @@
 """Structural checks shared by the rewrite tests."""
 
-import contextlib
-
 from tflms import _tf_internal as tfi
 from tflms.rewrite import LANDING_SCOPE, SWAP_IN_SCOPE, SWAP_OUT_SCOPE
 
@@ -71,22 +69,3 @@ ACCUMULATION = {"TemporaryVariable", "AssignAdd"}
 def ran_op_types(call):
     """Call ``call()`` once; the op types of every graph partition the runtime ran for it."""
     return {n.op for g in tfi.ran_graphs(call) for n in g.node}
-
-
-@contextlib.contextmanager
-def memory_optimization(level):
-    """Within it, functions are called with Grappler's memory optimizer at ``level`` (a
-    ``RewriterConfig`` enum name), as a user may set it on the thread's function call options."""
-    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
-    from tensorflow.python.eager import context
-
-    ctx = context.context()
-    previous = ctx.function_call_options
-    config = config_pb2.ConfigProto()
-    config.ParseFromString(previous.config_proto_serialized)
-    config.graph_options.rewrite_options.memory_optimization = getattr(rewriter_config_pb2.RewriterConfig, level)
-    ctx.function_call_options = context.FunctionCallOptions(config_proto=config)
-    try:
-        yield
-    finally:
-        ctx.function_call_options = previous

@@ -19,7 +19,7 @@ A TensorFlow upgrade that breaks tflms should break only this module, and
 * ``op_def_registry.get`` tells whether an op type exists (``tflms.config``).
 * ``context.context().function_call_options`` (thread-local) carries the ``ConfigProto``
   with which the runtime instantiates a function called under it (eagerly, or the call
-  op traced under it): :func:`manual_memory_optimizer` sets Grappler's memory optimizer
+  op traced under it): :func:`memory_optimization` sets Grappler's memory optimizer
   to ``MANUAL`` there.
 * Keras 3 (TensorFlow backend) internals used by ``LMSCallback`` (``keras_*``
   functions below; pinned by ``tests/test_keras.py``): ``Model._make_function`` and
@@ -55,7 +55,7 @@ __all__ = [
     "grappler_optimize",
     "profile_step",
     "ran_graphs",
-    "manual_memory_optimizer",
+    "memory_optimization",
     "op_type_registered",
     "keras_make_function",
     "keras_auto_jit_compile",
@@ -174,15 +174,19 @@ def grappler_optimize(cf: ConcreteFunction, device: str, config: Any = None) -> 
 
 
 @contextlib.contextmanager
-def manual_memory_optimizer(keep_explicit: bool = False) -> Iterator[None]:
-    """Within it, functions are instantiated with Grappler's memory optimizer at ``MANUAL``
-    (why: :func:`tflms.core.manual_memory_optimizer`); the rest of the current ``ConfigProto`` is kept.
+def memory_optimization(level: str | None, keep_explicit: bool = False) -> Iterator[None]:
+    """Within it, functions are instantiated with Grappler's memory optimizer at ``level``, a
+    ``RewriterConfig.MemOptType`` name (``'MANUAL'``: why, :func:`tflms.core.manual_memory_optimizer`);
+    the rest of the current ``ConfigProto`` is kept. ``level=None`` changes nothing.
 
     ``keep_explicit=True`` changes nothing where the current level is not Grappler's default
     (``DEFAULT_MEM_OPT``): a level the caller set stays."""
     from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
     from tensorflow.python.eager import context
 
+    if level is None:
+        yield
+        return
     ctx = context.context()
     previous = ctx.function_call_options
     config = config_pb2.ConfigProto()
@@ -192,7 +196,7 @@ def manual_memory_optimizer(keep_explicit: bool = False) -> Iterator[None]:
     if keep_explicit and options.memory_optimization != rewriter_config_pb2.RewriterConfig.DEFAULT_MEM_OPT:
         yield
         return
-    options.memory_optimization = rewriter_config_pb2.RewriterConfig.MANUAL
+    options.memory_optimization = rewriter_config_pb2.RewriterConfig.MemOptType.Value(level)
     ctx.function_call_options = context.FunctionCallOptions(executor_type=previous.executor_type, config_proto=config)
     try:
         yield

@@ -79,7 +79,7 @@ def manual_memory_optimizer() -> contextlib.AbstractContextManager[None]:
         >>> float(y[0, 0]) == float(tf.sin(1.0) + tf.cos(1.0) + tf.tanh(1.0))
         True
     """
-    return tfi.manual_memory_optimizer()
+    return tfi.memory_optimization("MANUAL")
 
 
 def resolve_device(config: LMSConfig) -> str | None:
@@ -322,12 +322,12 @@ class LMSFunction:
                 )
             return self.python_function(*args, **kwargs)
         new_cf, _, device = self._entry(args, kwargs)
-        with contextlib.ExitStack() as stack:
-            if self._config.manual_memory_optimizer:
-                stack.enter_context(tfi.manual_memory_optimizer(keep_explicit=True))
-            if device is not None:
-                stack.enter_context(tf.device(device))
-            return new_cf(*args, **kwargs)
+        level = "MANUAL" if self._config.manual_memory_optimizer else None
+        with tfi.memory_optimization(level, keep_explicit=True):
+            if device is None:
+                return new_cf(*args, **kwargs)
+            with tf.device(device):
+                return new_cf(*args, **kwargs)
 
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
         """The rewritten ConcreteFunction for these arguments (traced and planned on first use)."""

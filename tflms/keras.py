@@ -45,7 +45,6 @@ the plan is made all the same)::
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import inspect
@@ -399,7 +398,7 @@ class LMSCallback(keras.callbacks.Callback):
             )
         run = tfi.keras_make_function(model, lms_step if lms else step, jit_compile=xla and not lms)
         model_ref = weakref.ref(model)
-        manual = lms and self.config.manual_memory_optimizer
+        level = "MANUAL" if lms and self.config.manual_memory_optimizer else None
         installation: _Installation
 
         def train_function(iterator: Any) -> Any:
@@ -409,7 +408,7 @@ class LMSCallback(keras.callbacks.Callback):
                     self._check_batch_dimension(iterator)
             self._before_run(model_ref, iterator)
             # Keras inlines the step into its own function, so the outer call's config counts.
-            with tfi.manual_memory_optimizer(keep_explicit=True) if manual else contextlib.nullcontext():
+            with tfi.memory_optimization(level, keep_explicit=True):
                 logs = run(iterator)
             if lms and len(lms_step.plans) > self._shown:
                 self._report(installation)

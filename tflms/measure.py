@@ -191,8 +191,6 @@ def measure_step(
     setting for every step. A step's peak includes what the functions of earlier modes hold
     between steps (e.g. the zeros of such a rewrite).
     """
-    import contextlib
-
     import tensorflow as tf
 
     from . import _tf_internal as tfi
@@ -257,14 +255,14 @@ def measure_step(
                 recompute_seconds=plan.recompute_seconds,
                 options=dict(plan.options),
             )
-            manual = manual or (memory_optimizer == "auto" and plan.options.get("manual_memory_optimizer", True))
+            manual = manual or (memory_optimizer == "auto" and plan.options["manual_memory_optimizer"])
         else:
             entry["predicted"] = plain_predicted
         peaks, losses, seconds = [], [], []
         for _ in range(warmup + steps):
             testbed.reset_peak()
             t0 = time.perf_counter()
-            with tf.device(testbed.DEVICE), tfi.manual_memory_optimizer() if manual else contextlib.nullcontext():
+            with tf.device(testbed.DEVICE), tfi.memory_optimization("MANUAL" if manual else None):
                 loss = float(step(x, y).numpy())
             seconds.append(time.perf_counter() - t0)
             peaks.append(testbed.memory()["peak"])
@@ -489,8 +487,6 @@ def anatomy_step(
     bytes plus the variables; measured, what the live chunks' ops asked for plus what the
     allocator held before the step (``variables``, in chunks).
     """
-    import contextlib
-
     import tensorflow as tf
 
     from . import _tf_internal as tfi
@@ -534,8 +530,8 @@ def anatomy_step(
         return {"op": op, "op_phase": phase(op), **summary(buffers)}
 
     # The rewritten step is called as tflms.function calls it (LMSConfig.manual_memory_optimizer).
-    manual = mode == "lms" and plan.options.get("manual_memory_optimizer", True)
-    with tf.device(testbed.DEVICE), tfi.manual_memory_optimizer() if manual else contextlib.nullcontext():
+    manual = mode == "lms" and plan.options["manual_memory_optimizer"]
+    with tf.device(testbed.DEVICE), tfi.memory_optimization("MANUAL" if manual else None):
         for _ in range(warmup):
             step(x, y)
         testbed.reset_peak()
