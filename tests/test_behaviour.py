@@ -74,6 +74,38 @@ def test_optimize_leaves_the_original_alone_and_is_idempotent(mlp):
         tflms.optimize(mlp.step_fn())
 
 
+def test_a_plan_of_orders_only_is_applied_and_recognised(mlp):
+    """A budget met by ordering edges alone (``serialize=True``) gives a plan with orders and no
+    swaps: the rewrite applies them, marks the step rewritten, and the numbers stay the same."""
+    import dataclasses
+
+    import networkx as nx
+
+    from tflms import _tf_internal as tfi
+    from tflms.graph import GraphModel
+    from tflms.rewrite import apply_plan, is_rewritten
+
+    cf = tf.function(mlp.step_fn()).get_concrete_function(mlp.x, mlp.y)
+    model = GraphModel.from_func_graph(cf.graph)
+    backward = [op for op in model.schedule() if model.phase(op) == "backward" and model.dag.in_degree(op)]
+    # The last backward op that the schedule runs before another one it does not lead to.
+    op, after = next((a, b) for a, b in zip(backward[::-1][1:], backward[::-1]) if not nx.has_path(model.dag, a, b))
+    empty = tflms.make_plan(model, LMSConfig(n_tensors=0))
+    plan = dataclasses.replace(empty, orders=(tflms.Order(op=op, after=after),), reason="")
+    graph = tfi.copy_graph(cf)
+    assert apply_plan(graph, plan, DEVICE, HOST)["order"] == 1
+    ordered = tfi.rebuild(cf, graph)
+    assert not is_rewritten(cf.graph) and is_rewritten(ordered.graph)
+    assert after in [c.name for c in ordered.graph.get_operation_by_name(op).control_inputs]
+    same, again = tflms.optimize(ordered, device=DEVICE, **SMALL)
+    assert same is ordered and again.orders == () and "already rewritten" in again.reason
+    losses, weights = zoo.run_steps(mlp, cf, n=2)
+    losses_ordered, weights_ordered = zoo.run_steps(mlp, ordered, n=2)
+    np.testing.assert_array_equal(losses_ordered, losses)
+    for a, b in zip(weights_ordered, weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 @without_gpu
 def test_no_gpu_and_no_device_plans_but_skips_rewrite_with_a_warning(mlp):
     assert not tf.config.list_logical_devices("GPU")

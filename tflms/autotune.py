@@ -17,10 +17,15 @@
    than the device copy they replace), so no prefix is assumed best.
 3. With those fixed, the largest ``swapin_ahead`` (earliest prefetch) that still
    fits is kept.
+4. With ``serialize=True`` (:func:`tune_ordered`, what ``make_plan`` and
+   :func:`max_batch_size` use), when nothing fits: ordering edges for the lowest plan
+   of step 2 (:func:`tflms.schedule.memory_orders`), then steps 1-3 again on the step
+   with those orders.
 
 Every number is a simulator prediction (:mod:`tflms.simulator`). The chosen
 values are recorded in the plan's options, so ``make_plan`` with them (and no
-budget) reproduces the plan.
+budget) reproduces the plan, except one that needed step 4: its JSON (orders and
+swaps) reproduces it.
 """
 
 from __future__ import annotations
@@ -36,11 +41,12 @@ from .candidates import candidate_swaps
 from .config import LMSConfig, check_int, parse_bytes
 from .errors import BudgetError
 from .graph import GraphModel
-from .plan import Swap, format_sizes, link_seconds
+from .plan import Order, Swap, format_sizes, link_seconds
 from .simulator import Simulator
 
 __all__ = [
     "tune",
+    "tune_ordered",
     "max_batch_size",
     "keras_train_step",
     "keras_step_source",
@@ -80,8 +86,11 @@ def _grid(model: GraphModel, config: LMSConfig) -> list[tuple[int, int, list[Swa
     return grid
 
 
-def _search(model: GraphModel, config: LMSConfig, sim: Simulator, budget: int) -> tuple[LMSConfig | None, int]:
-    """(tuned config or None when nothing fits, lowest predicted peak the search saw).
+def _search(
+    model: GraphModel, config: LMSConfig, sim: Simulator, budget: int
+) -> tuple[LMSConfig | None, int, list[Swap]]:
+    """(tuned config or None when nothing fits, lowest predicted peak the search saw, the swaps
+    of that lowest plan when nothing fits, else ``[]``).
 
     The grid is searched with the fast requested-bytes peaks (:meth:`Simulator.prefix_peaks`,
     a lower bound of :meth:`Simulator.peak`); the candidates it finds are then checked
@@ -89,7 +98,7 @@ def _search(model: GraphModel, config: LMSConfig, sim: Simulator, budget: int) -
     """
     lowest = sim.peak()
     if lowest <= budget:
-        return dataclasses.replace(config, budget=budget, n_tensors=0), lowest
+        return dataclasses.replace(config, budget=budget, n_tensors=0), lowest, []
     candidates: set[tuple[tuple[int, int, int, int], int, int, int]] = set()
     deepest: list[tuple[int, int, int, int]] = []  # (fast peak, threshold, groupby, n) of each grid entry
     grid = {}
@@ -109,11 +118,14 @@ def _search(model: GraphModel, config: LMSConfig, sim: Simulator, budget: int) -
             break
     if best is None:
         # The lowest accurate peak among the deepest prefixes of each grid entry (best fast peaks first).
+        lowest_swaps: list[Swap] = []
         for fast, threshold, groupby, n in sorted(deepest):
             if fast >= lowest:
                 break
-            lowest = min(lowest, sim.peak(grid[threshold, groupby][:n]))
-        return None, lowest
+            peak = sim.peak(grid[threshold, groupby][:n])
+            if peak < lowest:
+                lowest, lowest_swaps = peak, grid[threshold, groupby][:n]
+        return None, lowest, lowest_swaps
     _, threshold, groupby, n = best
     for ahead in AHEADS:  # earliest prefetch first; ahead=1 is the one that fitted above
         if sim.peak(candidate_swaps(model, _knobs(config, threshold, ahead, groupby))[:n]) <= budget:
@@ -121,22 +133,65 @@ def _search(model: GraphModel, config: LMSConfig, sim: Simulator, budget: int) -
     tuned = dataclasses.replace(
         config, budget=budget, swapout_threshold=threshold, swapin_ahead=ahead, swapin_groupby=groupby, n_tensors=n
     )
-    return tuned, lowest
+    return tuned, lowest, []
+
+
+def _serialized_search(
+    model: GraphModel, config: LMSConfig, sim: Simulator, budget: int
+) -> tuple[LMSConfig | None, int, tuple[Order, ...], GraphModel, Simulator]:
+    """:func:`_search`, and with ``config.serialize``, when no plan fits: ordering edges for the
+    lowest plan (:func:`tflms.schedule.memory_orders`), then the search again on the step with them.
+
+    Returns ``(tuned config or None, lowest predicted peak seen, orders, model, simulator)``:
+    the orders are ``()`` and the model and simulator those given unless the search needed them.
+    """
+    tuned, lowest, lowest_swaps = _search(model, config, sim, budget)
+    if tuned is not None or not config.serialize or not lowest_swaps:
+        return tuned, lowest, (), model, sim
+    from .schedule import memory_orders
+
+    orders, ordered = memory_orders(model, lowest_swaps, config.host)
+    if not orders:
+        return tuned, lowest, (), model, sim
+    ordered_sim = Simulator(ordered, config.host)
+    tuned, ordered_lowest, _ = _search(ordered, config, ordered_sim, budget)
+    return tuned, min(lowest, ordered_lowest), orders, ordered, ordered_sim
 
 
 def tune(model: GraphModel, config: LMSConfig, sim: Simulator | None = None) -> LMSConfig:
     """``config`` with the swap knobs chosen for ``config.budget`` (see module doc).
 
     Raises :class:`BudgetError` (with the lowest predicted peak the search saw)
-    when no plan of the search fits.
+    when no plan of the search fits. It adds no ordering edges (``serialize``): see
+    :func:`tune_ordered`, which :func:`tflms.make_plan` uses.
     """
     if config.budget is None:
         raise ValueError("tune needs a budget. Received: budget=None")
     sim = sim or Simulator(model, config.host)
-    tuned, lowest = _search(model, config, sim, config.budget)
+    tuned, lowest, _ = _search(model, config, sim, config.budget)
     if tuned is None:
         raise BudgetError(config.budget, lowest, sim.peak())
     return tuned
+
+
+def tune_ordered(
+    model: GraphModel, config: LMSConfig, sim: Simulator | None = None
+) -> tuple[LMSConfig, tuple[Order, ...], GraphModel]:
+    """:func:`tune`, and with ``config.serialize`` ordering edges first where no plan fits without them.
+
+    When the search finds no plan within the budget, ``serialize=True`` orders the backward
+    pass for the lowest plan it saw (:func:`tflms.schedule.memory_orders`) and searches again
+    on the step with those orders. Returns ``(tuned config, orders, model with the orders)``;
+    ``orders`` is ``()`` (and the model ``model``) when the budget was met without them.
+    Raises :class:`BudgetError` as :func:`tune` does.
+    """
+    if config.budget is None:
+        raise ValueError("tune needs a budget. Received: budget=None")
+    sim = sim or Simulator(model, config.host)
+    tuned, lowest, orders, ordered, _ = _serialized_search(model, config, sim, config.budget)
+    if tuned is None:
+        raise BudgetError(config.budget, lowest, sim.peak())
+    return tuned, orders, ordered
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,7 +280,8 @@ def max_batch_size(
     * a callable ``factory(batch_size) -> ConcreteFunction`` (retraced per size).
 
     "With LMS" means the autotuner (:func:`tune`) finds a plan that fits (with
-    ``recompute=True``: on the model with the recomputes applied, as :func:`tflms.make_plan` does).
+    ``recompute=True``: on the model with the recomputes applied, as :func:`tflms.make_plan` does;
+    with ``serialize=True``: with ordering edges where it needs them, see :func:`tune_ordered`).
     ``budget`` may also come from ``config.budget`` (or ``budget=`` among the
     options); naming two different budgets is an error.
     ``rel_tol`` > 0 trades exactness for fewer evaluations: each result is then a
@@ -268,7 +324,7 @@ def max_batch_size(
 
                     model, recomputes = with_planned_recomputes(model, cfg)
                     sim = Simulator(model, cfg.host) if recomputes else sim
-                cache[batch] = (plain, plain or _search(model, cfg, sim, budget)[0] is not None)
+                cache[batch] = (plain, plain or _serialized_search(model, cfg, sim, budget)[0] is not None)
         return cache[batch]
 
     return BatchSizeResult(

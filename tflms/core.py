@@ -226,7 +226,7 @@ def _optimize(
     # A device or host that does not exist is an error even when nothing is swapped.
     device = resolve_device(config)
     check_host(config)
-    if not plan.swaps and not plan.recomputes:
+    if not plan.swaps and not plan.recomputes and not plan.orders:
         return concrete_function, plan, None
     if device is None:
         warnings.warn(_no_device_message(), LMSWarning, stacklevel=stacklevel)

@@ -38,6 +38,10 @@ Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`
 * ``serialize=True`` then adds ordering edges (:class:`tflms.Order`) within the backward
   pass, chosen by :func:`tflms.schedule.memory_orders` on the model with the swaps
   applied; the predicted peak after, and the fences, are the simulator's with them.
+  With a budget that no plan meets without orders, the autotuner first orders the
+  step for the lowest plan it saw and tunes the swaps on the ordered step
+  (:func:`tflms.autotune.tune_ordered`); such a plan is reproduced by its JSON (its
+  orders and swaps), not by its options alone.
 
 Deterministic: the same graph and options give the same plan, byte for byte.
 """
@@ -96,26 +100,28 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         model, recomputes = with_planned_recomputes(model, config)
         if recomputes:
             sim = Simulator(model, config.host)
+    orders: tuple = ()
     if config.budget is not None:
-        from .autotune import tune
+        from .autotune import tune_ordered
 
-        config = tune(model, config, sim)
+        config, orders, model = tune_ordered(model, config, sim)
+        if orders:
+            sim = Simulator(model, config.host)
     swaps = candidate_swaps(model, config)
     if config.n_tensors is not None:
         swaps = swaps[: config.n_tensors]
     swaps.sort(key=lambda s: (s.level, s.tensor))
-    if not swaps and not recomputes:
+    if not swaps and not recomputes and not orders:
         return empty(
             f"no tensor qualifies (forward output >= min_bytes={config.min_bytes} with a backward "
             f"consumer more than swapout_threshold={config.swapout_threshold} levels later)"
         )
-    orders: tuple = ()
     if config.serialize:
         from .schedule import memory_orders
 
-        orders, ordered = memory_orders(model, swaps, config.host)
-        if orders:
-            sim = Simulator(ordered, config.host)
+        more, ordered = memory_orders(model, swaps, config.host)
+        if more:
+            orders, sim = orders + more, Simulator(ordered, config.host)
     return SwapPlan(
         function=model.name,
         options=config.to_dict(),

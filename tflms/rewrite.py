@@ -73,9 +73,19 @@ SWAP_ATTR = "_tflms_swap"
 
 
 def is_rewritten(graph: Any) -> bool:
-    """True if ``graph`` already holds tflms swap ops."""
+    """True if ``graph`` already holds tflms swap ops, recompute clones or ordering edges."""
     scopes = (SWAP_OUT_SCOPE + "/", SWAP_IN_SCOPE + "/", RECOMPUTE_SCOPE + "/")
-    return any(op.name.startswith(scopes) for op in graph.get_operations())
+    ops = graph.get_operations()
+    return any(op.name.startswith(scopes) for op in ops) or any(
+        op.control_inputs and _swap_attr(op) == b"order" for op in ops
+    )
+
+
+def _swap_attr(op: Any) -> bytes | None:
+    try:
+        return op.get_attr(SWAP_ATTR)
+    except ValueError:
+        return None
 
 
 def _plan_error(plan: SwapPlan, what: str) -> ValueError:
@@ -154,7 +164,9 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
         tfi.add_control_input(lookup("fence op", graph.get_operation_by_name, fence.op), swapped_out[fence.tensor].op)
     for order in plan.orders:
         get = graph.get_operation_by_name
-        tfi.add_control_input(lookup("ordered op", get, order.op), lookup("ordered op", get, order.after))
+        ordered = lookup("ordered op", get, order.op)
+        tfi.add_control_input(ordered, lookup("ordered op", get, order.after))
+        tfi.set_attr(ordered, SWAP_ATTR, "order")  # marks the step as rewritten (a plan may be orders only)
     n_in = sum(len(g) for g in backs)
     return {
         "swap_out": len(outs),

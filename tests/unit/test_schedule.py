@@ -92,3 +92,30 @@ def test_make_plan_with_serialize_adds_orders_to_the_same_swaps():
     assert SwapPlan.from_json(plan.to_json()) == plan
     with pytest.raises(ValueError, match=r"serialize must be True or False. Received: serialize='yes'"):
         LMSConfig(serialize="yes")
+
+
+def test_a_budget_met_only_with_orders_gets_them_from_the_autotuner():
+    """With ``serialize=True`` and a budget that no plan meets unordered, the autotuner orders
+    the step for its lowest plan and tunes again on the ordered step (``tune_ordered``)."""
+    from tflms.autotune import tune_ordered
+    from tflms.errors import BudgetError
+    from tflms.graph import with_orders
+
+    model = GraphModel.from_ops(fork_ops())
+    order = Order(op=G + "b1", after=G + "a2")
+    ordered_peak = Simulator(with_orders(model, [order])).peak()
+    assert ordered_peak < Simulator(model).peak()
+    budget = ordered_peak + 1024  # above the ordered step's peak, below every unordered plan's
+    with pytest.raises(BudgetError, match=r"Received: budget=") as unordered:
+        make_plan(model, LMSConfig(min_bytes=0, budget=budget))
+    assert unordered.value.best_peak_bytes > budget
+    config, orders, ordered = tune_ordered(model, LMSConfig(min_bytes=0, budget=budget, serialize=True))
+    assert orders == (order,) and config.n_tensors == 0 and ordered.dag.has_edge(G + "a2", G + "b1")
+    plan = make_plan(model, LMSConfig(min_bytes=0, budget=budget, serialize=True))
+    assert plan.orders == (order,) and plan.swaps == ()  # the orders alone are the plan, not an empty plan
+    assert plan.peak_bytes_after == ordered_peak <= budget < plan.peak_bytes_before
+    assert SwapPlan.from_json(plan.to_json()) == plan
+    # Below what the ordered step can reach, the error reports the lowest peak with orders.
+    with pytest.raises(BudgetError) as lowest:
+        make_plan(model, LMSConfig(min_bytes=0, budget=ordered_peak // 2, serialize=True))
+    assert lowest.value.best_peak_bytes < unordered.value.best_peak_bytes
