@@ -16,6 +16,7 @@ Usage::
 
     python benchmarks/capacity.py                          # all models, 16 and 80 GiB
     python benchmarks/capacity.py --models resnet50 --budgets 16GiB
+    python benchmarks/capacity.py --models resnet50 --serialize   # LMS with serialize=True
 
 The JSON keeps the rows of the models not run. BERT-base is traced per batch with static
 shapes (``tflms.autotune.keras_step_source``): traced with an unknown batch, its ``Dense``
@@ -108,9 +109,11 @@ def unet_side_step(side: int):
     return keras_train_step(model, label_shape=(side, side, side), label_dtype="int32"), model
 
 
-def largest_side(budget: int, lms: bool, step: int = 16, limit: int = 1024, rel_tol: float = 0.02) -> int:
+def largest_side(
+    budget: int, lms: bool, step: int = 16, limit: int = 1024, rel_tol: float = 0.02, serialize: bool = False
+) -> int:
     """Largest multiple of ``step`` for the 3D U-Net side that fits ``budget`` at batch 1."""
-    from tflms.autotune import _search, largest_fitting
+    from tflms.autotune import _serialized_search, largest_fitting
 
     def fits(k: int) -> bool:
         cf, _keep = unet_side_step(k * step)
@@ -118,7 +121,8 @@ def largest_side(budget: int, lms: bool, step: int = 16, limit: int = 1024, rel_
         sim = tflms.Simulator(model, "/device:CPU:0")
         if sim.peak() <= budget:
             return True
-        return lms and _search(model, tflms.LMSConfig(), sim, budget)[0] is not None
+        config = tflms.LMSConfig(serialize=serialize)
+        return lms and _serialized_search(model, config, sim, budget)[0] is not None
 
     return step * largest_fitting(fits, limit // step, rel_tol)
 
@@ -128,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=[*BATCH_MODELS, "unet3d"], help="which models")
     parser.add_argument("--budgets", nargs="+", default=["16GiB", "80GiB"], help="device memory budgets")
     parser.add_argument("--rel-tol", type=float, default=0.02, help="search precision (default 2%%)")
+    parser.add_argument(
+        "--serialize", action="store_true", help="LMS plans with serialize=True (ordering edges); rows of their own"
+    )
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/capacity.json"))
     args = parser.parse_args(argv)
     unknown = sorted(set(args.models) - set(BATCH_MODELS) - {"unet3d"})
@@ -151,11 +158,13 @@ def main(argv: list[str] | None = None) -> int:
                 what = "side (b=1)"
                 base, lms = (
                     largest_side(budget, False, rel_tol=args.rel_tol),
-                    largest_side(budget, True, rel_tol=args.rel_tol),
+                    largest_side(budget, True, rel_tol=args.rel_tol, serialize=args.serialize),
                 )
             else:
                 what = "batch"
-                result = tflms.max_batch_size(step, budget, rel_tol=args.rel_tol, limit=1 << 15)
+                result = tflms.max_batch_size(
+                    step, budget, rel_tol=args.rel_tol, limit=1 << 15, serialize=args.serialize
+                )
                 base, lms = result.without_lms, result.with_lms
             seconds = time.perf_counter() - t0
             ratio = lms / base if base else None
@@ -168,16 +177,18 @@ def main(argv: list[str] | None = None) -> int:
                     "without_lms": base,
                     "with_lms": lms,
                     "ratio": round(ratio, 2) if ratio else None,
+                    "serialize": args.serialize,
                     "seconds": round(seconds, 1),
                 }
             )
             ratio_text = f"x{ratio:.1f}" if ratio else "-"
             print(f"{name:<12} {label:>7} {what:<10} {base:>7} {lms:>7} {ratio_text:>6} {seconds:>8.0f}", flush=True)
-    if args.json.exists():  # keep the rows of the models not run this time
-        done = {r["model"] for r in rows}
-        rows = [r for r in json.loads(args.json.read_text())["rows"] if r["model"] not in done] + rows
-        order = [*BATCH_MODELS, "unet3d"]
-        rows.sort(key=lambda r: order.index(r["model"]) if r["model"] in order else len(order))
+    if args.json.exists():  # keep the rows of the models (and serialize setting) not run this time
+        done = {(r["model"], r["serialize"]) for r in rows}
+        old = json.loads(args.json.read_text())["rows"]
+        rows = [r for r in old if (r["model"], r.get("serialize", False)) not in done] + rows
+        rank = {name: i for i, name in enumerate([*BATCH_MODELS, "unet3d"])}
+        rows.sort(key=lambda r: (rank.get(r["model"], len(rank)), r.get("serialize", False)))
     save_result(
         args.json, "capacity", rows,
         source="tflms simulator (predicted device peak), not a GPU measurement", rel_tol=args.rel_tol,

@@ -74,9 +74,8 @@ def capacity(data: dict) -> str:
     ]
     for r in data["rows"]:
         ratio = f"x{r['ratio']:.1f}" if r["ratio"] else "-"
-        lines.append(
-            f"| {r['model']} | {r['budget']} | {r['measure']} | {r['without_lms']} | {r['with_lms']} | {ratio} |"
-        )
+        model = f"{r['model']}, `serialize=True`" if r.get("serialize") else r["model"]
+        lines.append(f"| {model} | {r['budget']} | {r['measure']} | {r['without_lms']} | {r['with_lms']} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -257,6 +256,7 @@ def testbed_capacity(data: dict) -> str:
         fraction = r.get("fraction", data.get("fraction"))
         window = r.get("swapout_window")
         model = f"{r['model']}, fenced (`swapout_window={window}`)" if window else r["model"]
+        model += ", `serialize=True`" if r.get("serialize") else ""
         lines.append(
             f"| {model} | {r['size']} | {_mib(r['cap'])} | {fraction:g} x cap | {r['plain']} | {r['lms']} "
             f"| {ratio} | {r['predicted_plain']} "

@@ -13,10 +13,12 @@ Usage::
     python benchmarks/testbed_capacity.py --models transformer --cap 400MiB --start 16
     python benchmarks/testbed_capacity.py --models encoder --cap 800MiB --start 8
     python benchmarks/testbed_capacity.py --models encoder --cap 800MiB --start 8 --swapout-window 4
+    python benchmarks/testbed_capacity.py --models resnet50 --cap 600MiB --start 16 --serialize
     python benchmarks/testbed_capacity.py --models resnet50 --predicted-only  # the predicted columns only
 
 Rows of earlier runs for other models are kept in the JSON (each row has its own cap); a
-run with ``--swapout-window`` (the tflms probes plan with fences) has rows of its own.
+run with ``--swapout-window`` (the tflms probes plan with fences) or ``--serialize`` (with ordering
+edges) has rows of its own.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from tflms.measure import MODELS, measure
 from tflms.testbed import DEVICE_NICE
 
 
-def predicted(model: str, size: int | None, cap: int, limit: int) -> tuple[int, int]:
+def predicted(model: str, size: int | None, cap: int, limit: int, serialize: bool = False) -> tuple[int, int]:
     """(plain, with LMS) largest batch whose *predicted* peak fits ``cap`` (simulator).
 
     The step is traced as the measured processes trace it: per batch, with static shapes
@@ -59,7 +61,7 @@ def predicted(model: str, size: int | None, cap: int, limit: int) -> tuple[int, 
             tf.TensorSpec((batch, *x.shape[1:]), x.dtype), tf.TensorSpec((batch,), y.dtype)
         )
 
-    r = tflms.max_batch_size(at, cap, limit=limit, rel_tol=0.05)
+    r = tflms.max_batch_size(at, cap, limit=limit, rel_tol=0.05, serialize=serialize)
     return r.without_lms, r.with_lms
 
 
@@ -77,6 +79,9 @@ def main() -> None:
         "--swapout-window", type=int, metavar="N", help="tflms probes plan with swapout_window=N (fences)"
     )
     parser.add_argument(
+        "--serialize", action="store_true", help="tflms probes plan with serialize=True (ordering edges)"
+    )
+    parser.add_argument(
         "--predicted-only",
         action="store_true",
         help="recompute only the predicted columns of the JSON's rows of --models (at each row's cap and size)",
@@ -88,7 +93,9 @@ def main() -> None:
         old = json.loads(path.read_text())
         for r in old["rows"]:
             if r["model"] in args.models:
-                r["predicted_plain"], r["predicted_lms"] = predicted(r["model"], r["size"], r["cap"], args.limit)
+                r["predicted_plain"], r["predicted_lms"] = predicted(
+                    r["model"], r["size"], r["cap"], args.limit, r.get("serialize", False)
+                )
                 r["predicted_on"] = time.strftime("%Y-%m-%d")
                 print(f"{r['model']}: predicted {r['predicted_plain']} plain, {r['predicted_lms']} with tflms")
         path.write_text(json.dumps(old, indent=2) + "\n")
@@ -100,7 +107,11 @@ def main() -> None:
         log: list[dict] = []
 
         def fits(batch: int, lms: bool, name: str = name, log: list = log) -> bool:
-            options = {"budget": int(cap * args.fraction), "swapout_window": args.swapout_window}
+            options = {
+                "budget": int(cap * args.fraction),
+                "swapout_window": args.swapout_window,
+                "serialize": args.serialize,
+            }
             kw = {"modes": ["lms"], "options": options} if lms else {"modes": ["plain"]}
             r = measure(name, batch, size=args.size, steps=args.steps, cap=cap, timeout=1800, **kw)
             ok = r.ok
@@ -118,7 +129,7 @@ def main() -> None:
 
         plain = largest_fitting(lambda b: fits(b, False), args.limit, args.rel_tol, start=args.start)
         with_lms = largest_fitting(lambda b: fits(b, True), args.limit, args.rel_tol, start=max(plain, 1) * 2)
-        pred_plain, pred_lms = predicted(name, args.size, cap, args.limit)
+        pred_plain, pred_lms = predicted(name, args.size, cap, args.limit, args.serialize)
         rows.append(
             {
                 "model": name,
@@ -126,6 +137,7 @@ def main() -> None:
                 "cap": cap,
                 "fraction": args.fraction,
                 "swapout_window": args.swapout_window,
+                "serialize": args.serialize,
                 "plain": plain,
                 "lms": with_lms,
                 "ratio": round(with_lms / plain, 2) if plain else None,
@@ -139,13 +151,13 @@ def main() -> None:
             }
         )
     if path.exists():  # keep the other models' rows: each model may have its own cap
-        done = {(r["model"], r["swapout_window"]) for r in rows}
+        done = {(r["model"], r["swapout_window"], r["serialize"]) for r in rows}
         old = json.loads(path.read_text())
         # Rows from before per-row dates were measured at the file's date, at equal priority.
         kept = [
             {"date": old["date"], "device_nice": 0, **r}
             for r in old["rows"]
-            if (r["model"], r.get("swapout_window")) not in done
+            if (r["model"], r.get("swapout_window"), r.get("serialize", False)) not in done
         ]
         rows = kept + rows
     print("\nlargest batch under a real cap (measured, two-process test bed)")
