@@ -267,8 +267,10 @@ def test_peak_anatomy_names_what_the_measured_peak_holds():
     # the allocator's steady-state waste varies from step to step (profiled / unprofiled: 1.17 in
     # the benchmark's run, 0.79 in a CI run of 2026-11-24: 104 vs 132 MiB).
     assert abs(prof["in_use"] / r.value["measured_peak"] - 1) <= 0.25, (prof["in_use"], r.value["measured_peak"])
-    # The peak is in the backward pass, holding forward activations, as the simulator says.
-    assert prof["op_phase"] == pred["op_phase"] == "backward"
+    # The peak is in the backward pass, holding forward activations, as the simulator says. The
+    # allocation that reaches it can be an optimizer op's that starts while the last backward ops
+    # still run (a CI run of 2026-11-24: an update op), with the same buffers live.
+    assert pred["op_phase"] == "backward" and prof["op_phase"] in ("backward", "update"), prof["op_phase"]
     assert prof["by_phase"].get("forward", 0) > 0 and prof["by_phase"].get("backward", 0) > 0
     assert prof["by_phase"].get("other", 0) <= 0.1 * held, prof["by_phase"]
     assert r.value["predicted_at_measured_op"] is not None
