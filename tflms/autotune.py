@@ -138,24 +138,25 @@ def _search(
 
 def _serialized_search(
     model: GraphModel, config: LMSConfig, sim: Simulator, budget: int
-) -> tuple[LMSConfig | None, int, tuple[Order, ...], GraphModel, Simulator]:
+) -> tuple[LMSConfig | None, int, tuple[Order, ...], Simulator]:
     """:func:`_search`, and with ``config.serialize``, when no plan fits: ordering edges for the
     lowest plan (:func:`tflms.schedule.memory_orders`), then the search again on the step with them.
 
-    Returns ``(tuned config or None, lowest predicted peak seen, orders, model, simulator)``:
-    the orders are ``()`` and the model and simulator those given unless the search needed them.
+    Returns ``(tuned config or None, lowest predicted peak seen, orders, simulator)``: the
+    orders are ``()`` and the simulator ``sim`` unless the search needed them (then it is the
+    ordered step's).
     """
     tuned, lowest, lowest_swaps = _search(model, config, sim, budget)
     if tuned is not None or not config.serialize or not lowest_swaps:
-        return tuned, lowest, (), model, sim
+        return tuned, lowest, (), sim
     from .schedule import memory_orders
 
     orders, ordered = memory_orders(model, lowest_swaps, config.host)
     if not orders:
-        return tuned, lowest, (), model, sim
+        return tuned, lowest, (), sim
     ordered_sim = Simulator(ordered, config.host)
     tuned, ordered_lowest, _ = _search(ordered, config, ordered_sim, budget)
-    return tuned, min(lowest, ordered_lowest), orders, ordered, ordered_sim
+    return tuned, min(lowest, ordered_lowest), orders, ordered_sim
 
 
 def tune(model: GraphModel, config: LMSConfig, sim: Simulator | None = None) -> LMSConfig:
@@ -176,22 +177,23 @@ def tune(model: GraphModel, config: LMSConfig, sim: Simulator | None = None) -> 
 
 def tune_ordered(
     model: GraphModel, config: LMSConfig, sim: Simulator | None = None
-) -> tuple[LMSConfig, tuple[Order, ...], GraphModel]:
+) -> tuple[LMSConfig, tuple[Order, ...], Simulator]:
     """:func:`tune`, and with ``config.serialize`` ordering edges first where no plan fits without them.
 
     When the search finds no plan within the budget, ``serialize=True`` orders the backward
     pass for the lowest plan it saw (:func:`tflms.schedule.memory_orders`) and searches again
-    on the step with those orders. Returns ``(tuned config, orders, model with the orders)``;
-    ``orders`` is ``()`` (and the model ``model``) when the budget was met without them.
+    on the step with those orders. Returns ``(tuned config, orders, simulator of the step with
+    the orders)`` (its ``.model``); ``orders`` is ``()`` (and the simulator ``sim``, or a new
+    one of ``model``) when the budget was met without them.
     Raises :class:`BudgetError` as :func:`tune` does.
     """
     if config.budget is None:
         raise ValueError("tune needs a budget. Received: budget=None")
     sim = sim or Simulator(model, config.host)
-    tuned, lowest, orders, ordered, _ = _serialized_search(model, config, sim, config.budget)
+    tuned, lowest, orders, ordered_sim = _serialized_search(model, config, sim, config.budget)
     if tuned is None:
         raise BudgetError(config.budget, lowest, sim.peak())
-    return tuned, orders, ordered
+    return tuned, orders, ordered_sim
 
 
 @dataclasses.dataclass(frozen=True)

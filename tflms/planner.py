@@ -104,9 +104,8 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
     if config.budget is not None:
         from .autotune import tune_ordered
 
-        config, orders, model = tune_ordered(model, config, sim)
-        if orders:
-            sim = Simulator(model, config.host)
+        config, orders, sim = tune_ordered(model, config, sim)
+        model = sim.model  # with the orders, if the budget needed them
     swaps = candidate_swaps(model, config)
     if config.n_tensors is not None:
         swaps = swaps[: config.n_tensors]

@@ -110,7 +110,8 @@ def test_a_budget_met_only_with_orders_gets_them_from_the_autotuner():
         make_plan(model, LMSConfig(min_bytes=0, budget=budget))
     assert unordered.value.best_peak_bytes > budget
     config, orders, ordered = tune_ordered(model, LMSConfig(min_bytes=0, budget=budget, serialize=True))
-    assert orders == (order,) and config.n_tensors == 0 and ordered.dag.has_edge(G + "a2", G + "b1")
+    assert orders == (order,) and config.n_tensors == 0 and ordered.model.dag.has_edge(G + "a2", G + "b1")
+    assert ordered.peak() == ordered_peak
     plan = make_plan(model, LMSConfig(min_bytes=0, budget=budget, serialize=True))
     assert plan.orders == (order,) and plan.swaps == ()  # the orders alone are the plan, not an empty plan
     assert plan.peak_bytes_after == ordered_peak <= budget < plan.peak_bytes_before
