@@ -127,6 +127,19 @@ def largest_side(
     return step * largest_fitting(fits, limit // step, rel_tol)
 
 
+def side_bound(budget: int, start: int, step: int = 16, limit: int = 1024) -> int:
+    """Largest multiple of ``step`` for the 3D U-Net side whose floor (``Simulator.floor``) fits ``budget``,
+    searched exactly from ``start``: past it no plan fits."""
+    from tflms.autotune import largest_fitting
+
+    def fits(k: int) -> bool:
+        cf, _keep = unet_side_step(k * step)
+        model = tflms.GraphModel.from_func_graph(cf.graph, batch_size=1)
+        return tflms.Simulator(model, "/device:CPU:0").floor()[0] <= budget
+
+    return step * largest_fitting(fits, limit // step, start=max(1, start // step))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=[*BATCH_MODELS, "unet3d"], help="which models")
@@ -135,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--serialize", action="store_true", help="LMS plans with serialize=True (ordering edges); rows of their own"
     )
+    parser.add_argument(
+        "--bound-only",
+        action="store_true",
+        help="only search each row's bound (the largest size whose Simulator.floor fits) and add it to "
+        "the JSON's rows of that model and budget",
+    )
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/capacity.json"))
     args = parser.parse_args(argv)
     unknown = sorted(set(args.models) - set(BATCH_MODELS) - {"unet3d"})
@@ -142,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown models: {', '.join(unknown)}; choose from {', '.join([*BATCH_MODELS, 'unet3d'])}")
     budgets = [parse_bytes(b, "budget") for b in args.budgets]
 
+    if args.bound_only:
+        return _bounds_only(args, budgets)
     rows = []
     print("all figures: tflms simulator predictions (not measured)")
-    print(f"{'model':<12} {'budget':>7} {'what':<10} {'no LMS':>7} {'LMS':>7} {'ratio':>6} {'seconds':>8}")
+    print(f"{'model':<12} {'budget':>7} {'what':<10} {'no LMS':>7} {'LMS':>7} {'ratio':>6} {'bound':>7} {'seconds':>8}")
     for name in args.models:
         keras.utils.set_random_seed(0)
         if name != "unet3d":
@@ -160,12 +181,13 @@ def main(argv: list[str] | None = None) -> int:
                     largest_side(budget, False, rel_tol=args.rel_tol),
                     largest_side(budget, True, rel_tol=args.rel_tol, serialize=args.serialize),
                 )
+                bound = side_bound(budget, lms)
             else:
                 what = "batch"
                 result = tflms.max_batch_size(
-                    step, budget, rel_tol=args.rel_tol, limit=1 << 15, serialize=args.serialize
+                    step, budget, rel_tol=args.rel_tol, limit=1 << 15, serialize=args.serialize, bound=True
                 )
-                base, lms = result.without_lms, result.with_lms
+                base, lms, bound = result.without_lms, result.with_lms, result.bound
             seconds = time.perf_counter() - t0
             ratio = lms / base if base else None
             rows.append(
@@ -177,12 +199,16 @@ def main(argv: list[str] | None = None) -> int:
                     "without_lms": base,
                     "with_lms": lms,
                     "ratio": round(ratio, 2) if ratio else None,
+                    "bound": bound,
                     "serialize": args.serialize,
                     "seconds": round(seconds, 1),
                 }
             )
             ratio_text = f"x{ratio:.1f}" if ratio else "-"
-            print(f"{name:<12} {label:>7} {what:<10} {base:>7} {lms:>7} {ratio_text:>6} {seconds:>8.0f}", flush=True)
+            print(
+                f"{name:<12} {label:>7} {what:<10} {base:>7} {lms:>7} {ratio_text:>6} {bound:>7} {seconds:>8.0f}",
+                flush=True,
+            )
     if args.json.exists():  # keep the rows of the models (and serialize setting) not run this time
         done = {(r["model"], r["serialize"]) for r in rows}
         old = json.loads(args.json.read_text())["rows"]
@@ -193,6 +219,37 @@ def main(argv: list[str] | None = None) -> int:
         args.json, "capacity", rows,
         source="tflms simulator (predicted device peak), not a GPU measurement", rel_tol=args.rel_tol,
     )  # fmt: skip
+    return 0
+
+
+def _bounds_only(args: argparse.Namespace, budgets: list[int]) -> int:
+    """``--bound-only``: each (model, budget)'s bound, written into the JSON's rows of it."""
+    if not args.json.exists():
+        raise SystemExit(f"--bound-only adds bounds to the rows of {args.json}, which does not exist")
+    data = json.loads(args.json.read_text())
+    print("all figures: tflms simulator predictions (not measured)")
+    for name in args.models:
+        keras.utils.set_random_seed(0)
+        step = None
+        if name != "unet3d":
+            model = BATCH_MODELS[name]()
+            step = keras_step_source(model, keras_train_step(model))
+        for budget in budgets:
+            rows = [r for r in data["rows"] if r["model"] == name and r["budget_bytes"] == budget]
+            if not rows:
+                print(f"{name} {budget}: no row in {args.json}; run it without --bound-only first")
+                continue
+            t0 = time.perf_counter()
+            start = max(r["with_lms"] for r in rows)
+            if step is None:
+                bound = side_bound(budget, start)
+            else:
+                bound = tflms.autotune.batch_bound(step, budget, limit=1 << 15, start=start)
+            for r in rows:
+                r["bound"] = bound
+            print(f"{name:<12} {rows[0]['budget']:>7} bound {bound:>7} {time.perf_counter() - t0:>8.0f} s", flush=True)
+    meta = {k: v for k, v in data.items() if k not in ("benchmark", "rows", "date", "machine", "tensorflow", "tflms")}
+    save_result(args.json, "capacity", data["rows"], **meta)
     return 0
 
 

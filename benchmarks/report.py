@@ -69,13 +69,21 @@ def capacity(data: dict) -> str:
     lines = [
         f"_{_header(data)}; **simulator predictions**, search precision {data['rel_tol']:.0%}_",
         "",
-        "| model | budget | largest | without LMS | with LMS | ratio |",
-        "|---|---:|---|---:|---:|---:|",
+        "| model | budget | largest | without LMS | with LMS | ratio | no plan past (one op's working set) |",
+        "|---|---:|---|---:|---:|---:|---:|",
     ]
     for r in data["rows"]:
-        ratio = f"x{r['ratio']:.1f}" if r["ratio"] else "-"
+        base = r["without_lms"]
+        ratio = f"x{r['with_lms'] / base:.1f}" if base else "-"
+        bound = r.get("bound")
+        if bound is None:
+            bound_text = "-"
+        else:
+            bound_text = f"{bound} (x{bound / base:.1f})" if base else str(bound)
         model = f"{r['model']}, `serialize=True`" if r.get("serialize") else r["model"]
-        lines.append(f"| {model} | {r['budget']} | {r['measure']} | {r['without_lms']} | {r['with_lms']} | {ratio} |")
+        lines.append(
+            f"| {model} | {r['budget']} | {r['measure']} | {base} | {r['with_lms']} | {ratio} | {bound_text} |"
+        )
     return "\n".join(lines)
 
 
@@ -245,22 +253,23 @@ def testbed_capacity(data: dict) -> str:
         f"budget = fraction x cap; search precision {data['rel_tol']:.0%}; measured on: the row's date, and the "
         "measured process's priority below the host worker's (`testbed.DEVICE_NICE`; 0: equal); predicted "
         "columns: the simulator (`tflms.max_batch_size`, the step traced per batch as the measured process traces it) "
-        f"for a budget of the cap{_memory_optimizer_note(data['rows'])}_",
+        f"for a budget of the cap; predicted bound: the largest batch whose `Simulator.floor` (variables and one "
+        f"op's working set) fits the cap, past which no plan fits{_memory_optimizer_note(data['rows'])}_",
         "",
         "| model | size | cap | budget | largest batch, plain | largest batch, tflms | ratio | predicted plain "
-        "| predicted tflms | measured on |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| predicted tflms | predicted bound | measured on |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in data["rows"]:
-        ratio = f"x{r['ratio']:.1f}" if r["ratio"] else "-"
+        ratio = f"x{r['lms'] / r['plain']:.1f}" if r["plain"] else "-"
         fraction = r.get("fraction", data.get("fraction"))
         window = r.get("swapout_window")
         model = f"{r['model']}, fenced (`swapout_window={window}`)" if window else r["model"]
         model += ", `serialize=True`" if r.get("serialize") else ""
         lines.append(
             f"| {model} | {r['size']} | {_mib(r['cap'])} | {fraction:g} x cap | {r['plain']} | {r['lms']} "
-            f"| {ratio} | {r['predicted_plain']} "
-            f"| {r['predicted_lms']} | {r['date']}, nice {r['device_nice']}{_auto(r)} |"
+            f"| {ratio} | {r['predicted_plain']} | {r['predicted_lms']} | {r.get('predicted_bound', '-')} "
+            f"| {r['date']}, nice {r['device_nice']}{_auto(r)} |"
         )
     return "\n".join(lines)
 

@@ -36,8 +36,10 @@ from tflms.measure import MODELS, measure
 from tflms.testbed import DEVICE_NICE
 
 
-def predicted(model: str, size: int | None, cap: int, limit: int, serialize: bool = False) -> tuple[int, int]:
-    """(plain, with LMS) largest batch whose *predicted* peak fits ``cap`` (simulator).
+def predicted(model: str, size: int | None, cap: int, limit: int, serialize: bool = False) -> tuple[int, int, int]:
+    """(plain, with LMS, bound) largest batch whose *predicted* peak fits ``cap`` (simulator); the bound:
+    the largest batch whose ``Simulator.floor`` (variables and one op's working set) fits, past which no
+    plan fits.
 
     The step is traced as the measured processes trace it: per batch, with static shapes
     (traced with an unknown batch, the transformers' ``Dense`` layers reshape to ``(None,
@@ -61,8 +63,8 @@ def predicted(model: str, size: int | None, cap: int, limit: int, serialize: boo
             tf.TensorSpec((batch, *x.shape[1:]), x.dtype), tf.TensorSpec((batch,), y.dtype)
         )
 
-    r = tflms.max_batch_size(at, cap, limit=limit, rel_tol=0.05, serialize=serialize)
-    return r.without_lms, r.with_lms
+    r = tflms.max_batch_size(at, cap, limit=limit, rel_tol=0.05, serialize=serialize, bound=True)
+    return r.without_lms, r.with_lms, r.bound
 
 
 def main() -> None:
@@ -93,11 +95,14 @@ def main() -> None:
         old = json.loads(path.read_text())
         for r in old["rows"]:
             if r["model"] in args.models:
-                r["predicted_plain"], r["predicted_lms"] = predicted(
+                r["predicted_plain"], r["predicted_lms"], r["predicted_bound"] = predicted(
                     r["model"], r["size"], r["cap"], args.limit, r.get("serialize", False)
                 )
                 r["predicted_on"] = time.strftime("%Y-%m-%d")
-                print(f"{r['model']}: predicted {r['predicted_plain']} plain, {r['predicted_lms']} with tflms")
+                print(
+                    f"{r['model']}: predicted {r['predicted_plain']} plain, {r['predicted_lms']} with tflms, "
+                    f"no plan past {r['predicted_bound']}"
+                )
         path.write_text(json.dumps(old, indent=2) + "\n")
         print(f"wrote {path}")
         return
@@ -129,7 +134,7 @@ def main() -> None:
 
         plain = largest_fitting(lambda b: fits(b, False), args.limit, args.rel_tol, start=args.start)
         with_lms = largest_fitting(lambda b: fits(b, True), args.limit, args.rel_tol, start=max(plain, 1) * 2)
-        pred_plain, pred_lms = predicted(name, args.size, cap, args.limit, args.serialize)
+        pred_plain, pred_lms, pred_bound = predicted(name, args.size, cap, args.limit, args.serialize)
         rows.append(
             {
                 "model": name,
@@ -143,6 +148,7 @@ def main() -> None:
                 "ratio": round(with_lms / plain, 2) if plain else None,
                 "predicted_plain": pred_plain,
                 "predicted_lms": pred_lms,
+                "predicted_bound": pred_bound,
                 "probes": log,
                 "seconds": round(time.perf_counter() - t0),
                 "date": time.strftime("%Y-%m-%d"),

@@ -76,15 +76,21 @@ def test_max_batch_size_of_a_compiled_keras_model():
     )
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     budget = 64 * 2**20
-    result = tflms.max_batch_size(model, budget, limit=4096)
-    assert 1 <= result.without_lms < result.with_lms <= 4096
+    result = tflms.max_batch_size(model, budget, limit=4096, bound=True)
+    assert 1 <= result.without_lms < result.with_lms <= result.bound < 4096
     assert "simulator" in str(result) and f"{result.without_lms} without LMS" in str(result)
+    assert f"no plan fits past {result.bound} (one op's working set)" in str(result)
     step = tflms.autotune.keras_train_step(model)
 
-    def peak(batch):
-        return Simulator(tflms.GraphModel.from_func_graph(step.graph, batch_size=batch), HOST).peak()
+    def sim(batch):
+        return Simulator(tflms.GraphModel.from_func_graph(step.graph, batch_size=batch), HOST)
 
-    assert peak(result.without_lms) <= budget < peak(result.without_lms + 1)
+    assert sim(result.without_lms).peak() <= budget < sim(result.without_lms + 1).peak()
+    # The bound: the largest batch whose floor (variables and one op's working set) fits.
+    assert sim(result.bound).floor()[0] <= budget < sim(result.bound + 1).floor()[0]
+    assert tflms.max_batch_size(model, budget, limit=4096).bound is None
+    with pytest.raises(ValueError, match="Received: bound='yes'"):
+        tflms.max_batch_size(model, budget, bound="yes")
     assert tflms.autotune.keras_step_source(model, step) is step  # every forward size is told by the batch
     # With LMS, the autotuner fits the largest batch and not the next one.
     model_at = tflms.GraphModel.from_func_graph(step.graph, batch_size=result.with_lms)

@@ -218,6 +218,7 @@ def test_console_script_plans_a_two_input_model_and_prints_budgets_in_both_units
     assert "inputs (None, 16, 16, 3) float32, (None, 8) float32; labels (None, 4) float32" in r.stdout
     assert "budget: '16 GB' (14.9 GiB = 16.0 GB)" in r.stdout
     assert "largest batch within 14.9 GiB = 16.0 GB (simulator prediction)" in r.stdout
+    assert "(one op's working set)" in r.stdout.split("largest batch within")[1]
     assert "bytes" not in r.stdout.split("budget:")[1].splitlines()[0]
     assert json.loads((work / "two.json").read_text())["options"]["budget"] == 16 * 10**9
     r = console(project, "plan", "mymodels:two_inputs", "--batch", "4", "--budget", "16G", "--json", "two.json")

@@ -201,12 +201,16 @@ class BatchSizeResult:
     """Largest batch sizes whose *predicted* (simulator) peak fits ``budget``.
 
     A size of 0 means even batch 1 does not fit; ``limit`` means the search stopped there.
+    ``bound`` (with ``max_batch_size(..., bound=True)``, else ``None``): the largest batch
+    whose :meth:`~tflms.simulator.Simulator.floor` fits, beyond which no plan of swaps,
+    recomputes and orders can fit (the largest single op's working set no longer does).
     """
 
     budget: int
     without_lms: int
     with_lms: int
     limit: int
+    bound: int | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -217,9 +221,10 @@ class BatchSizeResult:
         cap = lambda b: f">={b}" if b >= self.limit else str(b)  # noqa: E731
         # Both unit systems: "16 GB" (powers of 10) and "16 GiB" (powers of 2) differ by 7%.
         size = format_sizes(self.budget)
+        bound = "" if self.bound is None else f"; no plan fits past {cap(self.bound)} (one op's working set)"
         return (
             f"largest batch within {size} (simulator prediction): "
-            f"{cap(self.without_lms)} without LMS, {cap(self.with_lms)} with LMS{ratio}"
+            f"{cap(self.without_lms)} without LMS, {cap(self.with_lms)} with LMS{ratio}{bound}"
         )
 
 
@@ -266,6 +271,7 @@ def max_batch_size(
     config: LMSConfig | None = None,
     limit: int = 1 << 16,
     rel_tol: float = 0.0,
+    bound: bool = False,
     **options: Any,
 ) -> BatchSizeResult:
     """Largest batch whose predicted device peak fits ``budget``, without and with LMS.
@@ -288,14 +294,22 @@ def max_batch_size(
     options); naming two different budgets is an error.
     ``rel_tol`` > 0 trades exactness for fewer evaluations: each result is then a
     size that fits, within that fraction below the true largest one.
+    ``bound=True`` also searches ``result.bound``, the largest batch at which the step's
+    :meth:`~tflms.simulator.Simulator.floor` (the variables and its largest single-op working
+    set) fits: an upper limit of what any plan can reach, so the gap to ``with_lms`` is what
+    better planning could still gain. It is searched exactly (``rel_tol`` does not apply: a
+    bound must not be an underestimate), tracing or estimating the step at larger batches.
 
     Example (a small CNN; the figures are the simulator's):
         >>> import tflms
         >>> from tflms.measure import build
         >>> model = build("cnn", batch=1, size=32)[0]
         >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=False)
-        >>> print(tflms.max_batch_size(model, "64MiB", rel_tol=0.05))  # doctest: +ELLIPSIS
-        largest batch within 64.0 MiB = 67.1 MB (simulator prediction): ... without LMS, ... with LMS (x...)
+        >>> r = tflms.max_batch_size(model, "64MiB", rel_tol=0.05, bound=True)
+        >>> print(r)  # doctest: +ELLIPSIS
+        largest batch within 64.0 MiB = 67.1 MB (simulator prediction): ... without LMS, ... with LMS (x...); no plan...
+        >>> r.without_lms < r.with_lms <= r.bound
+        True
     """
     from ._util import paused_gc
 
@@ -311,6 +325,8 @@ def max_batch_size(
             "Pass one of them (or the same value)."
         )
     _check_limit(limit)
+    if not isinstance(bound, bool):
+        raise ValueError(f"bound must be True or False. Received: bound={bound!r}")
     graph_of = _graph_source(step)
     cache: dict[int, tuple[bool, bool]] = {}
 
@@ -329,12 +345,38 @@ def max_batch_size(
                 cache[batch] = (plain, plain or _serialized_search(model, cfg, sim, budget)[0] is not None)
         return cache[batch]
 
+    without = largest_fitting(lambda b: fits(b)[0], limit, rel_tol)
+    with_lms = largest_fitting(lambda b: fits(b)[1], limit, rel_tol)
     return BatchSizeResult(
         budget=budget,
-        without_lms=largest_fitting(lambda b: fits(b)[0], limit, rel_tol),
-        with_lms=largest_fitting(lambda b: fits(b)[1], limit, rel_tol),
+        without_lms=without,
+        with_lms=with_lms,
         limit=limit,
+        bound=_bound(graph_of, budget, cfg.host, limit, with_lms) if bound else None,
     )
+
+
+def batch_bound(step: Any, budget: int | str, *, host: str | None = None, limit: int = 1 << 16, start: int = 1) -> int:
+    """Largest batch at which ``step``'s :meth:`~tflms.simulator.Simulator.floor` fits ``budget``
+    (``limit`` if it still fits there, 0 if not even batch 1): past it no plan fits.
+
+    ``step`` as for :func:`max_batch_size`; ``host`` the plan's host (ops placed there
+    allocate no device memory); ``start`` a guess to search from (e.g. ``with_lms``).
+    :func:`max_batch_size` with ``bound=True`` returns it as ``result.bound``.
+    """
+    budget = parse_bytes(budget, "budget")
+    _check_limit(limit)
+    return _bound(_graph_source(step), budget, host, limit, start)
+
+
+def _bound(graph_of: Callable[[int], GraphModel], budget: int, host: str | None, limit: int, start: int) -> int:
+    from ._util import paused_gc
+
+    def floor_fits(batch: int) -> bool:
+        with paused_gc():
+            return Simulator(graph_of(batch), host).floor()[0] <= budget
+
+    return largest_fitting(floor_fits, limit, start=max(1, start))
 
 
 def keras_step_source(model: Any, step: Any, label_shape: Any = None, label_dtype: Any = None) -> Any:

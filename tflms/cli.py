@@ -226,7 +226,10 @@ def _plan(args: argparse.Namespace) -> int:
         plot_memory(gm, plan, args.plot)
         print(f"wrote {args.plot}")
     if args.max_batch:
-        print(tflms.max_batch_size(source, int(args.budget), recompute=args.recompute))
+        result = tflms.max_batch_size(
+            source, int(args.budget), recompute=args.recompute, serialize=args.serialize, bound=True
+        )
+        print(result)
     return 0
 
 

@@ -367,6 +367,30 @@ class Simulator:
         """Predicted peak bytes (variables included) with ``swaps`` applied: BFC chunks (rule 8)."""
         return self._run(self._undone(swaps)).peak(swaps)
 
+    def floor(self) -> tuple[int, str | None]:
+        """``(bytes, op)``: a lower bound of the peak of any plan, and the op that sets it.
+
+        While an op runs, its inputs and outputs are on the device together, whatever is
+        swapped, recomputed or reordered around it. The bound is the variables plus the
+        largest such working set of one op of the step as run (rule 0): its distinct device
+        buffers (requested bytes, aliases counted once; an output written in place, rule 3,
+        not counted; ``IdentityN`` skipped, as Grappler removes it). No plan of swaps,
+        recomputes and orders gets a lower :meth:`peak`; ``(variables, None)`` for a step
+        without device buffers.
+
+        >>> from tflms.graph import GraphModel
+        >>> f32 = lambda n: ("float32", (n,), 4 * n, False)
+        >>> model = GraphModel.from_ops([
+        ...     {"name": "x", "type": "Placeholder", "inputs": [], "outputs": [f32(100)]},
+        ...     {"name": "a", "type": "Exp", "inputs": ["x:0"], "outputs": [f32(100)]},
+        ...     {"name": "b", "type": "MatMul", "inputs": ["a:0", "x:0"], "outputs": [f32(300)]},
+        ...     {"name": "c", "type": "Relu", "inputs": ["b:0"], "outputs": [f32(300)]},
+        ... ], variable_bytes=1000)
+        >>> Simulator(model).floor()  # b: x, a and its output; c writes into b's buffer
+        (3000, 'b')
+        """
+        return self._runs[frozenset()].floor()
+
     def profile(self, swaps: Sequence[Swap] = ()) -> MemoryProfile:
         """The whole predicted timeline (BFC chunk bytes, rule 8) with ``swaps`` applied."""
         return self._run(self._undone(swaps)).profile(swaps)
@@ -605,6 +629,23 @@ class _Replay:
 
     def peak(self, swaps: Sequence[Swap] = ()) -> int:
         return int(self._allocated(swaps).max(initial=0)) + self.model.variable_bytes
+
+    def floor(self) -> tuple[int, str | None]:
+        """See :meth:`Simulator.floor`."""
+        types = self.model.dag.nodes
+        in_place = {op for op, _ in self.forwarding}
+        best, who = 0, None
+        for op in self.order:
+            if types[op]["type"] == "IdentityN":
+                continue
+            outs = self.model.outputs_of[op]
+            roots = {self.root[t] for t in (*self.model.inputs_of[op], *outs)} & self.alloc.keys()
+            if op in in_place and outs and outs[0] in self.alloc:
+                roots.discard(outs[0])
+            nbytes = sum(self.alloc[r][1] for r in roots)
+            if nbytes > best:
+                best, who = nbytes, op
+        return best + self.model.variable_bytes, who
 
     def profile(self, swaps: Sequence[Swap] = ()) -> MemoryProfile:
         n = len(self.order)

@@ -178,6 +178,25 @@ def test_planned_chain_lowers_the_predicted_peak():
     assert plan.peak_bytes_after == simulate(m, plan.swaps).peak_bytes
 
 
+def test_floor_is_one_ops_working_set_and_no_plan_goes_below_it():
+    m = chain_model(n_fwd=8, variable_bytes=100)
+    sim = Simulator(m)
+    # f0 reads x (a Placeholder, never written in place) and makes f0: two activations; so
+    # does each b_i (f_i and the gradient it writes into). The first such op sets the floor.
+    assert sim.floor() == (2 * KB4 + 100, "f0")
+    peaks = [
+        make_plan(m, LMSConfig(swapout_threshold=t, swapin_ahead=a, swapin_groupby=g, min_bytes=0)).peak_bytes_after
+        for t in range(1, 8)
+        for a in (1, 2, 3)
+        for g in (0, 1)
+    ]
+    assert sim.floor()[0] <= min(peaks) < sim.peak()
+    # An op that may write into its input (Relu after Relu) holds one buffer, not two.
+    relus = [op("a", "Exp", outputs=[f32(100)]), op("b", "Relu", ["a:0"], [f32(100)])]
+    relus.append(op("c", "MatMul", ["b:0", "b:0"], [f32(300)]))
+    assert Simulator(GraphModel.from_ops(relus)).floor() == (400 + 1200, "c")
+
+
 def _scaled_softmax_gradient(constant_type="Const"):
     """``c * (dx * y)`` as Keras's attention gradient has it: ``y`` forward, ``dx`` a gradient."""
     return GraphModel.from_ops(
