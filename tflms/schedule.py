@@ -19,6 +19,12 @@ Greedy, on the simulator (:mod:`tflms.simulator`) with the plan's swaps applied:
 3. the candidate with the lowest predicted peak is kept if it lowers the requested peak by
    at least ``MIN_GAIN`` and does not raise the allocator-chunk peak; then again, at most
    ``MAX_ROUNDS`` times.
+4. Look-ahead: a step's peak often sits on a plateau, two positions of about the same
+   height (the BatchNorm gradients of both branches, then the block's output gradient),
+   and lowering one only moves the peak to the other. So a best candidate that does not
+   raise the requested peak is applied tentatively, up to ``LOOKAHEAD`` rounds in a row;
+   the tentative rounds are kept only when a later round meets step 3's conditions against
+   the last kept state, and dropped otherwise.
 
 Only backward ops are ordered, and never an op whose outputs only become weight gradients:
 the simulator holds every weight gradient until the optimizer's ``IdentityN`` has them all
@@ -41,7 +47,7 @@ from .simulator import Simulator
 if TYPE_CHECKING:
     from .plan import Swap
 
-__all__ = ["memory_orders", "TOP", "MAX_ROUNDS", "MIN_GAIN"]
+__all__ = ["memory_orders", "TOP", "MAX_ROUNDS", "MIN_GAIN", "LOOKAHEAD"]
 
 #: Live buffers at the peak that the greedy pairs up (the largest).
 TOP = 8
@@ -49,6 +55,8 @@ TOP = 8
 MAX_ROUNDS = 10
 #: A round must lower the requested-bytes peak by at least this fraction.
 MIN_GAIN = 0.005
+#: At most this many tentative rounds in a row (step 4 of the module doc).
+LOOKAHEAD = 3
 
 _UNORDERED_TYPES = frozenset({"Const", "Shape", "ShapeN", "Size", "Rank", "NoOp"})
 _PASS_THROUGH = frozenset({"Identity", "IdentityN", "AddN"})
@@ -80,26 +88,36 @@ def memory_orders(
     >>> Simulator(model).requested_peak(), Simulator(ordered).requested_peak()
     (8408, 4408)
     """
-    orders: list[Order] = []
-    current, sim = model, Simulator(model, host)
+    kept: list[Order] = []  # the orders of the last kept state (model ``best``)
+    tentative: list[Order] = []  # applied after it, kept only if a later round pays off (step 4)
+    best = current = model
+    pending = 0  # tentative rounds since the last kept state
+    sim = Simulator(model, host)
     best_requested, best_chunks = sim.requested_peak(swaps), sim.peak(swaps)
     for _ in range(MAX_ROUNDS):
         found = None
         for candidate in _candidates(sim, swaps):
+            if set(candidate) <= set(kept + tentative):
+                continue
             trial = with_orders(current, candidate)
             trial_sim = Simulator(trial, host)
             requested = trial_sim.requested_peak(swaps)
-            if requested <= best_requested * (1 - MIN_GAIN) and (found is None or requested < found[0]):
+            if requested <= best_requested and (found is None or requested < found[0]):
                 found = (requested, candidate, trial, trial_sim)
         if found is None:
             break
-        requested, candidate, trial, trial_sim = found
-        chunks = trial_sim.peak(swaps)
-        if chunks > best_chunks:
+        requested, candidate, current, sim = found
+        tentative.extend(o for o in candidate if o not in tentative and o not in kept)
+        chunks = sim.peak(swaps) if requested <= best_requested * (1 - MIN_GAIN) else None
+        if chunks is not None and chunks <= best_chunks:
+            kept.extend(tentative)
+            tentative, pending = [], 0
+            best, best_requested, best_chunks = current, requested, chunks
+            continue
+        pending += 1
+        if pending >= LOOKAHEAD:
             break
-        orders.extend(candidate)
-        current, sim, best_requested, best_chunks = trial, trial_sim, requested, chunks
-    return tuple(orders), current
+    return tuple(kept), best
 
 
 def _candidates(sim: Simulator, swaps: Sequence[Swap]) -> list[tuple[Order, ...]]:

@@ -120,3 +120,41 @@ def test_a_budget_met_only_with_orders_gets_them_from_the_autotuner():
     with pytest.raises(BudgetError) as lowest:
         make_plan(model, LMSConfig(min_bytes=0, budget=ordered_peak // 2, serialize=True))
     assert lowest.value.best_peak_bytes < unordered.value.best_peak_bytes
+
+
+def _two_forks():
+    """Two forks like fork_ops' one after the other, the second fed by the first's output: two
+    positions of the same peak (a plateau), so ordering either fork alone lowers nothing."""
+    big, small = f32(64, 256), f32(8, 128)
+    ops = [op("x", "Placeholder", outputs=[small]), op("loss", "Sum", ["x:0"], [small])]
+    grad = "loss:0"
+    for k in ("p", "q"):
+        ops += [
+            op(G + k + "dy", "Neg", [grad], [small]),
+            op(G + k + "a1", "Mul", [G + k + "dy:0"], [big]),
+            op(G + k + "a3", "Neg", [G + k + "a2:0"], [small]),
+            op(G + k + "b1", "Mul", [G + k + "dy:0"], [big]),
+            op(G + k + "c", "Neg", [G + k + "dy:0"], [f32(1)]),
+            op(G + k + "a2", "Sum", [G + k + "a1:0", G + k + "c:0"], [small]),
+            op(G + k + "b2", "Sum", [G + k + "b1:0"], [small]),
+            op(G + k + "out", "AddV2", [G + k + "a3:0", G + k + "b2:0"], [small]),
+        ]
+        grad = G + k + "out:0"
+    ops.append(op("update", "AssignSubVariableOp", [grad], []))
+    return GraphModel.from_ops(ops)
+
+
+def test_a_plateau_is_crossed_by_tentative_rounds(monkeypatch):
+    model = _two_forks()
+    sim = Simulator(model)
+    requested = sim.profile().requested
+    big = 64 * 256 * 4
+    peaks = [i for i, v in enumerate(requested) if v == requested.max()]
+    assert [sim.order[i] for i in peaks] == [G + "pc", G + "qc"]  # both forks' a1 and b1 live at once
+    orders, ordered = memory_orders(model)
+    assert orders == (Order(op=G + "pb1", after=G + "pa2"), Order(op=G + "qb1", after=G + "qa2"))
+    # Before: a1 and b1 of one fork live at once; after: one of them and three small buffers.
+    assert sim.requested_peak() == 2 * big + 2 * 4096 + 4 and Simulator(ordered).requested_peak() == big + 3 * 4096
+    # Without look-ahead (one tentative round and no more) the first round pays nothing: no orders.
+    monkeypatch.setattr("tflms.schedule.LOOKAHEAD", 1)
+    assert memory_orders(model) == ((), model)
