@@ -373,8 +373,9 @@ class Simulator:
         While an op runs, its inputs and outputs are on the device together, whatever is
         swapped, recomputed or reordered around it. The bound is the variables plus the
         largest such working set of one op of the step as run (rule 0): its distinct device
-        buffers (requested bytes, aliases counted once; an output written in place, rule 3,
-        not counted; ``IdentityN`` skipped, as Grappler removes it). No plan of swaps,
+        buffers (requested bytes, aliases counted once; not the output of an op that rule 3
+        lets write into an input of its size, as some plan may make it that input's last
+        reader; ``IdentityN`` skipped, as Grappler removes it). No plan of swaps,
         recomputes and orders gets a lower :meth:`peak`; ``(variables, None)`` for a step
         without device buffers.
 
