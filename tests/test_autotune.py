@@ -89,6 +89,8 @@ def test_max_batch_size_of_a_compiled_keras_model():
     # The bound: the largest batch whose floor (variables and one op's working set) fits.
     assert sim(result.bound).floor()[0] <= budget < sim(result.bound + 1).floor()[0]
     assert tflms.max_batch_size(model, budget, limit=4096).bound is None
+    assert tflms.autotune.batch_bound(model, budget, limit=4096) == result.bound
+    assert tflms.autotune.batch_bound(model, budget, limit=result.bound - 1) == result.bound - 1  # still fits there
     with pytest.raises(ValueError, match="Received: bound='yes'"):
         tflms.max_batch_size(model, budget, bound="yes")
     assert tflms.autotune.keras_step_source(model, step) is step  # every forward size is told by the batch
