@@ -323,6 +323,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "recompute": recompute,
     "fences": simulator_accuracy,
     "serialize": simulator_accuracy,
+    "serialize96": simulator_accuracy,
     "memory_optimizer": simulator_accuracy,
     "peak_anatomy": peak_anatomy,
 }
