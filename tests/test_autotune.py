@@ -47,6 +47,22 @@ def test_resnet50_budgets_fit_and_the_impossible_one_reports_the_best(resnet_mod
     assert err.value.best_peak_bytes == best
 
 
+def test_the_plan_of_the_configs_own_knobs_is_a_candidate(resnet_model, monkeypatch):
+    """A budget that the plan of the config's own knobs meets is met, even where the grid
+    (latest prefetch) has no such plan: ResNet50 96² batch 32's default plan predicted
+    495.8 MiB while the grid's lowest was 500.7 MiB, so ``budget=500MiB`` raised."""
+    model, _ = resnet_model
+    own = make_plan(model, LMSConfig())  # threshold 10, ahead 3, groupby 5; no budget
+    budget = own.peak_bytes_after
+    monkeypatch.setattr(tflms.autotune, "THRESHOLDS", (10**6,))  # above every distance: no grid plan
+    with pytest.raises(BudgetError):
+        make_plan(model, LMSConfig(budget=budget, swapout_threshold=10**6))
+    plan = make_plan(model, LMSConfig(budget=budget))
+    assert plan.peak_bytes_after <= budget
+    assert (plan.options["swapout_threshold"], plan.options["swapin_groupby"]) == (10, 5)
+    assert plan.options["swapin_ahead"] >= 3
+
+
 def test_budget_through_tflms_function_trains_identically():
     setup = zoo.cnn()
     fn = setup.step_fn()

@@ -5,9 +5,13 @@
 
 1. If the plain step's predicted peak fits, nothing is swapped (``n_tensors=0``).
 2. For each threshold and groupby of a small grid (:data:`THRESHOLDS`,
-   :data:`GROUPBYS`), with the latest prefetch (``swapin_ahead=1``), the peak of
+   :data:`GROUPBYS`), with the latest prefetch (``swapin_ahead=1``), and for the
+   config's own ``swapout_threshold``, ``swapin_ahead`` and ``swapin_groupby`` (so a
+   budget that the plan of those knobs meets is met), the peak of
    every largest-first prefix of the candidates is predicted
-   (:meth:`Simulator.prefix_peaks`) and the shortest fitting prefix kept; the
+   (:meth:`Simulator.prefix_peaks`, a fast lower bound), and the shortest fitting
+   prefix, the first and the last of the lowest ones (and for the config's own knobs
+   all candidates) are checked with :meth:`Simulator.peak`; the fitting
    combination with the least predicted link time wins (:func:`tflms.plan.link_seconds`:
    each swap-out and swap-in costs ``link_latency + bytes / link_bandwidth``), ties
    going to fewer tensors, then larger thresholds and groups. If none fits,
@@ -67,8 +71,9 @@ def _knobs(config: LMSConfig, threshold: int, ahead: int, groupby: int) -> LMSCo
     )
 
 
-def _grid(model: GraphModel, config: LMSConfig) -> list[tuple[int, int, list[Swap]]]:
-    """(threshold, groupby, all candidate swaps with the latest prefetch) for the search grid."""
+def _grid(model: GraphModel, config: LMSConfig) -> list[tuple[int, int, int, list[Swap]]]:
+    """(threshold, ahead, groupby, the candidate swaps) of the search grid: each threshold and
+    groupby with the latest prefetch (``ahead=1``), and ``config``'s own three knobs."""
     everything = candidate_swaps(model, _knobs(config, 0, 1, 0))
     if not everything:
         return []
@@ -82,7 +87,12 @@ def _grid(model: GraphModel, config: LMSConfig) -> list[tuple[int, int, list[Swa
                 else candidate_swaps(model, _knobs(config, threshold, 1, groupby))
             )
             if swaps:
-                grid.append((threshold, groupby, swaps))
+                grid.append((threshold, 1, groupby, swaps))
+    own = (config.swapout_threshold, config.swapin_ahead, config.swapin_groupby)
+    if own not in {entry[:3] for entry in grid}:  # the plan make_plan gives without a budget is a candidate
+        swaps = candidate_swaps(model, _knobs(config, *own))
+        if swaps:
+            grid.append((*own, swaps))
     return grid
 
 
@@ -99,35 +109,44 @@ def _search(
     lowest = sim.peak()
     if lowest <= budget:
         return dataclasses.replace(config, budget=budget, n_tensors=0), lowest, []
-    candidates: set[tuple[tuple[int, int, int, int], int, int, int]] = set()
-    deepest: list[tuple[int, int, int, int]] = []  # (fast peak, threshold, groupby, n) of each grid entry
+    candidates: set[tuple[tuple[float, int, int, int, int], tuple[int, int, int], int]] = set()
+    deepest: list[tuple[int, tuple[int, int, int], int]] = []  # (fast peak, knobs, n): the lowest prefixes
     grid = {}
-    for threshold, groupby, swaps in _grid(model, config):
-        grid[threshold, groupby] = swaps
+    own = (config.swapout_threshold, config.swapin_ahead, config.swapin_groupby)
+    for threshold, ahead, groupby, swaps in _grid(model, config):
+        knobs = (threshold, ahead, groupby)
+        grid[knobs] = swaps
         peaks = sim.prefix_peaks(swaps)
-        deepest.append((int(peaks.min()), threshold, groupby, int(np.argmin(peaks))))
+        # The fast peaks often stay at their minimum over many prefixes while the accurate ones
+        # differ (ResNet50 96² b32, default knobs: 508.5 MiB at the first of them, 495.8 at
+        # the last), so both ends of that plateau are tried.
+        ends = {int(np.argmin(peaks)), len(peaks) - 1 - int(np.argmin(peaks[::-1]))}
+        if knobs == own:  # the plan make_plan gives for these knobs without a budget
+            ends.add(len(swaps))
+        deepest += [(int(peaks[n]), knobs, n) for n in sorted(ends)]
         fitting = np.flatnonzero(peaks <= budget)
-        for n in {int(fitting[0]), int(np.argmin(peaks))} if len(fitting) else ():
+        for n in {int(fitting[0]), *ends} if len(fitting) else ():
             if peaks[n] <= budget:
                 cost = link_seconds(swaps[:n], config.link_bandwidth, config.link_latency)
-                candidates.add(((cost, n, -threshold, -groupby), threshold, groupby, n))
+                candidates.add(((cost, n, -threshold, -groupby, ahead), knobs, n))
     best = None
-    for key, threshold, groupby, n in sorted(candidates):
-        if sim.peak(grid[threshold, groupby][:n]) <= budget:
-            best = (key, threshold, groupby, n)
+    for _key, knobs, n in sorted(candidates):
+        if sim.peak(grid[knobs][:n]) <= budget:
+            best = (knobs, n)
             break
     if best is None:
         # The lowest accurate peak among the deepest prefixes of each grid entry (best fast peaks first).
         lowest_swaps: list[Swap] = []
-        for fast, threshold, groupby, n in sorted(deepest):
+        for fast, knobs, n in sorted(deepest):
             if fast >= lowest:
                 break
-            peak = sim.peak(grid[threshold, groupby][:n])
+            peak = sim.peak(grid[knobs][:n])
             if peak < lowest:
-                lowest, lowest_swaps = peak, grid[threshold, groupby][:n]
+                lowest, lowest_swaps = peak, grid[knobs][:n]
         return None, lowest, lowest_swaps
-    _, threshold, groupby, n = best
-    for ahead in AHEADS:  # earliest prefetch first; ahead=1 is the one that fitted above
+    (threshold, fitted, groupby), n = best
+    # Earliest prefetch first; the last one tried is the one that fitted above.
+    for ahead in sorted({a for a in AHEADS if a > fitted} | {fitted}, reverse=True):
         if sim.peak(candidate_swaps(model, _knobs(config, threshold, ahead, groupby))[:n]) <= budget:
             break
     tuned = dataclasses.replace(
