@@ -71,6 +71,11 @@ def _knobs(config: LMSConfig, threshold: int, ahead: int, groupby: int) -> LMSCo
     )
 
 
+def _own_knobs(config: LMSConfig) -> tuple[int, int, int]:
+    """``config``'s (threshold, ahead, groupby): the grid entry of the plan ``make_plan`` gives without a budget."""
+    return config.swapout_threshold, config.swapin_ahead, config.swapin_groupby
+
+
 def _grid(model: GraphModel, config: LMSConfig) -> list[tuple[int, int, int, list[Swap]]]:
     """(threshold, ahead, groupby, the candidate swaps) of the search grid: each threshold and
     groupby with the latest prefetch (``ahead=1``), and ``config``'s own three knobs."""
@@ -88,8 +93,8 @@ def _grid(model: GraphModel, config: LMSConfig) -> list[tuple[int, int, int, lis
             )
             if swaps:
                 grid.append((threshold, 1, groupby, swaps))
-    own = (config.swapout_threshold, config.swapin_ahead, config.swapin_groupby)
-    if own not in {entry[:3] for entry in grid}:  # the plan make_plan gives without a budget is a candidate
+    own = _own_knobs(config)
+    if own not in {entry[:3] for entry in grid}:
         swaps = candidate_swaps(model, _knobs(config, *own))
         if swaps:
             grid.append((*own, swaps))
@@ -112,7 +117,7 @@ def _search(
     candidates: set[tuple[tuple[float, int, int, int, int], tuple[int, int, int], int]] = set()
     deepest: list[tuple[int, tuple[int, int, int], int]] = []  # (fast peak, knobs, n): the lowest prefixes
     grid = {}
-    own = (config.swapout_threshold, config.swapin_ahead, config.swapin_groupby)
+    own = _own_knobs(config)
     for threshold, ahead, groupby, swaps in _grid(model, config):
         knobs = (threshold, ahead, groupby)
         grid[knobs] = swaps

@@ -164,11 +164,10 @@ def _gpu_demo(args: argparse.Namespace) -> int:
     if memory is None and not args.budget:
         raise ValueError("cannot read the GPU's memory size (nvidia-smi); pass --budget (tflms's budget)")
     budget = int(args.budget) if args.budget else int(memory * BUDGET_FRACTION)
+    size_text = format_bytes(memory) if memory else "memory size unknown"
+    print(f"tflms {tflms.__version__}, TensorFlow {tf.__version__}: GPU found ({size_text})")
+    print(f"tflms budget {format_bytes(budget)}")
     memory = memory or budget  # without nvidia-smi, the batch is chosen against the budget
-    print(
-        f"tflms {tflms.__version__}, TensorFlow {tf.__version__}: GPU found ({format_bytes(memory)}); "
-        f"tflms budget {format_bytes(budget)}"
-    )
     from .measure import build
 
     size = args.image_size
