@@ -314,15 +314,23 @@ def with_orders(model: GraphModel, orders: Sequence[Any]) -> GraphModel:
     (:class:`tflms.plan.Order`), as the rewrite adds them; ``model`` itself when there are none."""
     if not orders:
         return model
-    dag = model.dag.copy()  # new attribute dicts: the levels set below are the copy's
+    ordered = _with_order_edges(model, orders)
+    ordered._annotate()  # noqa: SLF001 (this module's class)
+    return ordered
+
+
+def _with_order_edges(model: GraphModel, orders: Sequence[Any]) -> GraphModel:
+    """:func:`with_orders` without recomputing the levels: each node keeps ``model``'s
+    ``level`` (stale where an order lengthens a path) and ``phase`` (an order runs from one
+    backward op to another, which changes no op's phase). For the simulator, which reads
+    neither levels nor anything else that an order could change but the edges."""
+    dag = model.dag.copy()  # new attribute dicts: a later _annotate sets the copy's levels
     for o in orders:
         if dag.has_edge(o.after, o.op):
             dag.edges[o.after, o.op]["control"] = True
         else:
             dag.add_edge(o.after, o.op, tensors=(), control=True)
-    ordered = dataclasses.replace(model, dag=dag)  # tensors and inputs are unchanged: an order is no data
-    ordered._annotate()  # noqa: SLF001 (this module's class)
-    return ordered
+    return dataclasses.replace(model, dag=dag)  # tensors and inputs are unchanged: an order is no data
 
 
 def _records(model: GraphModel) -> dict[str, dict[str, Any]]:
@@ -450,16 +458,19 @@ def _reach(neighbours: Any, sources: set[str]) -> set[str]:
     return seen - sources
 
 
-def ready_order(model: GraphModel) -> list[str]:
+def ready_order(model: GraphModel, extra_edges: Iterable[tuple[str, str]] = ()) -> list[str]:
     """A topological order that follows TensorFlow's executor (depth first).
 
     A stack of ready ops: after an op runs, the successors it made ready are
     pushed, the first in graph order on top, so it runs next; ops that were
-    ready earlier wait below.
+    ready earlier wait below. ``extra_edges``: ``(u, v)`` pairs taken as edges too (the
+    order of the model with those control edges, without building it).
     """
     dag = model.dag
     index = {n: i for i, n in enumerate(dag.nodes)}
     succ: dict[str, list[str]] = {n: list(dag.successors(n)) for n in dag}
+    for u, v in extra_edges:
+        succ[u].append(v)
     pending: dict[str, int] = dict.fromkeys(dag.nodes, 0)
     for n in dag:
         succ[n] = sorted(set(succ[n]), key=index.__getitem__)

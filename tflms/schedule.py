@@ -88,36 +88,34 @@ def memory_orders(
     >>> Simulator(model).requested_peak(), Simulator(ordered).requested_peak()
     (8408, 4408)
     """
-    kept: list[Order] = []  # the orders of the last kept state (model ``best``)
+    kept: list[Order] = []  # the orders of the last kept state
     tentative: list[Order] = []  # applied after it, kept only if a later round pays off (step 4)
-    best = current = model
     pending = 0  # tentative rounds since the last kept state
-    sim = Simulator(model, host)
+    sim = Simulator(model, host)  # of the current state: the kept and tentative orders applied
     best_requested, best_chunks = sim.requested_peak(swaps), sim.peak(swaps)
     for _ in range(MAX_ROUNDS):
         found = None
         for candidate in _candidates(sim, swaps):
             if set(candidate) <= set(kept + tentative):
                 continue
-            trial = with_orders(current, candidate)
-            trial_sim = Simulator(trial, host)
-            requested = trial_sim.requested_peak(swaps)
+            requested = sim._ordered_requested_peak(candidate, swaps)  # noqa: SLF001 (fast path for this search)
             if requested <= best_requested and (found is None or requested < found[0]):
-                found = (requested, candidate, trial, trial_sim)
+                found = (requested, candidate)
         if found is None:
             break
-        requested, candidate, current, sim = found
+        requested, candidate = found
+        sim = sim._ordered(candidate)  # noqa: SLF001
         tentative.extend(o for o in candidate if o not in tentative and o not in kept)
         chunks = sim.peak(swaps) if requested <= best_requested * (1 - MIN_GAIN) else None
         if chunks is not None and chunks <= best_chunks:
             kept.extend(tentative)
             tentative, pending = [], 0
-            best, best_requested, best_chunks = current, requested, chunks
+            best_requested, best_chunks = requested, chunks
             continue
         pending += 1
         if pending >= LOOKAHEAD:
             break
-    return tuple(kept), best
+    return tuple(kept), with_orders(model, kept)  # levels recomputed: the planner reads them
 
 
 def _candidates(sim: Simulator, swaps: Sequence[Swap]) -> list[tuple[Order, ...]]:

@@ -67,6 +67,7 @@ Example on a hand-built graph (see ``tests/test_simulator.py`` for more):
 from __future__ import annotations
 
 import bisect
+import copy
 import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -74,10 +75,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .devices import device_key
-from .graph import ALIAS_OP_TYPES, GraphModel, with_constant_pushdown
+from .graph import ALIAS_OP_TYPES, GraphModel, _with_order_edges, ready_order, with_constant_pushdown
 
 if TYPE_CHECKING:
-    from .plan import Swap
+    from .plan import Order, Swap
 
 __all__ = ["MemoryProfile", "Simulator", "simulate"]
 
@@ -309,6 +310,30 @@ class Simulator:
         self._runs = {frozenset(): _Replay(executed, host, self._order)}
         base = self._runs[frozenset()]
         self.executed, self.order, self.pos = base.model, base.order, base.pos
+
+    def _ordered(self, orders: Sequence[Order]) -> Simulator:
+        """A simulator of ``with_orders(self.model, orders)`` without re-deriving what orders
+        cannot change: the constant push-downs (they follow data edges, devices and shapes;
+        an order is a control edge) and the levels (which the simulator does not read; the
+        model's levels are left stale, see :func:`tflms.graph._with_order_edges`). For the
+        schedule's search, which tries many orders on one step (:mod:`tflms.schedule`)."""
+        if self._order is not None:
+            raise ValueError("a simulator with a given order cannot take ordering edges")
+        new = copy.copy(self)  # the host, the push-downs and the ops they rewrite carry over
+        new.model = _with_order_edges(self.model, orders)
+        base = _Replay(_with_order_edges(self.executed, orders), self.host, None)
+        new._runs = {frozenset(): base}  # noqa: SLF001 (a simulator's own state; the other runs are made lazily)
+        new.executed, new.order, new.pos = base.model, base.order, base.pos
+        return new
+
+    def _ordered_requested_peak(self, orders: Sequence[Order], swaps: Sequence[Swap] = ()) -> int:
+        """``self._ordered(orders).requested_peak(swaps)``, without building that model: an
+        order changes only the schedule. For the schedule's search, which tries many orders."""
+        if self._order is not None:
+            raise ValueError("a simulator with a given order cannot take ordering edges")
+        model = self.model_for(swaps)
+        schedule = ready_order(model, [(o.after, o.op) for o in orders])
+        return _Replay(model, self.host, schedule).requested_peak(swaps)
 
     def _undone(self, swaps: Sequence[Swap]) -> frozenset[str]:
         """The pushed-down ops that a swap-in of ``swaps`` feeds."""

@@ -66,6 +66,32 @@ def test_memory_orders_make_one_branch_wait_for_the_other():
     assert memory_orders(model)[0] == orders  # deterministic
 
 
+def test_the_searchs_simulator_of_an_ordered_step_agrees_with_building_that_step():
+    """``memory_orders`` tries each candidate with ``Simulator._ordered_requested_peak`` and
+    moves on with ``Simulator._ordered`` (no new push-down pass, no levels): the same order,
+    peaks and push-downs as a simulator of ``with_orders(model, orders)``."""
+    from tflms.graph import with_orders
+
+    # A constant push-down in the backward pass (Grappler's C * (dy * f2) -> dy * (C * f2)).
+    ops = fork_ops() + [
+        op("k", "Const", [], [f32()]),
+        op(G + "p1", "Mul", [G + "dy:0", "f2:0"], [f32(8, 128)]),
+        op(G + "p2", "Mul", [G + "p1:0", "k:0"], [f32(8, 128)]),
+        op(G + "p3", "Sum", [G + "p2:0"], [f32(1)]),
+    ]
+    model = GraphModel.from_ops(ops)
+    orders = (Order(op=G + "b1", after=G + "a2"),)
+    sim = Simulator(model)
+    slow, fast = Simulator(with_orders(model, orders)), sim._ordered(orders)  # noqa: SLF001
+    assert sim.pushdowns == slow.pushdowns == fast.pushdowns == [(G + "p2", G + "p1")]
+    assert fast.order == slow.order != sim.order
+    assert set(fast.executed.dag.edges) == set(slow.executed.dag.edges)
+    assert (fast.requested_peak(), fast.peak()) == (slow.requested_peak(), slow.peak())
+    assert sim._ordered_requested_peak(orders) == slow.requested_peak() < sim.requested_peak()  # noqa: SLF001
+    more = (Order(op=G + "a3", after=G + "b2"),)  # orders on orders
+    assert fast._ordered(more).order == Simulator(with_orders(model, orders + more)).order  # noqa: SLF001
+
+
 def test_weight_gradients_and_forward_ops_are_never_ordered():
     # Delaying a weight gradient lowers only the prediction (the simulator holds weight
     # gradients until the IdentityN has them all; the executor does not).
