@@ -16,7 +16,7 @@ Usage::
 
     python benchmarks/capacity.py                          # all models, 16 and 80 GiB
     python benchmarks/capacity.py --models resnet50 --budgets 16GiB
-    python benchmarks/capacity.py --models resnet50 --serialize   # LMS with serialize=True
+    python benchmarks/capacity.py --models resnet50 --no-serialize   # LMS with serialize=False
 
 The JSON keeps the rows of the models not run. BERT-base is traced per batch with static
 shapes (``tflms.autotune.keras_step_source``): traced with an unknown batch, its ``Dense``
@@ -110,7 +110,7 @@ def unet_side_step(side: int):
 
 
 def largest_side(
-    budget: int, lms: bool, step: int = 16, limit: int = 1024, rel_tol: float = 0.02, serialize: bool = False
+    budget: int, lms: bool, step: int = 16, limit: int = 1024, rel_tol: float = 0.02, serialize: bool = True
 ) -> int:
     """Largest multiple of ``step`` for the 3D U-Net side that fits ``budget`` at batch 1."""
     from tflms.autotune import _serialized_search, largest_fitting
@@ -146,7 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", nargs="+", default=["16GiB", "80GiB"], help="device memory budgets")
     parser.add_argument("--rel-tol", type=float, default=0.02, help="search precision (default 2%%)")
     parser.add_argument(
-        "--serialize", action="store_true", help="LMS plans with serialize=True (ordering edges); rows of their own"
+        "--serialize",
+        action=argparse.BooleanOptionalAction,
+        default=tflms.LMSConfig().serialize,
+        help="LMS plans with ordering edges (serialize=True, the default) or without (--no-serialize); each "
+        "setting has rows of its own",
     )
     parser.add_argument(
         "--bound-only",

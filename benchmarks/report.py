@@ -80,7 +80,7 @@ def capacity(data: dict) -> str:
             bound_text = "-"
         else:
             bound_text = f"{bound} (x{bound / base:.1f})" if base else str(bound)
-        model = f"{r['model']}, `serialize=True`" if r.get("serialize") else r["model"]
+        model = f"{r['model']}, `serialize={bool(r.get('serialize'))}`"  # rows without it: before it existed
         lines.append(
             f"| {model} | {r['budget']} | {r['measure']} | {base} | {r['with_lms']} | {ratio} | {bound_text} |"
         )
@@ -120,11 +120,13 @@ def _step(row: dict) -> str:
     manual = ", memory optimizer `MANUAL`" if row.get("memory_optimizer") == "manual" else ""
     return {
         "plain": "plain",
-        "lms": "tflms",
+        # Rows without "serialize" were measured when it was off by default (before 2026-11-25).
+        "lms": "tflms" if row.get("serialize", False) else "tflms, `serialize=False`",
         "lms_device_gated": "tflms, swap-ins on the device",
         "lms_recompute": "tflms, recompute",
         "lms_fenced": f"tflms, fenced (`swapout_window={FENCE_WINDOW}`)",
         "lms_serialized": "tflms, serialized (`serialize=True`)",
+        "lms_unordered": "tflms, `serialize=False`",
     }[row["mode"]] + manual
 
 
@@ -265,7 +267,7 @@ def testbed_capacity(data: dict) -> str:
         fraction = r.get("fraction", data.get("fraction"))
         window = r.get("swapout_window")
         model = f"{r['model']}, fenced (`swapout_window={window}`)" if window else r["model"]
-        model += ", `serialize=True`" if r.get("serialize") else ""
+        model += f", `serialize={bool(r.get('serialize'))}`"
         lines.append(
             f"| {model} | {r['size']} | {_mib(r['cap'])} | {fraction:g} x cap | {r['plain']} | {r['lms']} "
             f"| {ratio} | {r['predicted_plain']} | {r['predicted_lms']} | {r.get('predicted_bound', '-')} "
@@ -324,6 +326,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "fences": simulator_accuracy,
     "serialize": simulator_accuracy,
     "serialize96": simulator_accuracy,
+    "default_schedule": simulator_accuracy,
     "memory_optimizer": simulator_accuracy,
     "peak_anatomy": peak_anatomy,
 }

@@ -6,12 +6,12 @@ on the CPU is the device, a second TensorFlow process is the host), plain and
 with the default LMS plan (and, for ``MODEL:BATCH:gated`` cases, the same plan with
 its swap-ins on the device: tflms 0.1's rewrite, the negative control; for ``:fenced``,
 the same swaps with ``swapout_window=tflms.measure.FENCE_WINDOW``; for ``:serialized``, the
-same swaps with ``serialize=True``), from the same weights, and repeats that in ``--runs``
-fresh processes. The plain step is called as TensorFlow calls it and the tflms steps as
-``tflms.function`` calls them (Grappler's memory optimizer at ``MANUAL``); ``:manual`` calls
-every step of the case within ``tflms.manual_memory_optimizer()``, ``:default`` every step
-at TensorFlow's default level. Per run it records
-the steady-state peak (the largest per-step peak after one warm-up step) and the
+same swaps with ``serialize=True``; for ``:unordered``, with ``serialize=False``), from the
+same weights, and repeats that in ``--runs`` fresh processes. The plain step is called as
+TensorFlow calls it and the tflms steps as ``tflms.function`` calls them (Grappler's memory
+optimizer at ``MANUAL``); ``:manual`` calls every step of the case within
+``tflms.manual_memory_optimizer()``, ``:default`` every step at TensorFlow's default level.
+Per run it records the steady-state peak (the largest per-step peak after one warm-up step) and the
 first step's peak; the simulator's prediction is the same in every run.
 
 Usage::
@@ -24,6 +24,9 @@ Usage::
     # fences: the README's fences table
     python benchmarks/simulator_accuracy.py --cases transformer:16:fenced encoder:32:fenced --runs 3 \
         --steps 8 --json benchmarks/results/fences.json
+    # the default options (serialize=True) against the swaps alone: the README's default-schedule table
+    python benchmarks/simulator_accuracy.py --cases resnet50:32:unordered resnet50:48:unordered --runs 3 \
+        --json benchmarks/results/default_schedule.json
     # the memory-aware schedule: the README's serialize table (MODEL@SIZE: another input size)
     python benchmarks/simulator_accuracy.py --cases resnet50@224:32:serialized --runs 3 \
         --json benchmarks/results/serialize.json
@@ -49,7 +52,7 @@ PLAN_FIELDS = (
 )  # fmt: skip
 #: Case flags and the :func:`tflms.measure.measure_step` mode each adds.
 FLAG_MODES = {"gated": "lms_device_gated", "recompute": "lms_recompute", "fenced": "lms_fenced",
-              "serialized": "lms_serialized"}  # fmt: skip
+              "serialized": "lms_serialized", "unordered": "lms_unordered"}  # fmt: skip
 #: Case flags that set :func:`tflms.measure.measure_step`'s ``memory_optimizer`` for every step.
 LEVELS = ("manual", "default")
 
@@ -81,7 +84,7 @@ def run_case(
             row["losses"] = v["losses"]
             row["predicted"] = v["predicted"]
             if m != "plain":
-                row.update({k: v[k] for k in PLAN_FIELDS})
+                row.update({k: v[k] for k in PLAN_FIELDS}, serialize=v["options"]["serialize"])
     return list(rows.values())
 
 
@@ -91,10 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         "--cases",
         nargs="+",
         default=list(DEFAULT_CASES),
-        help="MODEL[@SIZE]:BATCH[:gated][:recompute][:fenced][:serialized][:manual|:default] (SIZE: input "
-        "size other than the model's default; gated: also the swap-ins-on-the-device control; recompute: also "
-        "the plan with recompute=True; fenced: also the plan with swapout_window; serialized: also with "
-        "serialize=True; manual: every step within tflms.manual_memory_optimizer(); default: every step at "
+        help="MODEL[@SIZE]:BATCH[:gated][:recompute][:fenced][:serialized][:unordered][:manual|:default] (SIZE: "
+        "input size other than the model's default; gated: also the swap-ins-on-the-device control; recompute: "
+        "also the plan with recompute=True; fenced: also the plan with swapout_window; serialized: also with "
+        "serialize=True; unordered: also with serialize=False; manual: every step within "
+        "tflms.manual_memory_optimizer(); default: every step at "
         "TensorFlow's default memory-optimizer level; neither: plain steps at the default, tflms steps at MANUAL "
         "as tflms calls them)",
     )

@@ -13,12 +13,12 @@ Usage::
     python benchmarks/testbed_capacity.py --models transformer --cap 400MiB --start 16
     python benchmarks/testbed_capacity.py --models encoder --cap 800MiB --start 8
     python benchmarks/testbed_capacity.py --models encoder --cap 800MiB --start 8 --swapout-window 4
-    python benchmarks/testbed_capacity.py --models resnet50 --cap 600MiB --start 16 --serialize
+    python benchmarks/testbed_capacity.py --models resnet50 --cap 600MiB --start 16 --no-serialize
     python benchmarks/testbed_capacity.py --models resnet50 --predicted-only  # the predicted columns only
 
 Rows of earlier runs for other models are kept in the JSON (each row has its own cap); a
-run with ``--swapout-window`` (the tflms probes plan with fences) or ``--serialize`` (with ordering
-edges) has rows of its own.
+run with ``--swapout-window`` (the tflms probes plan with fences) or ``--no-serialize`` (without
+ordering edges) has rows of its own.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from pathlib import Path
 from report import save_result
 
 from tflms.autotune import largest_fitting
-from tflms.config import parse_bytes
+from tflms.config import LMSConfig, parse_bytes
 from tflms.measure import MODELS, measure
 from tflms.testbed import DEVICE_NICE
 
 
-def predicted(model: str, size: int | None, cap: int, limit: int, serialize: bool = False) -> tuple[int, int, int]:
+def predicted(model: str, size: int | None, cap: int, limit: int, serialize: bool = True) -> tuple[int, int, int]:
     """(plain, with LMS, bound) largest batch whose *predicted* peak fits ``cap`` (simulator); the bound:
     the largest batch whose ``Simulator.floor`` (variables and one op's working set) fits, past which no
     plan fits.
@@ -81,7 +81,10 @@ def main() -> None:
         "--swapout-window", type=int, metavar="N", help="tflms probes plan with swapout_window=N (fences)"
     )
     parser.add_argument(
-        "--serialize", action="store_true", help="tflms probes plan with serialize=True (ordering edges)"
+        "--serialize",
+        action=argparse.BooleanOptionalAction,
+        default=LMSConfig().serialize,
+        help="tflms probes plan with ordering edges (serialize=True, the default) or without (--no-serialize)",
     )
     parser.add_argument(
         "--predicted-only",

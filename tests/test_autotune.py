@@ -14,12 +14,16 @@ import zoo
 from conftest import DEVICE, HOST
 from helpers import check_structure
 
+# The swap search alone: ordering edges (serialize=True, the default) have tests of their own
+# (tests/unit/test_schedule.py, test_zoo.py), and each search with them plans the schedule again.
+UNORDERED = {"serialize": False}
+
 
 def _budgets(model):
     sim = Simulator(model, HOST)
     plain = sim.peak()
     with pytest.raises(BudgetError) as err:
-        make_plan(model, LMSConfig(budget=1))
+        make_plan(model, LMSConfig(budget=1, **UNORDERED))
     best = err.value.best_peak_bytes
     assert best < plain
     return plain, best
@@ -38,12 +42,12 @@ def test_resnet50_budgets_fit_and_the_impossible_one_reports_the_best(resnet_mod
     assert best < 0.8 * plain
     for frac in (0.9, 0.6, 0.3, 0.0):
         budget = int(best + frac * (plain - best))
-        plan = make_plan(model, LMSConfig(budget=budget))
+        plan = make_plan(model, LMSConfig(budget=budget, **UNORDERED))
         assert plan.peak_bytes_after <= budget, frac
         assert plan.peak_bytes_before == plain
         assert len(plan.swaps) == plan.options["n_tensors"] >= 1
     with pytest.raises(BudgetError) as err:
-        make_plan(model, LMSConfig(budget=best - 1))
+        make_plan(model, LMSConfig(budget=best - 1, **UNORDERED))
     assert err.value.best_peak_bytes == best
 
 
@@ -52,12 +56,12 @@ def test_the_plan_of_the_configs_own_knobs_is_a_candidate(resnet_model, monkeypa
     (latest prefetch) has no such plan: ResNet50 96² batch 32's default plan predicted
     495.8 MiB while the grid's lowest was 500.7 MiB, so ``budget=500MiB`` raised."""
     model, _ = resnet_model
-    own = make_plan(model, LMSConfig())  # threshold 10, ahead 3, groupby 5; no budget
+    own = make_plan(model, LMSConfig(**UNORDERED))  # threshold 10, ahead 3, groupby 5; no budget
     budget = own.peak_bytes_after
     monkeypatch.setattr(tflms.autotune, "THRESHOLDS", (10**6,))  # above every distance: no grid plan
     with pytest.raises(BudgetError):
-        make_plan(model, LMSConfig(budget=budget, swapout_threshold=10**6))
-    plan = make_plan(model, LMSConfig(budget=budget))
+        make_plan(model, LMSConfig(budget=budget, swapout_threshold=10**6, **UNORDERED))
+    plan = make_plan(model, LMSConfig(budget=budget, **UNORDERED))
     assert plan.peak_bytes_after <= budget
     assert (plan.options["swapout_threshold"], plan.options["swapin_groupby"]) == (10, 5)
     assert plan.options["swapin_ahead"] >= 3

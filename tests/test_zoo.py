@@ -157,15 +157,17 @@ def test_resnet50_plan_lowers_the_predicted_peak():
 
 
 def test_memory_aware_schedule_keeps_training_bit_identical():
-    """``serialize=True`` on a ResNet50 whose predicted peak is two BatchNorm gradients side by
-    side (a projection block's main and shortcut branches): the same swaps plus orders, a lower
-    predicted peak, every order a control input, and the same numbers as the plain step."""
+    """``serialize=True`` (the default) on a ResNet50 whose predicted peak is two BatchNorm
+    gradients side by side (a projection block's main and shortcut branches): the same swaps
+    as ``serialize=False`` plus orders, a lower predicted peak, every order a control input,
+    and the same numbers as the plain step."""
     setup = zoo.resnet50(batch=16, size=128)
     fn = setup.step_fn()
     plain = tf.function(fn)
-    ordered = tflms.function(fn, device=DEVICE, serialize=True, **SMALL)
+    ordered = tflms.function(fn, device=DEVICE, **SMALL)
     plan = ordered.get_plan(setup.x, setup.y)
-    unordered = tflms.function(fn, device=DEVICE, **SMALL).get_plan(setup.x, setup.y)
+    assert plan.options["serialize"] is True
+    unordered = tflms.function(fn, device=DEVICE, serialize=False, **SMALL).get_plan(setup.x, setup.y)
     assert plan.swaps == unordered.swaps and unordered.orders == ()
     assert plan.orders and plan.peak_bytes_after < unordered.peak_bytes_after
     assert all("_bn_" in o.op for o in plan.orders)  # BatchNorm gradients wait

@@ -198,11 +198,12 @@ def _plan(args: argparse.Namespace) -> int:
         gm = tflms.GraphModel.from_func_graph(step.graph, batch_size=args.batch)
     else:  # traced again at this batch: the unknown batch leaves a forward tensor's size unknown
         gm = tflms.GraphModel.from_func_graph(source(args.batch).graph)
+    schedule = {} if args.serialize is None else {"serialize": args.serialize}  # None: LMSConfig's default
     config = tflms.LMSConfig(
         budget=None if args.budget is None else int(args.budget),
         recompute=args.recompute,
         swapout_window=args.swapout_window,
-        serialize=args.serialize,
+        **schedule,
     )
     try:
         plan = tflms.make_plan(gm, config)
@@ -223,9 +224,7 @@ def _plan(args: argparse.Namespace) -> int:
         plot_memory(gm, plan, args.plot)
         print(f"wrote {args.plot}")
     if args.max_batch:
-        result = tflms.max_batch_size(
-            source, int(args.budget), recompute=args.recompute, serialize=args.serialize, bound=True
-        )
+        result = tflms.max_batch_size(source, int(args.budget), recompute=args.recompute, bound=True, **schedule)
         print(result)
     return 0
 
@@ -309,8 +308,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument(
         "--serialize",
-        action="store_true",
-        help="memory-aware schedule: order backward branches where the simulator predicts a lower peak",
+        action=argparse.BooleanOptionalAction,
+        help="memory-aware schedule: order backward branches where the simulator predicts a lower peak "
+        "(default: on; --no-serialize: the swaps alone, faster planning)",
     )
     p.add_argument("--json", help="write the plan JSON here")
     p.add_argument("--plot", help="write the memory timeline PNG here")

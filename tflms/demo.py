@@ -33,7 +33,8 @@ CAP_FRACTION = 0.75
 BUDGET_FRACTION = 0.85
 #: tflms options of the demo's step, besides the budget: the memory-aware schedule (ordering
 #: edges), which measured 5-10 % lower peaks on the test bed at ResNet50 96² (README,
-#: "Memory-aware schedule").
+#: "Memory-aware schedule"). It is the default since 2026-11-25; named here so that the demo
+#: prints it.
 DEMO_OPTIONS = {"serialize": True}
 
 

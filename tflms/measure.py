@@ -138,7 +138,9 @@ def build(name: str, batch: int, size: int | None = None, seed: int = 0) -> tupl
 
 
 #: The modes :func:`measure_step` measures.
-MEASURE_MODES = ("plain", "lms", "lms_device_gated", "lms_recompute", "lms_fenced", "lms_serialized")
+MEASURE_MODES = (
+    "plain", "lms", "lms_device_gated", "lms_recompute", "lms_fenced", "lms_serialized", "lms_unordered",
+)  # fmt: skip
 
 
 def measure_step(
@@ -177,7 +179,8 @@ def measure_step(
     0.1 did; see :func:`tflms.rewrite.apply_plan`): the negative control.
     ``'lms_fenced'`` is ``'lms'`` with ``swapout_window=``:data:`FENCE_WINDOW` (the same swaps,
     plus fences). ``'lms_serialized'`` is ``'lms'`` with ``serialize=True`` (the same swaps, plus
-    the memory-aware schedule's orders, counted in ``n_orders``). ``'lms_recompute'`` is ``'lms'``
+    the memory-aware schedule's orders, counted in ``n_orders``; the default since 2026-11-25),
+    ``'lms_unordered'`` with ``serialize=False`` (the swaps alone). ``'lms_recompute'`` is ``'lms'``
     with ``recompute=True`` (:mod:`tflms.recompute`); its entry also has ``n_recomputes`` and
     ``recomputed_bytes``. Every ``lms`` mode's entry
     has the plan's predicted ``link_seconds`` and ``recompute_seconds``.
@@ -236,6 +239,7 @@ def measure_step(
                 "lms_recompute": {"recompute": True},
                 "lms_fenced": {"swapout_window": FENCE_WINDOW},
                 "lms_serialized": {"serialize": True},
+                "lms_unordered": {"serialize": False},
             }.get(mode, {})
             step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **{**(options or {}), **extra})
             if mode == "lms_device_gated":  # the negative control: tflms 0.1's swap-in placement

@@ -107,8 +107,9 @@ def test_weight_gradients_and_forward_ops_are_never_ordered():
 def test_make_plan_with_serialize_adds_orders_to_the_same_swaps():
     model = GraphModel.from_ops(fork_ops())
     options = {"swapout_threshold": 2, "swapin_ahead": 1, "min_bytes": 0}
-    plain = make_plan(model, LMSConfig(**options))
-    plan = make_plan(model, LMSConfig(serialize=True, **options))
+    plain = make_plan(model, LMSConfig(serialize=False, **options))
+    plan = make_plan(model, LMSConfig(**options))  # serialize=True is the default
+    assert LMSConfig().serialize is True
     assert plain.orders == () and plain.swaps and plan.swaps == plain.swaps
     assert plan.orders == (Order(op=G + "b1", after=G + "a2"),)
     assert plan.peak_bytes_after < plain.peak_bytes_after
@@ -133,7 +134,7 @@ def test_a_budget_met_only_with_orders_gets_them_from_the_autotuner():
     assert ordered_peak < Simulator(model).peak()
     budget = ordered_peak + 1024  # above the ordered step's peak, below every unordered plan's
     with pytest.raises(BudgetError, match=r"Received: budget=") as unordered:
-        make_plan(model, LMSConfig(min_bytes=0, budget=budget))
+        make_plan(model, LMSConfig(min_bytes=0, budget=budget, serialize=False))
     assert unordered.value.best_peak_bytes > budget
     config, orders, ordered = tune_ordered(model, LMSConfig(min_bytes=0, budget=budget, serialize=True))
     assert orders == (order,) and config.n_tensors == 0 and ordered.model.dag.has_edge(G + "a2", G + "b1")
