@@ -7,7 +7,9 @@ import sys
 
 import pytest
 
-ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+# No GPU in the subprocesses: `tflms demo` takes its test-bed path (the one these tests check)
+# on a GPU machine too, and `tflms plan` only simulates.
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1"}
 
 
 def tflms(*args, timeout=300):
@@ -117,6 +119,12 @@ def test_plan_serializes_by_default_and_writes_its_orders(tmp_path):
             ["plan", "MobileNetV3Small", "--batch", "4", "--swapout-window", "0"],
             1,
             "swapout_window must be an integer >= 1 or None. Received: swapout_window=0",
+        ),
+        (
+            ["demo", "--cap", "500MiB", "--budget", "600MiB"],  # before any measurement
+            1,
+            "--budget must be at most the real memory cap of the test bed (500 MiB): a plan for more memory than "
+            "the cap runs out of memory. Received: --budget='600MiB'.",
         ),
     ],
 )

@@ -77,6 +77,17 @@ def _has_gpu() -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
+def _check_budget(budget: int, cap: int) -> None:
+    """A budget above the test bed's cap plans for memory the measured process does not have."""
+    if budget > cap:
+        text = getattr(budget, "text", str(budget))
+        raise ValueError(
+            f"--budget must be at most the real memory cap of the test bed ({_mib(cap)}): a plan for more "
+            f"memory than the cap runs out of memory. Received: --budget={text!r}. Pass a --budget below the cap, "
+            f"or leave it out ({BUDGET_FRACTION:.0%} of the cap)."
+        )
+
+
 def _testbed_demo(args: argparse.Namespace) -> int:
     from .config import parse_bytes
     from .measure import measure
@@ -85,6 +96,8 @@ def _testbed_demo(args: argparse.Namespace) -> int:
     batch = args.batch or 32
     size = args.image_size
     steps = args.steps
+    if args.cap and args.budget:  # both given: check before the first measurement
+        _check_budget(args.budget, parse_bytes(args.cap, "cap") // 2**20 * 2**20)
     print(
         "tflms demo without a GPU: real memory on the two-process test bed (this machine's CPU is the\n"
         "device, measured by TensorFlow's BFC allocator; a second TensorFlow process is the host).\n"
@@ -106,6 +119,8 @@ def _testbed_demo(args: argparse.Namespace) -> int:
     )
     cap = parse_bytes(args.cap, "cap") if args.cap else int(plain["peak"] * CAP_FRACTION)
     cap = cap // 2**20 * 2**20
+    if args.budget:
+        _check_budget(args.budget, cap)
     budget = int(args.budget) if args.budget else int(cap * BUDGET_FRACTION)
     options = {**DEMO_OPTIONS, "budget": budget}
     print(
