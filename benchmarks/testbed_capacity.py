@@ -130,6 +130,15 @@ def main() -> None:
                 held = ", {in_use} MiB in use, {largest_free} MiB largest free chunk for {requested} MiB".format(
                     **probe["oom"]
                 )
+            if ok:  # what trained: its measured peak, and the plan's prediction and size
+                v = r.value["lms" if lms else "plain"]
+                probe.update(peak_mib=round(v["peak"] / 2**20, 1), predicted_mib=round(v["predicted"] / 2**20, 1))
+                if lms:
+                    probe.update(n_swaps=v["n_swaps"], n_orders=v["n_orders"], n_recomputes=v["n_recomputes"])
+            elif r.error and r.status != "oom":  # e.g. the autotuner's BudgetError (log lines may follow it)
+                lines = r.error.strip().splitlines()
+                raised = [line for line in lines if "Error: " in line and not line.startswith(("E0000", "W0000"))]
+                probe["error"] = (raised or lines)[-1][:400]
             log.append(probe)
             mode = "tflms" if lms else "plain"
             print(f"  {name} batch {batch} {mode}: {r.status}{held} ({r.seconds:.0f} s)", flush=True)
