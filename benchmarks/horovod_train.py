@@ -70,6 +70,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     lms.add_argument("--swapin-groupby", type=int, default=d["swapin_groupby"].default)
     lms.add_argument("--min-bytes", type=int, default=d["min_bytes"].default)
     lms.add_argument("--n-tensors", type=int, default=d["n_tensors"].default)
+    lms.add_argument(
+        "--serialize",
+        action=argparse.BooleanOptionalAction,
+        default=d["serialize"].default,
+        help="the memory-aware schedule's ordering edges (default: on)",
+    )
     for name in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):
         lms.add_argument("--" + name.replace("_", "-"), type=_names, default=(), help="comma-separated")
     args = p.parse_args(argv)
@@ -146,6 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
         "swapin_groupby": args.swapin_groupby,
         "min_bytes": args.min_bytes,
         "n_tensors": args.n_tensors,
+        "serialize": args.serialize,
         "incl_scopes": args.incl_scopes,
         "excl_scopes": args.excl_scopes,
         "incl_types": args.incl_types,

@@ -111,7 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         cf, _keep_alive = transformer_step(blocks)
         trace = time.perf_counter() - t0
-        row = {"blocks": blocks, "trace_seconds": round(trace, 2), **time_pass(cf, config, args.repeat)}
+        row = {
+            "blocks": blocks,
+            "trace_seconds": round(trace, 2),
+            "serialize": config.serialize,
+            **time_pass(cf, config, args.repeat),
+        }
         s = row["seconds"]
         print(
             f"{blocks:>6} {row['ops']:>7} {row['swaps']:>6} {s['model']:>8.3f} {s['plan']:>7.3f} "

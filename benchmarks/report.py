@@ -50,8 +50,15 @@ def _header(data: dict) -> str:
 
 
 def pass_speed(data: dict) -> str:
+    # Rows without "serialize" were planned when it was off by default (before 2026-11-25).
+    ordered = {r.get("serialize", False) for r in data["rows"]}
+    schedule = (
+        "; planned with `serialize=True` (the memory-aware schedule)"
+        if ordered == {True}
+        else ("; planned with `serialize=False` (no memory-aware schedule)" if ordered == {False} else "")
+    )
     lines = [
-        f"_{_header(data)}; seconds, best of the runs; transformer-block Adam steps_",
+        f"_{_header(data)}; seconds, best of the runs; transformer-block Adam steps{schedule}_",
         "",
         "| ops | swaps | graph model | plan | rewrite (in place) | **total** | + graph copy (`optimize(cf)`) |",
         "|---:|---:|---:|---:|---:|---:|---:|",
@@ -118,16 +125,22 @@ def _range(values: list[float], fmt: str = "{:,.0f}", unit: str = "") -> str:
 
 def _step(row: dict) -> str:
     manual = ", memory optimizer `MANUAL`" if row.get("memory_optimizer") == "manual" else ""
-    return {
-        "plain": "plain",
-        # Rows without "serialize" were measured when it was off by default (before 2026-11-25).
-        "lms": "tflms" if row.get("serialize", False) else "tflms, `serialize=False`",
-        "lms_device_gated": "tflms, swap-ins on the device",
-        "lms_recompute": "tflms, recompute",
-        "lms_fenced": f"tflms, fenced (`swapout_window={FENCE_WINDOW}`)",
-        "lms_serialized": "tflms, serialized (`serialize=True`)",
-        "lms_unordered": "tflms, `serialize=False`",
-    }[row["mode"]] + manual
+    # A tflms step planned without the memory-aware schedule says so: rows without "serialize"
+    # were measured when it was off by default (before 2026-11-25).
+    unordered = row["mode"] not in ("plain", "lms_serialized") and not row.get("serialize", False)
+    return (
+        {
+            "plain": "plain",
+            "lms": "tflms",
+            "lms_device_gated": "tflms, swap-ins on the device",
+            "lms_recompute": "tflms, recompute",
+            "lms_fenced": f"tflms, fenced (`swapout_window={FENCE_WINDOW}`)",
+            "lms_serialized": "tflms, serialized (`serialize=True`)",
+            "lms_unordered": "tflms",
+        }[row["mode"]]
+        + (", `serialize=False`" if unordered else "")
+        + manual
+    )
 
 
 def _auto(row: dict) -> str:
@@ -308,7 +321,7 @@ def peak_anatomy(data: dict) -> str:
         replay = mib(r["replayed"]["peak"]) if "replayed" in r else ""
         cells = " | ".join(f"{mib(prof['by_phase'].get(p, 0))} / {mib(pred['by_phase'].get(p, 0))}" for p in phases)
         lines.append(
-            f"| {r['model']} | {r['batch']} | {_step({'mode': r['mode']})} | {mib(r['measured_peak'])} "
+            f"| {r['model']} | {r['batch']} | {_step(r)} | {mib(r['measured_peak'])} "
             f"| {_chunks_requested(prof)} | {replay} | {_chunks_requested(pred)} "
             f"| {_chunks_requested(rec)} | {prof['op_phase']} / {pred['op_phase']} | {cells} |"
         )

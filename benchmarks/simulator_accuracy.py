@@ -43,6 +43,7 @@ from pathlib import Path
 
 from report import save_result
 
+from tflms.config import LMSConfig
 from tflms.measure import measure
 
 DEFAULT_CASES = ("cnn:32", "transformer:8", "transformer:16", "resnet50:16:gated", "resnet50:32", "resnet50:48")
@@ -69,6 +70,9 @@ def run_case(
     """One row per mode: the steady and first-step peaks of every run, and the prediction."""
     first = {"model": model, "batch": batch, "memory_optimizer": memory_optimizer}
     rows = {m: {**first, "mode": m, "runs": [], "first_peaks": []} for m in modes}
+    for m in modes:  # what the plans are made with, also for a row whose every run failed
+        if m != "plain":
+            rows[m]["serialize"] = {"lms_serialized": True, "lms_unordered": False}.get(m, LMSConfig().serialize)
     for _ in range(runs):
         r = measure(model, batch, size=size, modes=modes, steps=steps, memory_optimizer=memory_optimizer)
         if not r.ok:

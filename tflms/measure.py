@@ -505,10 +505,10 @@ def anatomy_step(
     _, x, y, train_step = build(model, batch, size)
     cf = tf.function(train_step).get_concrete_function(x, y)
     graph_model = GraphModel.from_func_graph(cf.graph)
-    step, swaps, host = cf, (), None
+    step, swaps, host, serialize = cf, (), None, None
     if mode == "lms":
         step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **(options or {}))
-        swaps, host = plan.swaps, testbed.HOST
+        swaps, host, serialize = plan.swaps, testbed.HOST, plan.options["serialize"]
         # The step as planned and simulated: with its recompute clones (backward ops).
         graph_model = with_orders(with_recomputes(graph_model, plan.recomputes), plan.orders)
     sim = Simulator(graph_model, host)
@@ -553,6 +553,7 @@ def anatomy_step(
         "batch": batch,
         "size": size or MODELS[model][1],
         "mode": mode,
+        "serialize": serialize,
         "memory_optimizer": "auto",
         "measured_peak": measured_peak,
         "profiled": {

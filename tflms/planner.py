@@ -110,17 +110,18 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
     if config.n_tensors is not None:
         swaps = swaps[: config.n_tensors]
     swaps.sort(key=lambda s: (s.level, s.tensor))
-    if not swaps and not recomputes and not orders:
-        return empty(
-            f"no tensor qualifies (forward output >= min_bytes={config.min_bytes} with a backward "
-            f"consumer more than swapout_threshold={config.swapout_threshold} levels later)"
-        )
-    if config.serialize:
+    if config.serialize:  # also where no tensor qualifies: the orders alone can be the plan
         from .schedule import memory_orders
 
         more, ordered = memory_orders(model, swaps, config.host)
         if more:
             orders, sim = orders + more, Simulator(ordered, config.host)
+    if not swaps and not recomputes and not orders:
+        return empty(
+            f"no tensor qualifies (forward output >= min_bytes={config.min_bytes} with a backward "
+            f"consumer more than swapout_threshold={config.swapout_threshold} levels later)"
+            + (" and no ordering edge lowers the predicted peak" if config.serialize else "")
+        )
     return SwapPlan(
         function=model.name,
         options=config.to_dict(),

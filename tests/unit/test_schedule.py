@@ -121,6 +121,16 @@ def test_make_plan_with_serialize_adds_orders_to_the_same_swaps():
         LMSConfig(serialize="yes")
 
 
+def test_orders_alone_are_the_plan_where_no_tensor_qualifies_for_a_swap():
+    model = GraphModel.from_ops(fork_ops())
+    options = {"swapout_threshold": 10**6, "min_bytes": 0}  # no backward consumer is that far: no swap
+    plan = make_plan(model, LMSConfig(**options))
+    assert plan.swaps == () and plan.orders == (Order(op=G + "b1", after=G + "a2"),)
+    assert plan.peak_bytes_after < plan.peak_bytes_before and not plan.reason
+    empty = make_plan(model, LMSConfig(serialize=False, **options))
+    assert empty.swaps == empty.orders == () and "no tensor qualifies" in empty.reason
+
+
 def test_a_budget_met_only_with_orders_gets_them_from_the_autotuner():
     """With ``serialize=True`` and a budget that no plan meets unordered, the autotuner orders
     the step for its lowest plan and tunes again on the ordered step (``tune_ordered``)."""
