@@ -224,8 +224,8 @@ class LMSConfig:
             (:class:`tflms.Order`) that make one branch of the backward pass wait for
             another where the simulator predicts a lower peak (:mod:`tflms.schedule`).
             Default ``True`` (since 2026-11-25; measured lower peaks on the test bed, see the
-            README); ``False``: the swaps alone, and faster planning (a ResNet50 step 5-7 s,
-            a ResNet152 224² step 75 s faster on 2 CPUs).
+            README); ``False``: the swaps alone, and faster planning (a ResNet50 step 3-4 s,
+            a ResNet152 224² step 40 s faster on 2 CPUs).
         manual_memory_optimizer: when ``True`` (default), ``tflms.function`` and
             ``tflms.LMSCallback`` call the step within :func:`tflms.manual_memory_optimizer`
             (Grappler's memory optimizer at ``MANUAL``): Grappler's default level may rewrite

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -467,15 +468,15 @@ def ready_order(model: GraphModel, extra_edges: Iterable[tuple[str, str]] = ()) 
     order of the model with those control edges, without building it).
     """
     dag = model.dag
-    index = {n: i for i, n in enumerate(dag.nodes)}
-    succ: dict[str, list[str]] = {n: list(dag.successors(n)) for n in dag}
-    for u, v in extra_edges:
-        succ[u].append(v)
-    pending: dict[str, int] = dict.fromkeys(dag.nodes, 0)
-    for n in dag:
-        succ[n] = sorted(set(succ[n]), key=index.__getitem__)
-        for c in succ[n]:
-            pending[c] += 1
+    index, succ, pending = _ready_structure(dag)
+    pending = dict(pending)
+    extra = [(u, v) for u, v in extra_edges]
+    if extra:
+        succ = dict(succ)  # the lists of the edges' sources are replaced, never changed in place
+        for u, v in extra:
+            if v not in succ[u]:
+                succ[u] = sorted([*succ[u], v], key=index.__getitem__)
+                pending[v] += 1
     stack = sorted((n for n in dag if pending[n] == 0), key=index.__getitem__, reverse=True)
     order: list[str] = []
     while stack:
@@ -484,6 +485,28 @@ def ready_order(model: GraphModel, extra_edges: Iterable[tuple[str, str]] = ()) 
         ready = [c for c in succ[n] if _done(pending, c)]
         stack.extend(reversed(ready))
     return order
+
+
+#: Per DAG: (node count when made, graph-order index, sorted distinct successors, predecessor
+#: counts). The schedule's search orders one DAG many times (``extra_edges``). A model's DAG is
+#: not edited once made (``with_orders`` copies it); the node count is a cheap guard.
+_READY_STRUCTURES: weakref.WeakKeyDictionary[nx.DiGraph, tuple[int, dict, dict, dict]] = weakref.WeakKeyDictionary()
+
+
+def _ready_structure(dag: nx.DiGraph) -> tuple[dict[str, int], dict[str, list[str]], dict[str, int]]:
+    """``ready_order``'s view of ``dag`` (do not modify): remade when its node count changed."""
+    size = dag.number_of_nodes()
+    hit = _READY_STRUCTURES.get(dag)
+    if hit is not None and hit[0] == size:
+        return hit[1], hit[2], hit[3]
+    index = {n: i for i, n in enumerate(dag.nodes)}
+    succ = {n: sorted(set(dag.successors(n)), key=index.__getitem__) for n in dag}
+    pending = dict.fromkeys(dag.nodes, 0)
+    for n in dag:
+        for c in succ[n]:
+            pending[c] += 1
+    _READY_STRUCTURES[dag] = (size, index, succ, pending)
+    return index, succ, pending
 
 
 def _done(pending: dict[str, int], op: str) -> bool:

@@ -69,6 +69,7 @@ from __future__ import annotations
 import bisect
 import copy
 import dataclasses
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -321,7 +322,9 @@ class Simulator:
             raise ValueError("a simulator with a given order cannot take ordering edges")
         new = copy.copy(self)  # the host, the push-downs and the ops they rewrite carry over
         new.model = _with_order_edges(self.model, orders)
-        base = _Replay(_with_order_edges(self.executed, orders), self.host, None)
+        # The step as run is the model itself where no constant was pushed down.
+        executed = new.model if self.executed is self.model else _with_order_edges(self.executed, orders)
+        base = _Replay(executed, self.host, None)
         new._runs = {frozenset(): base}  # noqa: SLF001 (a simulator's own state; the other runs are made lazily)
         new.executed, new.order, new.pos = base.model, base.order, base.pos
         return new
@@ -422,63 +425,102 @@ class Simulator:
         return self._run(self._undone(swaps)).profile(swaps)
 
 
+@dataclasses.dataclass
+class _Static:
+    """What :class:`_Replay` needs of a model that does not depend on the schedule."""
+
+    root: dict[str, str]  # tensor -> the tensor whose buffer it shares (itself if none)
+    #: Per tensor, in model order: (its buffer's root, its op, its reads (consumer, input
+    #: index) but IdentityN's, whether its op keeps the buffer live (not an IdentityN), the
+    #: bytes it allocates on the device (0: none, an alias, or on the host)).
+    tensors: list[tuple[str, str, list[tuple[str, int]], bool, int]]
+    #: Ops that may write their output into an input: (op, [(input index, its root)]).
+    forwarding: list[tuple[str, list[tuple[int, str]]]]
+
+
+#: Per model DAG and host: its :class:`_Static`, with the tensors dict it was made from. The
+#: schedule's search replays one model under many orders.
+_STATICS: weakref.WeakKeyDictionary[Any, dict[Any, tuple[dict, _Static]]] = weakref.WeakKeyDictionary()
+
+
+def _static(model: GraphModel, host_key: Any) -> _Static:
+    per_host = _STATICS.setdefault(model.dag, {})
+    hit = per_host.get(host_key)
+    if hit is not None and hit[0] is model.tensors:
+        return hit[1]
+    dag = model.dag
+    types = {op: data["type"] for op, data in dag.nodes(data=True)}
+    # Buffer roots: an alias op's output i shares the buffer of its input i (in a topological order).
+    root: dict[str, str] = {}
+    for op in ready_order(model):
+        op_type = types[op]
+        ins = model.inputs_of[op]
+        alias = op_type in ALIAS_OP_TYPES and ins
+        for i, t in enumerate(model.outputs_of[op]):
+            src = (ins[i] if op_type == "IdentityN" and i < len(ins) else ins[0]) if alias else None
+            root[t] = root[src] if src is not None else t
+    tensors = []
+    allocated = set()
+    for name, t in model.tensors.items():
+        r = root[name]
+        on_device = host_key is None or device_key(dag.nodes[t.op]["device"]) != host_key
+        nbytes = t.bytes if r == name and t.bytes and on_device else 0
+        if nbytes:
+            allocated.add(r)
+        readers = [(c, i) for c, i in t.consumers if types[c] != "IdentityN"]
+        tensors.append((r, t.op, readers, types[t.op] != "IdentityN", nbytes))
+    forwarding = []
+    for op in dag.nodes:
+        allowed = FORWARDING_OP_TYPES.get(types[op], ())
+        outs = model.outputs_of[op]
+        if allowed == () or not outs:
+            continue
+        out = model.tensors[outs[0]]
+        cands = []
+        for i, tname in enumerate(model.inputs_of[op]):
+            t = model.tensors[tname]
+            r = root[tname]
+            if (allowed is None or i in allowed) and t.bytes == out.bytes and t.dtype == out.dtype:
+                if r in allocated and types[model.tensors[r].op] not in _NOT_FORWARDABLE:
+                    cands.append((i, r))
+        if cands:
+            forwarding.append((op, cands))
+    static = _Static(root, tensors, forwarding)
+    per_host[host_key] = (model.tensors, static)
+    return static
+
+
 class _Replay:
     """Rules 1-8 on one model as run (:class:`Simulator` picks the model for a set of swaps)."""
 
     def __init__(self, model: GraphModel, host: str | None, order: Sequence[str] | None) -> None:
-        dag = model.dag
         self.model = model
         self.order = list(order) if order is not None else model.schedule()
         self.pos = pos = {op: i for i, op in enumerate(self.order)}
         n = len(self.order)
-        host_key = device_key(host) if host else None
-        types = {op: dag.nodes[op]["type"] for op in self.order}
-
-        # Buffer roots: an alias op's output i shares the buffer of its input i.
-        root: dict[str, str] = {}
-        for op in self.order:
-            op_type = types[op]
-            ins = model.inputs_of[op]
-            alias = op_type in ALIAS_OP_TYPES and ins
-            for i, t in enumerate(model.outputs_of[op]):
-                src = (ins[i] if op_type == "IdentityN" and i < len(ins) else ins[0]) if alias else None
-                root[t] = root[src] if src is not None else t
-        self.root = root
+        static = _static(model, device_key(host) if host else None)
+        self.root = static.root
 
         # Every read of a buffer (through any alias): (position, (consumer, input index)).
         # IdentityN is not a reader: Grappler removes it, its consumers read its inputs.
         self.reads: dict[str, list[tuple[int, tuple[str, int]]]] = {}
         self.alloc: dict[str, tuple[int, int]] = {}
         self.first: dict[str, int] = {}  # the buffer is live at least until here (an alias op's own position)
-        for name, t in model.tensors.items():
-            r = root[name]
-            p = pos[t.op]
+        for r, op, readers, counts, nbytes in static.tensors:
+            p = pos[op]
             reads = self.reads.setdefault(r, [])
-            reads.extend((pos[c], (c, i)) for c, i in t.consumers if types[c] != "IdentityN")
-            if types[t.op] != "IdentityN":
+            reads.extend((pos[c], (c, i)) for c, i in readers)
+            if counts:
                 self.first[r] = max(self.first.get(r, p), p)
-            on_device = host_key is None or device_key(dag.nodes[t.op]["device"]) != host_key
-            if r == name and t.bytes and on_device:
-                self.alloc[r] = (p, t.bytes)
+            if nbytes:
+                self.alloc[r] = (p, nbytes)
 
         # In-place outputs: the read (op, input) whose buffer the op may reuse for its output.
         self.forwarding: set[tuple[str, int]] = set()
-        for op in self.order:
-            allowed = FORWARDING_OP_TYPES.get(types[op], ())
-            outs = model.outputs_of[op]
-            if allowed == () or not outs or op not in self.pos:
-                continue
-            out = model.tensors[outs[0]]
-            cands = []
-            for i, tname in enumerate(model.inputs_of[op]):
-                t = model.tensors[tname]
-                r = root[tname]
-                if (allowed is None or i in allowed) and t.bytes == out.bytes and t.dtype == out.dtype:
-                    if r in self.alloc and types[model.tensors[r].op] not in _NOT_FORWARDABLE:
-                        cands.append(i)
-            if cands:
-                last = [i for i in cands if self._last_read(self.reads[root[model.inputs_of[op][i]]]) == (op, i)]
-                self.forwarding.add((op, (last or cands)[0]))
+        for op, cands in static.forwarding:
+            if op in pos:
+                last = [i for i, r in cands if self._last_read(self.reads[r]) == (op, i)]
+                self.forwarding.add((op, (last or [cands[0][0]])[0]))
 
         # end[r]: first schedule position where buffer r is no longer counted.
         self.end: dict[str, int] = {r: self._end(self.reads[r], self.first[r]) for r in self.alloc}
