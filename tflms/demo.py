@@ -119,7 +119,7 @@ def _testbed_demo(args: argparse.Namespace) -> int:
     )
     cap = parse_bytes(args.cap, "cap") if args.cap else int(plain["peak"] * CAP_FRACTION)
     cap = cap // 2**20 * 2**20
-    if args.budget:
+    if args.budget and not args.cap:  # with --cap it was checked before the first measurement
         _check_budget(args.budget, cap)
     budget = int(args.budget) if args.budget else int(cap * BUDGET_FRACTION)
     options = {**DEMO_OPTIONS, "budget": budget}

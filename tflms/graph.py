@@ -470,7 +470,7 @@ def ready_order(model: GraphModel, extra_edges: Iterable[tuple[str, str]] = ()) 
     dag = model.dag
     index, succ, pending = _ready_structure(dag)
     pending = dict(pending)
-    extra = [(u, v) for u, v in extra_edges]
+    extra = list(extra_edges)
     if extra:
         succ = dict(succ)  # the lists of the edges' sources are replaced, never changed in place
         for u, v in extra:
