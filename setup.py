@@ -40,7 +40,15 @@ setup(
     packages=find_packages(include=["tflms", "tflms.*"]),
     install_requires=tensorflow_requirement() + ["networkx>=3.2", "numpy>=1.26"],
     extras_require={
-        "test": ["pytest>=8", "ruff>=0.6", "matplotlib>=3.8", "nbclient>=0.10", "nbformat>=5.9", "ipykernel>=6.29"],
+        "test": [
+            "pytest>=8",
+            "pytest-xdist>=3.6",
+            "ruff>=0.6",
+            "matplotlib>=3.8",
+            "nbclient>=0.10",
+            "nbformat>=5.9",
+            "ipykernel>=6.29",
+        ],
         "plot": ["matplotlib>=3.8"],
     },
     entry_points={"console_scripts": ["tflms=tflms.cli:main"]},

@@ -10,6 +10,13 @@ Tiers (markers given by path below; select one with ``-m``):
 - ``docs``: the README, the notebook, the command line as documented, the doctests.
 - ``gpu``: needs a GPU; skipped without one, failed instead when ``TFLMS_TEST_GPU=1``.
 
+Across tiers, ``measured`` marks the tests whose outcome depends on a quiet machine: they
+measure device memory on the two-process test bed (a swapped tensor stays on the device
+until the host worker has received it, so a busy CPU raises the measured peak) or on a
+GPU. ``make test`` runs them and the Horovod jobs in a second pytest run of their own, after
+the other tests ran in two processes at once (``pytest -n 2``: their outcome is numbers and
+graphs, not time).
+
 For every tier but ``unit``, ``/device:CPU:1`` plays the GPU (the compute device) and
 ``/device:CPU:0`` the host: the split is made the first time pytest collects a module
 outside ``tests/unit``, before that file (or anything it imports) runs a TensorFlow op.
@@ -51,6 +58,8 @@ DOCS_FILES = {"test_readme.py", "test_notebook.py"}
 # test_cli.py: the demo (`make run`) and the console script as the README shows them.
 DOCS_TESTS = ("test_cli.py::test_demo_", "test_cli.py::test_console_script_")
 GPU_FILES = {"test_gpu.py"}
+# Real device memory on the two-process test bed: run on a quiet machine (not with -n 2).
+MEASURED_TESTS = ("test_testbed.py::", "test_keras_memory.py::", "test_cli.py::test_demo_", "test_gpu.py::")
 # Minutes rather than seconds on 2 CPU cores (real-memory measurements in fresh processes,
 # ResNet50 steps, the notebook, the demo): matched against "file.py::test_name[params]".
 SLOW_TESTS = (
@@ -88,6 +97,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, text in TIERS.items():
         config.addinivalue_line("markers", f"{name}: tier: {text}")
     config.addinivalue_line("markers", "slow: takes minutes on 2 CPU cores (deselect with -m 'not slow')")
+    config.addinivalue_line("markers", "measured: measures memory on the test bed; run it on a quiet machine")
 
 
 def pytest_collectstart(collector: pytest.Collector) -> None:
@@ -122,6 +132,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         nodeid = item.nodeid.split("/")[-1]
         if any(part in nodeid for part in SLOW_TESTS):
             item.add_marker("slow")
+        if nodeid.startswith(MEASURED_TESTS):
+            item.add_marker("measured")
 
 
 def _unit_only(session: pytest.Session) -> bool:

@@ -6,6 +6,7 @@ import ast
 import importlib
 import importlib.util
 import re
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -64,12 +65,16 @@ def test_make_test_runs_every_tier_unit_first():
     # The unit tier alone first (fails fast, needs no TensorFlow), before the Horovod build and lint.
     assert pytest_runs[0].endswith("-m pytest -q tests/unit")
     assert lines.index(pytest_runs[0]) < min(i for i, line in enumerate(lines) if "build_horovod" in line)
-    # Then one run over every other tier: all of tests/ but the unit tier, no marker filter,
-    # with the modules' doctests.
-    (rest,) = pytest_runs[1:]
-    args = rest.split(" -m pytest ")[1].split()
-    assert "tests" in args and "--ignore=tests/unit" in args and "-m" not in args and "-k" not in args
-    assert "--doctest-modules" in args and "tflms/config.py" in args
+    # Then two runs over every other tier, all of tests/ but the unit tier, split by complementary
+    # marker expressions: the first in parallel with the modules' doctests, then the measured
+    # tests and the Horovod jobs alone.
+    parallel, quiet = (shlex.split(run.split(" -m pytest ")[1]) for run in pytest_runs[1:])
+    for args in (parallel, quiet):
+        assert "tests" in args and "--ignore=tests/unit" in args and "-k" not in args
+    assert "--doctest-modules" in parallel and "tflms/config.py" in parallel and "-n" in parallel
+    expression = quiet[quiet.index("-m") + 1]
+    assert parallel[parallel.index("-m") + 1] == f"not ({expression})" and "-n" not in quiet
+    assert {"measured", "distributed"} <= set(expression.split())
     assert "make test" in _readme_commands()
 
 
