@@ -1,7 +1,7 @@
 """Structural checks shared by the rewrite tests."""
 
 from tflms import _tf_internal as tfi
-from tflms.rewrite import LANDING_SCOPE, SWAP_IN_SCOPE, SWAP_OUT_SCOPE
+from tflms.rewrite import SWAP_IN_SCOPE, SWAP_OUT_SCOPE, is_landing, landing_name
 
 
 def swap_ops(graph):
@@ -32,7 +32,7 @@ def check_structure(cf, plan, device, host):
             controls = [c.name for c in back.control_inputs]
             assert controls == ([si.trigger] if si.trigger else [])
             # The consumers read the swap-in through an Identity on the device (the landing).
-            land = graph.get_operation_by_name(f"{LANDING_SCOPE}/{swap.tensor.replace(':', '_')}/{k}")
+            land = graph.get_operation_by_name(landing_name(swap.tensor, k))
             assert land.type == "Identity" and land.device == device
             assert land.inputs[0] is back.outputs[0]
             assert land.get_attr("_grappler_do_not_remove") is True
@@ -54,7 +54,7 @@ def check_structure(cf, plan, device, host):
 def check_survives_grappler(cf, device):
     """Every swap op is still in the graph Grappler makes of the function."""
     outs, ins = swap_ops(cf.graph)
-    lands = [op for op in cf.graph.get_operations() if op.name.startswith(LANDING_SCOPE + "/")]
+    lands = [op for op in cf.graph.get_operations() if is_landing(op.name)]
     optimized = {n.name: n for n in tfi.grappler_optimize(cf, device).node}
     missing = [op.name for op in outs + ins + lands if op.name not in optimized]
     assert not missing, f"Grappler removed {len(missing)} swap ops, e.g. {missing[:3]}"

@@ -179,6 +179,27 @@ def test_memory_aware_schedule_keeps_training_bit_identical():
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("name", ["transformer", "resnet50"])
+def test_swapped_gradients_keep_training_bit_identical(name):
+    """``swap_gradients=True``: tensors of the backward pass are swapped too, on top of the
+    forward swaps, and the step trains to the same numbers as the plain step."""
+    setup = zoo.ZOO[name]()
+    fn = setup.step_fn()
+    plain = tf.function(fn)
+    lms = tflms.function(fn, device=DEVICE, swap_gradients=True, **SMALL)
+    plan = lms.get_plan(setup.x, setup.y)
+    forward = {s.tensor for s in tflms.function(fn, device=DEVICE, **SMALL).get_plan(setup.x, setup.y).swaps}
+    traced = tflms.GraphModel.from_func_graph(plain.get_concrete_function(setup.x, setup.y).graph)
+    added = [s for s in plan.swaps if s.tensor not in forward]
+    assert forward < {s.tensor for s in plan.swaps} and all(traced.phase(s.producer) == "backward" for s in added)
+    check_structure(lms.get_concrete_function(setup.x, setup.y), plan, DEVICE, HOST)
+    losses_plain, vars_plain = zoo.run_steps(setup, plain, n=3)
+    losses_lms, vars_lms = zoo.run_steps(setup, lms, n=3)
+    np.testing.assert_array_equal(losses_lms, losses_plain)
+    for a, b in zip(vars_lms, vars_plain, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def _kernel_types(setup, cf):
     """{op name: op type} of the graphs the runtime ran for ``cf`` (after partitioning and
     the graph rewrites that follow it, oneDNN's included). Only a first call reports them:
@@ -255,7 +276,7 @@ def test_consumers_read_swap_ins_through_a_device_landing():
     loss moved by one ULP. On a 2-CPU AMD EPYC that bypass was bit-identical with both
     oneDNN's and Eigen's kernels, so only the 1e-6 bound is held for it here."""
     from tflms.devices import same_device
-    from tflms.rewrite import LANDING_SCOPE, SWAP_IN_SCOPE
+    from tflms.rewrite import SWAP_IN_SCOPE, is_landing
 
     setup = zoo.transformer()
     cf = tf.function(setup.step_fn()).get_concrete_function(setup.x, setup.y)
@@ -265,11 +286,11 @@ def test_consumers_read_swap_ins_through_a_device_landing():
     assert len(swap_ins) == plan.n_swap_ins
     for op in swap_ins:
         readers = op.outputs[0].consumers()
-        assert readers and all(r.name.startswith(LANDING_SCOPE + "/") for r in readers), op.name
+        assert readers and all(is_landing(r.name) for r in readers), op.name
         assert all(same_device(r.device, DEVICE) for r in readers), op.name
     # Bypass the landings (consumers read the host swap-ins).
     graph = tfi.copy_graph(new_cf)
-    for land in [op for op in graph.get_operations() if op.name.startswith(LANDING_SCOPE + "/")]:
+    for land in [op for op in graph.get_operations() if is_landing(op.name)]:
         for consumer in list(land.outputs[0].consumers()):
             for i, t in enumerate(consumer.inputs):
                 if t is land.outputs[0]:

@@ -69,7 +69,8 @@ def candidate_swaps(model: GraphModel, config: LMSConfig) -> list[Swap]:
 def _is_candidate(model: GraphModel, t: TensorInfo, config: LMSConfig) -> bool:
     node = model.dag.nodes[t.op]
     op_type = node["type"]
-    if node["phase"] != "forward" or op_type in EXCLUDED_PRODUCER_TYPES or is_collective(op_type):
+    phases = ("forward", "backward") if config.swap_gradients else ("forward",)
+    if node["phase"] not in phases or op_type in EXCLUDED_PRODUCER_TYPES or is_collective(op_type):
         return False
     if t.dtype in EXCLUDED_DTYPES or t.rank is None or t.rank < 2 or t.bytes < config.min_bytes:
         return False

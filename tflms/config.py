@@ -226,6 +226,12 @@ class LMSConfig:
             Default ``True`` (since 2026-11-25; measured lower peaks on the test bed, see the
             README); ``False``: the swaps alone, and faster planning (a ResNet50 step 3-4 s,
             a ResNet152 224² step 40 s faster on 2 CPUs).
+        swap_gradients: when ``True``, tensors of the backward pass are swap candidates too, by
+            the same rules as the forward pass's: an activation gradient read again more than
+            ``swapout_threshold`` levels later (in a residual network, the gradient that
+            reaches a block waits at the shortcut while the block's main branch runs its
+            backward pass). Default ``False``: more bytes over the link for a lower peak;
+            with a ``budget`` the autotuner swaps only what it needs.
         manual_memory_optimizer: when ``True`` (default), ``tflms.function`` and
             ``tflms.LMSCallback`` call the step within :func:`tflms.manual_memory_optimizer`
             (Grappler's memory optimizer at ``MANUAL``): Grappler's default level may rewrite
@@ -254,6 +260,7 @@ class LMSConfig:
     device_bandwidth: int = DEVICE_BANDWIDTH
     swapout_window: int | None = None
     serialize: bool = True
+    swap_gradients: bool = False
     manual_memory_optimizer: bool = True
 
     def __post_init__(self) -> None:
@@ -276,7 +283,7 @@ class LMSConfig:
             set_(self, "budget", parse_bytes(self.budget, "budget"))
         set_(self, "link_bandwidth", _check_bandwidth("link_bandwidth", self.link_bandwidth))
         set_(self, "link_latency", _check_seconds("link_latency", self.link_latency))
-        for name in ("recompute", "serialize", "manual_memory_optimizer"):
+        for name in ("recompute", "serialize", "swap_gradients", "manual_memory_optimizer"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False. {_received(name, getattr(self, name))}")
         set_(self, "device_bandwidth", _check_bandwidth("device_bandwidth", self.device_bandwidth))

@@ -72,6 +72,23 @@ LANDING_SCOPE = "tflms_landing"
 SWAP_ATTR = "_tflms_swap"
 
 
+def landing_name(tensor: str, k: int) -> str:
+    """Name of the device-side landing ``Identity`` of swap-in ``k`` of ``tensor``: under the
+    producer's name, so that Grappler's name sort of a commutative op's inputs (an ``AddN``
+    of three terms) keeps the order of the plain step, and the sum rounds the same.
+
+    >>> landing_name("gradient_tape/bn/mul_1/Mul:0", 1)
+    'gradient_tape/bn/mul_1/Mul/tflms_landing_0_1'
+    """
+    op, _, index = tensor.rpartition(":")
+    return f"{op}/{LANDING_SCOPE}_{index}_{k}"
+
+
+def is_landing(name: str) -> bool:
+    """Whether op ``name`` is a landing ``Identity`` (see :func:`landing_name`)."""
+    return f"/{LANDING_SCOPE}_" in name
+
+
 def is_rewritten(graph: Any) -> bool:
     """True if ``graph`` already holds tflms swap ops, recompute clones or ordering edges."""
     scopes = (SWAP_OUT_SCOPE + "/", SWAP_IN_SCOPE + "/", RECOMPUTE_SCOPE + "/")
@@ -138,8 +155,8 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
         if swap_in_on == "host":
             with tf.device(device):
                 lands = [
-                    [tf.identity(b, name=f"{LANDING_SCOPE}/{b.op.name[len(SWAP_IN_SCOPE) + 1 :]}") for b in group]
-                    for group in backs
+                    [tf.identity(b, name=landing_name(s.tensor, k)) for k, b in enumerate(group)]
+                    for s, group in zip(plan.swaps, backs)
                 ]
         else:
             lands = backs

@@ -325,3 +325,29 @@ def test_min_bytes_leaves_out_tensors_too_small_for_a_transfer():
     assert len(make_plan(large, LMSConfig(swapout_threshold=2)).swaps) > 0
     assert make_plan(large, LMSConfig(swapout_threshold=2, min_bytes=256 * 1024 + 1)).swaps == ()
     assert len(make_plan(small, LMSConfig(swapout_threshold=2, min_bytes=0)).swaps) > 0
+
+
+def test_swap_gradients_adds_backward_tensors_that_wait_across_a_branch():
+    """A residual block's backward pass: the gradient ``g`` reaching the block feeds its main
+    branch (eight ops) and, at the shortcut, the ``AddN`` after it. With ``swap_gradients``
+    ``g`` is swapped (freed during the main branch, back before the ``AddN``) and the
+    requested bytes at the peak drop by ``g``'s; without it only forward tensors are candidates."""
+    big = f32(64, 64)
+    ops = [op("x", "Placeholder", outputs=[big]), op("loss", "Sum", ["x:0"], [f32(1)])]
+    ops.append(op("gradient_tape/g", "ReluGrad", ["loss:0", "x:0"], [big]))
+    prev = "gradient_tape/g:0"
+    for i in range(8):  # the main branch: each op's output is twice the size, then halved back
+        ops.append(op(f"gradient_tape/main{i}", "Mul", [prev, "x:0"], [f32(64, 128) if i % 2 == 0 else big]))
+        prev = f"gradient_tape/main{i}:0"
+    ops.append(op("gradient_tape/addn", "AddN", [prev, "gradient_tape/g:0"], [big]))
+    ops.append(op("update", "AssignSubVariableOp", ["gradient_tape/addn:0"], []))
+    m = GraphModel.from_ops(ops, name="residual_backward")
+    options = {"swapout_threshold": 4, "swapin_ahead": 1, "serialize": False, **NOFILTER}
+    assert make_plan(m, LMSConfig(**options)).swaps == ()
+    plan = make_plan(m, LMSConfig(swap_gradients=True, **options))
+    (swap,) = plan.swaps
+    assert swap.tensor == "gradient_tape/g:0" and swap.swap_ins[0].consumers == (("gradient_tape/addn", 1),)
+    assert swap.swap_ins[0].trigger.startswith("gradient_tape/main")
+    sim = Simulator(m)
+    assert sim.requested_peak(plan.swaps) == sim.requested_peak() - swap.bytes
+    assert plan.options["swap_gradients"] is True
