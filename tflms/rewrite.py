@@ -5,8 +5,10 @@ tensor; for each swap-in a second ``Identity`` **on the host** reading the
 swap-out, with a control input from its trigger, then an ``Identity`` on the device
 (the landing) reading the swap-in; the consumers of the group (on the device)
 rewired to the landing. Every swap op carries ``_grappler_do_not_remove=True`` and
-``_tflms_swap`` ("out"/"in"/"landing"), and is named under ``tflms_swapout/``,
-``tflms_swapin/`` or ``tflms_landing/``.
+``_tflms_swap`` ("out"/"in"/"landing"). Swap-outs and swap-ins are named under
+``tflms_swapout/`` and ``tflms_swapin/``; a landing under the swapped tensor's producer
+(:func:`landing_name`), so that Grappler's name sort of a commutative op's inputs keeps
+the plain step's order (a three-term ``AddN`` in another order rounds differently).
 
 Why the swap-in sits on the host: TensorFlow's partitioner turns each edge between
 devices into a send on the producing side and a receive on the consuming side,
