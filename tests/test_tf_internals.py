@@ -82,12 +82,14 @@ def test_grappler_pushes_constants_down_as_the_simulator_assumes():
     Plain step: in every pair it rewrites, the runtime's inner op no longer reads the
     gradient the rule moves out (or is gone), and the attention gradients' scaled softmax
     is computed from the softmax. Rewritten step: where a swap-in feeds the attention's
-    inner op, the runtime's inner op reads that gradient (Grappler pairs the constant with
-    it), so it stays in the backward pass, as the simulator assumes. If a TensorFlow
-    upgrade changes either, this fails."""
+    inner op, Grappler pairs the constant as in the plain step, with the swapped-in softmax,
+    whose landing is named under the softmax (:func:`tflms.rewrite.landing_name`). With
+    the landing named ``tflms_landing/...`` (before 2026-11-25) it paired the constant with
+    the gradient. If a TensorFlow upgrade changes either, this fails."""
     import tflms
     from tflms.graph import GraphModel, with_constant_pushdown
     from tflms.measure import build
+    from tflms.rewrite import is_landing
 
     from conftest import DEVICE, HOST
 
@@ -123,13 +125,15 @@ def test_grappler_pushes_constants_down_as_the_simulator_assumes():
 
     new_cf, plan = tflms.optimize(cf, device=DEVICE, host=HOST, min_bytes=1024)
     fed = {c for s in plan.swaps for si in s.swap_ins for c, _ in si.consumers}
-    undone = [(p, c) for p, c in pairs if c in fed]
-    assert any("Softmax" in t for p, c in undone for t in traced.inputs_of[c])
+    swapped = [(p, c) for p, c in pairs if c in fed and any("Softmax" in t for t in traced.inputs_of[c])]
+    assert swapped
     rewritten = ran(new_cf)
     # The attention pairs (GELU's chain is folded further, its second product into a constant).
-    for parent, child in undone:
-        if any("Softmax" in t for t in traced.inputs_of[child]):
-            assert moved_op(parent, child) in rewritten[child], (parent, child)
+    for parent, child in swapped:
+        assert moved_op(parent, child) not in rewritten[child], (parent, child)
+        (softmax,) = [t.rsplit(":", 1)[0] for t in traced.inputs_of[child] if "Softmax" in t]
+        (landing,) = [t for t in rewritten[child] if is_landing(t)]
+        assert landing.startswith(softmax + "/"), (child, rewritten[child])
 
 
 def test_grappler_removes_the_optimizers_identity_n_and_updates_start_before_the_last_gradient():

@@ -356,7 +356,7 @@ PUSHDOWN_FAMILIES = {"Mul": "Mul", "Add": "Add", "AddV2": "Add"}
 _CONSTANT_OP_TYPES = frozenset({"Const", "HostConst"})
 
 
-def with_constant_pushdown(model: GraphModel, blocked: Iterable[str] = ()) -> tuple[GraphModel, list[tuple[str, str]]]:
+def with_constant_pushdown(model: GraphModel) -> tuple[GraphModel, list[tuple[str, str]]]:
     """``model`` as TensorFlow runs it after Grappler's constant push-down, and the rewritten ``(parent, child)`` pairs.
 
     Grappler rewrites ``C * (X * Y)`` (``C`` a ``Const``, the inner product read only by
@@ -367,11 +367,8 @@ def with_constant_pushdown(model: GraphModel, blocked: Iterable[str] = ()) -> tu
     The conditions are Grappler's: the five ops on one device (an unplaced op counts as
     the same), ``X`` the child's first input unless that is a constant, the parent's
     constant no larger than ``X`` (when both shapes are known), no 16-bit floats,
-    repeated until nothing changes. Ops named in ``blocked`` take no part: where a
-    swap-in feeds the inner op, the rewritten step's Grappler pairs the constant with
-    the gradient instead (seen in the runtime's graphs), so the op stays in the backward
-    pass. Names and every other op are unchanged; ``model`` itself is returned when
-    nothing applies.
+    repeated until nothing changes. Names and every other op are unchanged; ``model``
+    itself is returned when nothing applies.
 
     >>> f32 = lambda *s: ("float32", s, 4 * (s[0] if s else 1), False)
     >>> ops = [
@@ -387,7 +384,6 @@ def with_constant_pushdown(model: GraphModel, blocked: Iterable[str] = ()) -> tu
     """
     from .devices import device_key
 
-    blocked = set(blocked)
     records = _records(model)
     tensors = model.tensors
     readers: dict[str, int] = {}
@@ -417,7 +413,7 @@ def with_constant_pushdown(model: GraphModel, blocked: Iterable[str] = ()) -> tu
         changed = False
         for parent in records.values():
             family = PUSHDOWN_FAMILIES.get(parent["type"])
-            if family is None or len(parent["inputs"]) != 2 or parent["name"] in blocked:
+            if family is None or len(parent["inputs"]) != 2:
                 continue
             left, right = parent["inputs"]
             if constant(left) == constant(right):
@@ -427,7 +423,6 @@ def with_constant_pushdown(model: GraphModel, blocked: Iterable[str] = ()) -> tu
             if (
                 PUSHDOWN_FAMILIES.get(child["type"]) != family
                 or len(child["inputs"]) != 2
-                or child["name"] in blocked
                 or sum(readers.get(t, 0) for t in model.outputs_of[child["name"]]) != 1
                 or tensors[inner].dtype in ("float16", "bfloat16")
             ):

@@ -544,7 +544,7 @@ def anatomy_step(
         records, kernels = tfi.profile_step(lambda: step(x, y))
     anatomy = peak_anatomy(records)
     # Recorded starts are ordered on the graph as run (Grappler's push-downs applied).
-    in_order = Simulator(graph_model, host, order=recorded_order(sim.model_for(swaps), kernels))
+    in_order = Simulator(graph_model, host, order=recorded_order(sim.executed, kernels))
     profile = sim.profile(swaps)
     pos = {op: i for i, op in enumerate(profile.schedule)}
     at = pos.get(anatomy["op"])

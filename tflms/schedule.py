@@ -120,7 +120,7 @@ def memory_orders(
 
 def _candidates(sim: Simulator, swaps: Sequence[Swap]) -> list[tuple[Order, ...]]:
     """The edge sets one round tries (step 2 of the module doc), sorted."""
-    model = sim.model_for(swaps)
+    model = sim.executed
     position, schedule = sim.requested_peak_position(swaps)
     pos = {op: i for i, op in enumerate(schedule)}
     groups = {(s.tensor, k): si.consumers for s in swaps for k, si in enumerate(s.swap_ins)}

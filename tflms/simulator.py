@@ -7,8 +7,12 @@ the test bed (per-op allocation records of the profiler, ``benchmarks/simulator_
 0. The graph is the step as Grappler leaves it after its constant push-down
    (:func:`tflms.graph.with_constant_pushdown`: ``c * (dx * y)`` becomes
    ``dx * (c * y)``, and ``c * y`` of forward tensors then runs in the forward pass),
-   except where a swap-in feeds the inner op. Grappler's other rewrites are not
-   modelled.
+   in the rewritten step too: a swap-in reaches its consumers through a landing named
+   under the swapped tensor's producer (:func:`tflms.rewrite.landing_name`), and
+   Grappler pairs the constant as in the plain step (``tests/test_tf_internals.py``).
+   A swap-in's consumers are the reads of the traced step; where a push-down moved
+   a read to the other op of its pair, the swap-in feeds that op. Grappler's other
+   rewrites are not modelled.
 1. Ops run in :meth:`GraphModel.schedule` order: the executor's ready order, depth
    first (after an op, the ops it made ready run next; ties by graph order).
 2. Each output of an op on the device is allocated when the op runs, with its
@@ -287,9 +291,10 @@ class Simulator:
 
     Rule 0 of the module doc first: the ops run as Grappler leaves them after its constant
     push-down (:func:`tflms.graph.with_constant_pushdown`; :attr:`pushdowns` lists the
-    rewritten pairs). Swaps whose swap-ins feed such an op undo its push-down (the
-    rewritten step keeps it in the backward pass, see ``with_constant_pushdown``); those
-    are simulated on a model built for them, kept for the next call.
+    rewritten pairs), with or without swaps. A pushed-down op that a swap-in feeds waits for
+    it: where the swap-in has a trigger, the op runs after it (the push-down had made it
+    ready in the forward pass); such steps are simulated on a schedule built for them, kept
+    for the next call.
 
     The plain step's allocations are computed once; a set of swaps is applied as
     adjustments. :meth:`requested_peak` and :meth:`prefix_peaks` (rules 1-7) then cost
@@ -298,7 +303,7 @@ class Simulator:
     Python (about 0.2 s for a ResNet50 step).
     ``order`` replaces the schedule (e.g. an order recorded from a real run).
     ``order``, ``pos`` and ``executed`` (the model as run) are those of the step without swaps
-    (or with swaps that undo no push-down); positions of :meth:`live` refer to
+    (or with swaps that feed no pushed-down op); positions of :meth:`live` refer to
     ``profile(swaps).schedule``.
     """
 
@@ -307,10 +312,10 @@ class Simulator:
         self.host = host
         self._order = list(order) if order is not None else None
         executed, self.pushdowns = with_constant_pushdown(model)
+        self._moved_reads = _moved_reads(model, executed, self.pushdowns)
         self._pushed_ops = frozenset(op for pair in self.pushdowns for op in pair)
         self._runs = {frozenset(): _Replay(executed, host, self._order)}
-        base = self._runs[frozenset()]
-        self.executed, self.order, self.pos = base.model, base.order, base.pos
+        self.executed, self.order, self.pos = executed, self._runs[frozenset()].order, self._runs[frozenset()].pos
 
     def _ordered(self, orders: Sequence[Order]) -> Simulator:
         """A simulator of ``with_orders(self.model, orders)`` without re-deriving what orders
@@ -334,23 +339,46 @@ class Simulator:
         order changes only the schedule. For the schedule's search, which tries many orders."""
         if self._order is not None:
             raise ValueError("a simulator with a given order cannot take ordering edges")
-        model = self.model_for(swaps)
-        schedule = ready_order(model, [(o.after, o.op) for o in orders])
-        return _Replay(model, self.host, schedule).requested_peak(swaps)
+        swaps = self._as_run(swaps)
+        schedule = ready_order(self.executed, [(o.after, o.op) for o in orders] + sorted(self._gates(swaps)))
+        return _Replay(self.executed, self.host, schedule).requested_peak(swaps)
 
-    def _undone(self, swaps: Sequence[Swap]) -> frozenset[str]:
-        """The pushed-down ops that a swap-in of ``swaps`` feeds."""
-        return frozenset(c for s in swaps for si in s.swap_ins for c, _ in si.consumers) & self._pushed_ops
+    def _as_run(self, swaps: Sequence[Swap]) -> Sequence[Swap]:
+        """``swaps`` with each swap-in's consumers as reads of :attr:`executed` (rule 0)."""
+        moved = self._moved_reads
+        if not moved or not any(c in moved for s in swaps for si in s.swap_ins for c in si.consumers):
+            return swaps
+        return [
+            dataclasses.replace(
+                s,
+                swap_ins=tuple(
+                    dataclasses.replace(si, consumers=tuple(moved.get(c, c) for c in si.consumers)) for si in s.swap_ins
+                ),
+            )
+            for s in swaps
+        ]
 
-    def _run(self, undone: frozenset[str]) -> _Replay:
-        run = self._runs.get(undone)
+    def _gates(self, swaps: Sequence[Swap]) -> frozenset[tuple[str, str]]:
+        """``(trigger, op)`` for the pushed-down ops that the swap-ins of ``swaps`` (as run) feed."""
+        if not self._pushed_ops:
+            return frozenset()
+        return frozenset(
+            (si.trigger, c)
+            for s in swaps
+            for si in s.swap_ins
+            if si.trigger is not None
+            for c, _ in si.consumers
+            if c in self._pushed_ops
+        )
+
+    def _run(self, swaps: Sequence[Swap]) -> _Replay:
+        """The replay for ``swaps`` (as run): the step's, or one whose schedule has their gates."""
+        gates = self._gates(swaps)
+        run = self._runs.get(gates)
         if run is None:
-            run = self._runs[undone] = _Replay(with_constant_pushdown(self.model, undone)[0], self.host, self._order)
+            order = self._order if self._order is not None else ready_order(self.executed, sorted(gates))
+            run = self._runs[gates] = _Replay(self.executed, self.host, order)
         return run
-
-    def model_for(self, swaps: Sequence[Swap] = ()) -> GraphModel:
-        """The model as run with ``swaps`` applied: :attr:`executed`, less the push-downs they undo."""
-        return self._run(self._undone(swaps)).model
 
     def live(self, position: int, swaps: Sequence[Swap] = ()) -> list[tuple[str, int]]:
         """The device buffers counted while ``profile(swaps).schedule[position]`` runs, ``swaps`` applied:
@@ -359,7 +387,8 @@ class Simulator:
         A swap-in's buffer is named ``'<tensor> (swap-in k)'``. For comparing with what a
         measured peak holds (``benchmarks/peak_anatomy.py``).
         """
-        return self._run(self._undone(swaps)).live(position, swaps)
+        swaps = self._as_run(swaps)
+        return self._run(swaps).live(position, swaps)
 
     def prefix_peaks(self, swaps: Sequence[Swap]) -> np.ndarray:
         """Requested-bytes peaks (variables included) of ``swaps[:n]`` for every n = 0..len(swaps).
@@ -367,33 +396,36 @@ class Simulator:
         The fast model for searches: rules 1-7 without the allocator (rule 8), so each
         is :meth:`requested_peak`, a lower bound of :meth:`peak`. Built incrementally
         (one swap's effect on the allocation deltas is local), so the whole array costs
-        about len(swaps) cumulative sums, once more per swap that undoes a push-down.
+        about len(swaps) cumulative sums, once more per swap that gates a pushed-down op.
         """
-        keys, undone = [frozenset()], frozenset()
+        swaps = self._as_run(swaps)
+        keys, gates = [frozenset()], frozenset()
         for s in swaps:
-            undone = undone | self._undone([s])
-            keys.append(undone)
+            gates = gates | self._gates([s])
+            keys.append(gates)
         peaks = np.empty(len(swaps) + 1, dtype=np.int64)
         for key in dict.fromkeys(keys):
             ns = [n for n, k in enumerate(keys) if k == key]
-            peaks[ns] = self._run(key).prefix_peaks(swaps[: ns[-1]])[ns]
+            peaks[ns] = self._run(swaps[: ns[-1]]).prefix_peaks(swaps[: ns[-1]])[ns]
         return peaks
 
     def requested_peak(self, swaps: Sequence[Swap] = ()) -> int:
         """Peak of the requested bytes (variables included): rules 1-7 only, a lower bound of :meth:`peak`."""
-        return self._run(self._undone(swaps)).requested_peak(swaps)
+        swaps = self._as_run(swaps)
+        return self._run(swaps).requested_peak(swaps)
 
     def requested_peak_position(self, swaps: Sequence[Swap] = ()) -> tuple[int, tuple[str, ...]]:
         """``(position, schedule)``: where the requested-bytes peak (rules 1-7) is reached with
         ``swaps`` applied, in the schedule that :meth:`live`'s positions refer to."""
-        run = self._run(self._undone(swaps))
-        n = len(run.order)
-        position = int(np.argmax(run.requested(swaps))) if n else 0
+        swaps = self._as_run(swaps)
+        run = self._run(swaps)
+        position = int(np.argmax(run.requested(swaps))) if run.order else 0
         return position, tuple(run.order)
 
     def peak(self, swaps: Sequence[Swap] = ()) -> int:
         """Predicted peak bytes (variables included) with ``swaps`` applied: BFC chunks (rule 8)."""
-        return self._run(self._undone(swaps)).peak(swaps)
+        swaps = self._as_run(swaps)
+        return self._run(swaps).peak(swaps)
 
     def floor(self) -> tuple[int, str | None]:
         """``(bytes, op)``: a lower bound of the peak of any plan, and the op that sets it.
@@ -422,7 +454,24 @@ class Simulator:
 
     def profile(self, swaps: Sequence[Swap] = ()) -> MemoryProfile:
         """The whole predicted timeline (BFC chunk bytes, rule 8) with ``swaps`` applied."""
-        return self._run(self._undone(swaps)).profile(swaps)
+        swaps = self._as_run(swaps)
+        return self._run(swaps).profile(swaps)
+
+
+def _moved_reads(
+    traced: GraphModel, executed: GraphModel, pairs: Sequence[tuple[str, str]]
+) -> dict[tuple[str, int], tuple[str, int]]:
+    """Reads ``(op, input index)`` of ``traced`` that the push-downs ``pairs`` moved, to where
+    ``executed`` has them (rule 0). Together, the ops of the pairs read the same tensors in both."""
+    ops = list(dict.fromkeys(op for pair in pairs for op in pair))
+    now = [(op, i, t) for op in ops for i, t in enumerate(executed.inputs_of[op])]
+    moved: dict[tuple[str, int], tuple[str, int]] = {}
+    for op in ops:
+        for i, t in enumerate(traced.inputs_of[op]):
+            to = now.pop(next(k for k, (_, _, held) in enumerate(now) if held == t))[:2]
+            if to != (op, i):
+                moved[op, i] = to
+    return moved
 
 
 @dataclasses.dataclass

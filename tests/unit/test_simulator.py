@@ -233,9 +233,9 @@ def test_grappler_constant_pushdown_moves_the_product_of_forward_tensors_forward
     assert plain.requested_peak() == 1208
 
 
-def test_a_swap_in_feeding_a_pushed_op_undoes_the_pushdown():
-    """Grappler does not rewrite ops whose inputs are on other devices: a swap-in on the host
-    feeding k keeps k in the backward pass, as without the constant."""
+def test_a_pushed_down_op_fed_by_a_swap_in_waits_for_it():
+    """The rewritten step keeps the push-down (its landing sorts where the producer did), but
+    k = c * y now reads y's swap-in, so it runs after the trigger dx, as without the constant."""
     swap_in = SwapIn(consumers=(("gradient_tape/k", 1),), trigger="gradient_tape/dx", level=4, trigger_level=3)
     swap = Swap(
         tensor="y:0", producer="y", producer_type="Softmax", dtype="float32", shape=(100,),
@@ -244,9 +244,29 @@ def test_a_swap_in_feeding_a_pushed_op_undoes_the_pushdown():
     sim = Simulator(_scaled_softmax_gradient())
     plain = Simulator(_scaled_softmax_gradient("Placeholder"))
     assert sim.peak([swap]) == plain.peak([swap]) and sim.requested_peak([swap]) == plain.requested_peak([swap])
-    assert sim.profile([swap]).schedule == plain.profile([swap]).schedule
+    assert sim.executed.inputs_of["gradient_tape/k"] == ["c:0", "y:0"]  # still pushed down
+    schedule = sim.profile([swap]).schedule
+    assert sim.order.index("gradient_tape/k") == 3 and schedule.index("gradient_tape/k") == 6
+    assert schedule == plain.profile([swap]).schedule
     assert list(sim.prefix_peaks([swap])) == [sim.requested_peak(), plain.requested_peak([swap])]
     assert sim.peak() != plain.peak()
+
+
+def test_a_swap_in_feeds_the_op_that_a_pushdown_moved_its_read_to():
+    """Plans name reads of the traced step: dx is read by k there, by p after the push-down."""
+    swap_in = SwapIn(consumers=(("gradient_tape/k", 0),), trigger=None, level=5, trigger_level=None)
+    swap = Swap(
+        tensor="gradient_tape/dx:0", producer="gradient_tape/dx", producer_type="Tile", dtype="float32",
+        shape=(100,), bytes=400, level=4, distance=2, swap_ins=(swap_in,),
+    )  # fmt: skip
+    sim = Simulator(_scaled_softmax_gradient())
+    assert sim.executed.inputs_of["gradient_tape/p"][0] == "gradient_tape/dx:0"
+    schedule = sim.profile([swap]).schedule
+    # p reads the swap-in last and writes its output into it; the device copy went with the
+    # swap-out, as no read of it is left (read as k's, it would stay until p, and after).
+    at_p = schedule.index("gradient_tape/p")
+    assert sim.live(at_p - 1, [swap])[:2] == [("gradient_tape/dx:0", 400), ("gradient_tape/dx:0 (swap-in 0)", 400)]
+    assert sim.live(at_p, [swap]) == [("gradient_tape/k:0", 400), ("gradient_tape/p:0", 400), ("loss:0", 4)]
 
 
 def test_recorded_order_lets_an_update_start_after_its_own_gradient_not_after_identity_n():
