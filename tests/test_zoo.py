@@ -304,13 +304,14 @@ def test_consumers_read_swap_ins_through_a_device_landing():
     np.testing.assert_allclose(losses_bypassed, losses_plain, rtol=1e-6)
 
 
-def test_the_measured_transformer_trains_bit_identically_with_swaps_and_recompute():
+def test_the_measured_transformer_trains_bit_identically_with_swaps_recompute_and_fences():
     """``tflms.measure``'s transformer (2 blocks, sequence 256, batch 8), the one the test bed
     measures. Until 2026-11-25 its rewritten steps missed the plain step's second loss by one
     ULP (2.1153388 against 2.1153390): the swapped-in softmax's landing, named
     ``tflms_landing/...``, sorted after the attention gradient, and Grappler's constant
     push-down paired the constant with the gradient instead of the softmax. Named under the
-    softmax (:func:`tflms.rewrite.landing_name`), it pairs as in the plain step."""
+    softmax (:func:`tflms.rewrite.landing_name`), it pairs as in the plain step. With fences
+    it missed the same way until sums got none (:data:`tflms.planner.UNFENCED_TYPES`)."""
     from tflms.measure import build
 
     tf.config.experimental.enable_op_determinism()
@@ -328,9 +329,10 @@ def test_the_measured_transformer_trains_bit_identically_with_swaps_and_recomput
 
     losses_plain, vars_plain = run(cf)
     assert vars_plain[0].shape == initial[0].shape and not np.array_equal(vars_plain[0], initial[0])
-    for options in ({}, {"recompute": True}):
+    for options in ({}, {"recompute": True}, {"swapout_window": 4}):
         new_cf, plan = tflms.optimize(cf, device=DEVICE, host=HOST, **options)
-        assert plan.swaps and bool(plan.recomputes) == bool(options)
+        assert plan.swaps and bool(plan.recomputes) == ("recompute" in options)
+        assert bool(plan.fences) == ("swapout_window" in options)
         losses, variables = run(new_cf)
         np.testing.assert_array_equal(losses, losses_plain, err_msg=str(options))
         for a, b in zip(variables, vars_plain, strict=True):

@@ -218,8 +218,10 @@ class LMSConfig:
             swap-out of the (k - ``swapout_window``)-th has reached the host (a
             :class:`tflms.Fence` per swap). A swapped-out buffer stays on the device
             until the link has sent it, so when the forward pass runs ahead of the link,
-            several wait at once and the peak exceeds the prediction. ``None`` (default):
-            no fences.
+            several wait at once and the peak exceeds the prediction. A producer that is an
+            ``Add``, ``AddV2`` or ``AddN`` gets no fence (a control input there changes
+            how Grappler associates the sum; :data:`tflms.planner.UNFENCED_TYPES`).
+            ``None`` (default): no fences.
         serialize: when ``True``, a memory-aware schedule: ordering edges
             (:class:`tflms.Order`) that make one branch of the backward pass wait for
             another where the simulator predicts a lower peak (:mod:`tflms.schedule`).

@@ -28,7 +28,8 @@ Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`
   ``swapin_groupby`` and ``n_tensors`` to :mod:`tflms.autotune`.
 * ``swapout_window`` adds fences (:class:`tflms.Fence`): with the swapped tensors in
   the simulator's execution order, the producer of the k-th waits for the swap-out of
-  the (k - window)-th, when it runs strictly later (several outputs of one op share it).
+  the (k - window)-th, when it runs strictly later (several outputs of one op share it)
+  and is not an op of :data:`UNFENCED_TYPES`.
 * ``recompute=True`` first takes the candidates that :mod:`tflms.recompute` predicts
   cheaper to recompute than to swap (with the options as given, before any tuning),
   applies them to the model (:func:`tflms.recompute.recomputed_model`), and plans the
@@ -61,6 +62,7 @@ from .simulator import Simulator
 __all__ = [
     "make_plan",
     "empty_plan",
+    "UNFENCED_TYPES",
     "fences_for",
     "candidate_swaps",
     "is_collective",
@@ -136,14 +138,22 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
     ).with_model(original)
 
 
+#: Producers that get no fence: Grappler's arithmetic optimizer folds a tree of these into
+#: one ``AddN`` (``AddOpsRewrite``) only where no member has a control input, so a fence on
+#: one changes how the sum associates, and the step's numbers (one ULP in the second loss of
+#: ``tflms.measure``'s transformer, on a layer norm's ``AddV2``, 2026-11-25).
+UNFENCED_TYPES = frozenset({"Add", "AddV2", "AddN"})
+
+
 def fences_for(pos: Mapping[str, int], swaps: list[Swap], window: int) -> tuple[Fence, ...]:
     """The fences that keep at most ``window`` of ``swaps`` in flight (see :class:`tflms.LMSConfig`);
-    ``pos``: each op's position in the execution order (:attr:`tflms.Simulator.pos`)."""
+    ``pos``: each op's position in the execution order (:attr:`tflms.Simulator.pos`). A swap
+    produced by an op of :data:`UNFENCED_TYPES` gets none: its window is open by one more."""
     ordered = sorted(swaps, key=lambda s: (pos[s.producer], s.tensor))
     return tuple(
         Fence(tensor=earlier.tensor, op=later.producer)
         for earlier, later in zip(ordered, ordered[window:])
-        if pos[later.producer] > pos[earlier.producer]
+        if pos[later.producer] > pos[earlier.producer] and later.producer_type not in UNFENCED_TYPES
     )
 
 

@@ -11,7 +11,8 @@ the test bed (per-op allocation records of the profiler, ``benchmarks/simulator_
    under the swapped tensor's producer (:func:`tflms.rewrite.landing_name`), and
    Grappler pairs the constant as in the plain step (``tests/test_tf_internals.py``).
    A swap-in's consumers are the reads of the traced step; where a push-down moved
-   a read to the other op of its pair, the swap-in feeds that op. Grappler's other
+   a read to the other op of its pair, the swap-in feeds that op, and a pushed-down
+   op that a swap-in feeds runs after the swap-in's trigger. Grappler's other
    rewrites are not modelled.
 1. Ops run in :meth:`GraphModel.schedule` order: the executor's ready order, depth
    first (after an op, the ops it made ready run next; ties by graph order).

@@ -1,11 +1,13 @@
 """The planner on hand-built graphs: candidates, triggers, groups, filters, the plan's JSON."""
 
+import dataclasses
 import json
 
 import pytest
 
 from tflms import LMSConfig, SwapPlan, make_plan
 from tflms.graph import GraphModel
+from tflms.planner import UNFENCED_TYPES, fences_for
 from tflms.simulator import Simulator
 
 from graphs import chain_model, f32, op
@@ -171,6 +173,20 @@ def test_swapout_window_fences_each_swap_on_the_one_window_before_it():
         assert SwapPlan.from_json(plan.to_json()) == plan
     with pytest.raises(ValueError, match=r"swapout_window must be.*Received: swapout_window=0"):
         LMSConfig(swapout_window=0)
+
+
+def test_no_fence_on_a_sum_that_grappler_may_fold():
+    """A fence is a control input, and Grappler's AddOpsRewrite leaves out sums with one: the
+    producer of a swapped tensor that is an Add, AddV2 or AddN gets no fence."""
+    plan = make_plan(chain_model(n_fwd=8), LMSConfig(swapout_threshold=2, swapin_ahead=1, min_bytes=0))
+    pos = {s.producer: i for i, s in enumerate(plan.swaps)}
+    fenced = fences_for(pos, list(plan.swaps), 1)
+    assert [f.op for f in fenced] == [s.producer for s in plan.swaps[1:]]
+    summed = [dataclasses.replace(s, producer_type=t) for s, t in zip(plan.swaps, ["Relu", "AddV2", "Mul", "AddN"])]
+    summed += plan.swaps[4:]
+    fenced = fences_for(pos, summed, 1)
+    assert [f.op for f in fenced] == [s.producer for s in summed[1:] if s.producer_type not in UNFENCED_TYPES]
+    assert len(fenced) == len(summed) - 3 and UNFENCED_TYPES == {"Add", "AddV2", "AddN"}
 
 
 def test_summary_lists_every_swap_and_the_peaks():
