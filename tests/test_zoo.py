@@ -314,7 +314,6 @@ def test_the_measured_transformer_trains_bit_identically_with_swaps_recompute_an
     it missed the same way until sums got none (:data:`tflms.planner.UNFENCED_TYPES`)."""
     from tflms.measure import build
 
-    tf.config.experimental.enable_op_determinism()
     model, x, y, step = build("transformer", 8)
     state = list(model.variables) + list(step.optimizer.variables)
     initial = [v.numpy() for v in state]

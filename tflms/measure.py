@@ -497,6 +497,7 @@ def anatomy_step(
     from . import testbed
     from .core import optimize
     from .graph import GraphModel, with_orders, with_recomputes
+    from .rewrite import is_landing
     from .simulator import Simulator
 
     if mode not in ("plain", "lms"):
@@ -517,7 +518,7 @@ def anatomy_step(
         if op in graph_model.dag:
             return graph_model.phase(op)
         # tflms's swap ops; the receive of a transfer allocates in gRPC's thread, with no op annotation.
-        return "swap" if not op or op.startswith("tflms_") or "/tflms_landing_" in op else "other"
+        return "swap" if not op or op.startswith("tflms_") or is_landing(op) else "other"
 
     def summary(buffers: list[tuple[str, str, int]]) -> dict[str, Any]:
         by_phase: dict[str, int] = {}

@@ -123,7 +123,9 @@ def _candidates(sim: Simulator, swaps: Sequence[Swap]) -> list[tuple[Order, ...]
     model = sim.executed
     position, schedule = sim.requested_peak_position(swaps)
     pos = {op: i for i, op in enumerate(schedule)}
-    groups = {(s.tensor, k): si.consumers for s in swaps for k, si in enumerate(s.swap_ins)}
+    # The swap-ins' readers as the simulator runs them (where a push-down moved a read).
+    as_run = sim._as_run(swaps)  # noqa: SLF001 (the simulator's rule 0, within the package)
+    groups = {(s.tensor, k): si.consumers for s in as_run for k, si in enumerate(s.swap_ins)}
     live = [name for name, _ in sim.live(position, swaps)[:TOP]]
 
     def last_reader(buffer: str) -> str | None:

@@ -295,7 +295,7 @@ class Simulator:
     rewritten pairs), with or without swaps. A pushed-down op that a swap-in feeds waits for
     it: where the swap-in has a trigger, the op runs after it (the push-down had made it
     ready in the forward pass); such steps are simulated on a schedule built for them, kept
-    for the next call.
+    for the next call (with a given ``order``, that order).
 
     The plain step's allocations are computed once; a set of swaps is applied as
     adjustments. :meth:`requested_peak` and :meth:`prefix_peaks` (rules 1-7) then cost
@@ -303,9 +303,9 @@ class Simulator:
     :meth:`profile` add the allocator emulation (rule 8), O(buffers x free chunks) in
     Python (about 0.2 s for a ResNet50 step).
     ``order`` replaces the schedule (e.g. an order recorded from a real run).
-    ``order``, ``pos`` and ``executed`` (the model as run) are those of the step without swaps
-    (or with swaps that feed no pushed-down op); positions of :meth:`live` refer to
-    ``profile(swaps).schedule``.
+    ``executed`` is the model as run, with or without swaps; ``order`` and ``pos`` are its
+    schedule without swaps (or with swaps whose triggered swap-ins feed no pushed-down op);
+    positions of :meth:`live` refer to ``profile(swaps).schedule``.
     """
 
     def __init__(self, model: GraphModel, host: str | None = None, *, order: Sequence[str] | None = None) -> None:
@@ -341,7 +341,7 @@ class Simulator:
         if self._order is not None:
             raise ValueError("a simulator with a given order cannot take ordering edges")
         swaps = self._as_run(swaps)
-        schedule = ready_order(self.executed, [(o.after, o.op) for o in orders] + sorted(self._gates(swaps)))
+        schedule = self._gated_order([(o.after, o.op) for o in orders], self._gates(swaps))
         return _Replay(self.executed, self.host, schedule).requested_peak(swaps)
 
     def _as_run(self, swaps: Sequence[Swap]) -> Sequence[Swap]:
@@ -372,13 +372,22 @@ class Simulator:
             if c in self._pushed_ops
         )
 
+    def _gated_order(self, edges: list[tuple[str, str]], gates: frozenset[tuple[str, str]]) -> list[str]:
+        """The executor's order of :attr:`executed` with the extra ``edges`` and ``gates``."""
+        order = ready_order(self.executed, edges + sorted(gates))
+        if len(order) != self.executed.dag.number_of_nodes():
+            raise ValueError(
+                f"the swap-ins' triggers {sorted(gates)} and the edges {edges} close a cycle in the step as run "
+                "(a pushed-down op would wait for its own output): check the plan's triggers and orders"
+            )
+        return order
+
     def _run(self, swaps: Sequence[Swap]) -> _Replay:
         """The replay for ``swaps`` (as run): the step's, or one whose schedule has their gates."""
-        gates = self._gates(swaps)
+        gates = self._gates(swaps) if self._order is None else frozenset()  # a given order is kept
         run = self._runs.get(gates)
         if run is None:
-            order = self._order if self._order is not None else ready_order(self.executed, sorted(gates))
-            run = self._runs[gates] = _Replay(self.executed, self.host, order)
+            run = self._runs[gates] = _Replay(self.executed, self.host, self._gated_order([], gates))
         return run
 
     def live(self, position: int, swaps: Sequence[Swap] = ()) -> list[tuple[str, int]]:

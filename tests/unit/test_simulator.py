@@ -1,5 +1,7 @@
 """The simulator's peaks on hand-built graphs, worked out by hand."""
 
+import pytest
+
 from tflms import LMSConfig, make_plan
 from tflms.graph import GraphModel
 from tflms.plan import Swap, SwapIn
@@ -297,3 +299,38 @@ def test_recorded_order_lets_an_update_start_after_its_own_gradient_not_after_id
     assert own.order.index("u1") > own.order.index("gradient_tape/g2")
     assert own.requested_peak() == 1204
     assert Simulator(model, order=order).requested_peak() == 804
+
+
+def test_reads_moved_by_chained_pushdowns_map_to_the_op_that_reads_them_as_run():
+    """``c * (x * (y * z))`` becomes ``x * (y * (c * z))``: every traced read lands where the
+    step as run has that tensor."""
+    from tflms.graph import with_constant_pushdown
+    from tflms.simulator import _moved_reads
+
+    model = GraphModel.from_ops(
+        [
+            op("c", "Const", outputs=[f32(1)]),
+            op("x", "Placeholder", outputs=[f32(8)]),
+            op("y", "Relu", ["x:0"], [f32(8)]),
+            op("z", "Relu", ["x:0"], [f32(8)]),
+            op("yz", "Mul", ["y:0", "z:0"], [f32(8)]),
+            op("k", "Mul", ["x:0", "yz:0"], [f32(8)]),
+            op("p", "Mul", ["k:0", "c:0"], [f32(8)]),
+        ]
+    )
+    executed, pairs = with_constant_pushdown(model)
+    moved = _moved_reads(model, executed, pairs)
+    for (o, i), (o2, i2) in moved.items():
+        assert model.inputs_of[o][i] == executed.inputs_of[o2][i2]
+    assert moved[("k", 0)] == ("p", 0) and moved[("yz", 0)] == ("k", 0) and moved[("p", 1)] == ("yz", 0)
+
+
+def test_a_trigger_that_waits_for_the_gated_op_is_a_clear_error():
+    """A swap-in feeding the pushed-down k, triggered by k's own consumer p: k would wait for itself."""
+    swap_in = SwapIn(consumers=(("gradient_tape/k", 1),), trigger="gradient_tape/p", level=5, trigger_level=5)
+    swap = Swap(
+        tensor="y:0", producer="y", producer_type="Softmax", dtype="float32", shape=(100,),
+        bytes=400, level=0, distance=5, swap_ins=(swap_in,),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"triggers \[\('gradient_tape/p', 'gradient_tape/k'\)\].*close a cycle"):
+        Simulator(_scaled_softmax_gradient()).peak([swap])
