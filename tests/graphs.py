@@ -97,3 +97,18 @@ def two_group_model(late_u=False):
     ops.append(op("gradient_tape/du", "Mul", [du_after, "u:0"], [big]))
     ops.append(op("update", "AssignSubVariableOp", ["gradient_tape/rg2:0", "gradient_tape/du:0"], []))
     return GraphModel.from_ops(ops, name="two_group")
+
+
+def chained_pushdown_model():
+    """``c * (x * (y * z))``: Grappler's constant push-down goes down it twice."""
+    return GraphModel.from_ops(
+        [
+            op("c", "Const", outputs=[f32(1)]),
+            op("x", "Placeholder", outputs=[f32(8)]),
+            op("y", "Relu", ["x:0"], [f32(8)]),
+            op("z", "Relu", ["x:0"], [f32(8)]),
+            op("yz", "Mul", ["y:0", "z:0"], [f32(8)]),
+            op("k", "Mul", ["x:0", "yz:0"], [f32(8)]),
+            op("p", "Mul", ["k:0", "c:0"], [f32(8)]),
+        ]
+    )

@@ -2,7 +2,7 @@
 
 from tflms.graph import GraphModel, estimate_bytes, with_constant_pushdown
 
-from graphs import chain_model, f32, op
+from graphs import chain_model, chained_pushdown_model, f32, op
 
 
 def test_levels_phases_and_edges_of_hand_built_graph():
@@ -124,17 +124,7 @@ def test_constant_pushdown_follows_grapplers_conditions():
 def test_constant_pushdown_repeats_until_nothing_changes():
     """``c * (x * (y * z))``: the constant goes down twice, to ``y``'s product with ``z``... as Grappler's
     loop does, then no further (``y * z`` has no constant child)."""
-    model = GraphModel.from_ops(
-        [
-            op("c", "Const", outputs=[f32(1)]),
-            op("x", "Placeholder", outputs=[f32(8)]),
-            op("y", "Relu", ["x:0"], [f32(8)]),
-            op("z", "Relu", ["x:0"], [f32(8)]),
-            op("yz", "Mul", ["y:0", "z:0"], [f32(8)]),
-            op("k", "Mul", ["x:0", "yz:0"], [f32(8)]),
-            op("p", "Mul", ["k:0", "c:0"], [f32(8)]),
-        ]
-    )
+    model = chained_pushdown_model()
     pushed, pairs = with_constant_pushdown(model)
     assert pairs == [("p", "k"), ("k", "yz")]
     assert pushed.inputs_of["p"] == ["x:0", "k:0"]

@@ -7,7 +7,7 @@ from tflms.graph import GraphModel
 from tflms.plan import Swap, SwapIn
 from tflms.simulator import Simulator, simulate
 
-from graphs import chain_model, f32, op
+from graphs import chain_model, chained_pushdown_model, f32, op
 
 KB4 = 8 * 128 * 4  # one activation of chain_model
 
@@ -307,17 +307,7 @@ def test_reads_moved_by_chained_pushdowns_map_to_the_op_that_reads_them_as_run()
     from tflms.graph import with_constant_pushdown
     from tflms.simulator import _moved_reads
 
-    model = GraphModel.from_ops(
-        [
-            op("c", "Const", outputs=[f32(1)]),
-            op("x", "Placeholder", outputs=[f32(8)]),
-            op("y", "Relu", ["x:0"], [f32(8)]),
-            op("z", "Relu", ["x:0"], [f32(8)]),
-            op("yz", "Mul", ["y:0", "z:0"], [f32(8)]),
-            op("k", "Mul", ["x:0", "yz:0"], [f32(8)]),
-            op("p", "Mul", ["k:0", "c:0"], [f32(8)]),
-        ]
-    )
+    model = chained_pushdown_model()
     executed, pairs = with_constant_pushdown(model)
     moved = _moved_reads(model, executed, pairs)
     for (o, i), (o2, i2) in moved.items():
