@@ -216,7 +216,9 @@ def test_fenced_swap_outs_train_across_processes_within_the_prediction():
     # that the loss changed from step to step; the fenced losses follow the plain ones.
     assert len(set(plain["losses"])) == len(plain["losses"])
     np.testing.assert_allclose(fenced["losses"], plain["losses"], rtol=LOSS_RTOL)
-    assert fenced["n_fences"] == fenced["n_swaps"] - 4 > 0, (fenced["n_fences"], fenced["n_swaps"])
+    # A fence per swap after the first four, but none on a sum (tflms.planner.UNFENCED_TYPES):
+    # the layer norms' AddV2 outputs are swapped unfenced.
+    assert 0 < fenced["n_fences"] < fenced["n_swaps"] - 4, (fenced["n_fences"], fenced["n_swaps"])
     assert max(fenced["peaks"]) <= 1.15 * fenced["predicted"], (fenced["peaks"], fenced["predicted"])
     assert fenced["peak"] <= 0.25 * plain["peak"], (fenced["peak"], plain["peak"])
 
