@@ -324,3 +324,21 @@ def test_a_trigger_that_waits_for_the_gated_op_is_a_clear_error():
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"triggers \[\('gradient_tape/p', 'gradient_tape/k'\)\].*close a cycle"):
         Simulator(_scaled_softmax_gradient()).peak([swap])
+
+
+def test_prefix_peaks_follow_the_schedule_of_each_prefix_when_gates_change_partway():
+    """``prefix_peaks`` groups the prefixes by the gates they add: each entry is that prefix's
+    ``requested_peak``, in either order of a swap that gates k and one that does not."""
+    gated = Swap(
+        tensor="y:0", producer="y", producer_type="Softmax", dtype="float32", shape=(100,), bytes=400, level=0,
+        distance=4, swap_ins=(SwapIn((("gradient_tape/k", 1),), "gradient_tape/dx", 4, 3),),
+    )  # fmt: skip
+    plain = Swap(
+        tensor="x:0", producer="x", producer_type="Placeholder", dtype="float32", shape=(100,), bytes=400, level=0,
+        distance=2, swap_ins=(SwapIn((("v", 0),), None, 1, None),),
+    )  # fmt: skip
+    sim = Simulator(_scaled_softmax_gradient())
+    for swaps in ([plain, gated], [gated, plain]):
+        expected = [sim.requested_peak(swaps[:n]) for n in range(3)]
+        assert list(sim.prefix_peaks(swaps)) == expected
+    assert sim.requested_peak([gated]) != sim.requested_peak([]) and len(sim._runs) == 2  # noqa: SLF001
