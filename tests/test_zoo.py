@@ -26,6 +26,15 @@ from helpers import check_structure, check_survives_grappler, swap_ops
 NOT_BIT_IDENTICAL: dict[str, float] = {}
 
 
+def _assert_trains_bit_identically(setup, step, plain, n=3):
+    """``n`` steps of ``step`` and of ``plain`` from the same weights: the same losses and weights."""
+    losses_plain, vars_plain = zoo.run_steps(setup, plain, n=n)
+    losses, variables = zoo.run_steps(setup, step, n=n)
+    np.testing.assert_array_equal(losses, losses_plain)
+    for a, b in zip(variables, vars_plain, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 #: NASNetMobile: ~22,000 ops; tracing, planning and three compiled steps take minutes on 2 cores.
 SLOW_MODELS = {"nasnet"}
 
@@ -105,11 +114,7 @@ def test_swapout_fences_keep_training_bit_identical(name):
     fn = setup.step_fn()
     plain = tf.function(fn)
     fenced = tflms.function(fn, device=DEVICE, swapout_window=2, **SMALL)
-    losses_plain, vars_plain = zoo.run_steps(setup, plain, n=3)
-    losses_fenced, vars_fenced = zoo.run_steps(setup, fenced, n=3)
-    np.testing.assert_array_equal(losses_fenced, losses_plain)
-    for a, b in zip(vars_fenced, vars_plain, strict=True):
-        np.testing.assert_array_equal(a, b)
+    _assert_trains_bit_identically(setup, fenced, plain)
     plan = fenced.get_plan(setup.x, setup.y)
     unfenced = tflms.function(fn, device=DEVICE, **SMALL).get_plan(setup.x, setup.y)
     assert plan.swaps == unfenced.swaps and unfenced.fences == ()
@@ -172,11 +177,7 @@ def test_memory_aware_schedule_keeps_training_bit_identical():
     assert plan.orders and plan.peak_bytes_after < unordered.peak_bytes_after
     assert all("_bn_" in o.op for o in plan.orders)  # BatchNorm gradients wait
     check_structure(ordered.get_concrete_function(setup.x, setup.y), plan, DEVICE, HOST)
-    losses_plain, vars_plain = zoo.run_steps(setup, plain, n=3)
-    losses_ordered, vars_ordered = zoo.run_steps(setup, ordered, n=3)
-    np.testing.assert_array_equal(losses_ordered, losses_plain)
-    for a, b in zip(vars_ordered, vars_plain, strict=True):
-        np.testing.assert_array_equal(a, b)
+    _assert_trains_bit_identically(setup, ordered, plain)
 
 
 @pytest.mark.parametrize("name", ["transformer", "resnet50"])
@@ -193,11 +194,7 @@ def test_swapped_gradients_keep_training_bit_identical(name):
     added = [s for s in plan.swaps if s.tensor not in forward]
     assert forward < {s.tensor for s in plan.swaps} and all(traced.phase(s.producer) == "backward" for s in added)
     check_structure(lms.get_concrete_function(setup.x, setup.y), plan, DEVICE, HOST)
-    losses_plain, vars_plain = zoo.run_steps(setup, plain, n=3)
-    losses_lms, vars_lms = zoo.run_steps(setup, lms, n=3)
-    np.testing.assert_array_equal(losses_lms, losses_plain)
-    for a, b in zip(vars_lms, vars_plain, strict=True):
-        np.testing.assert_array_equal(a, b)
+    _assert_trains_bit_identically(setup, lms, plain)
 
 
 def _kernel_types(setup, cf):

@@ -356,6 +356,8 @@ class Simulator:
                     dataclasses.replace(si, consumers=tuple(moved.get(c, c) for c in si.consumers)) for si in s.swap_ins
                 ),
             )
+            if any(c in moved for si in s.swap_ins for c in si.consumers)
+            else s
             for s in swaps
         ]
 
