@@ -50,14 +50,16 @@ def chain_model(n_fwd=6, size=(8, 128), variable_bytes=0):
     return GraphModel.from_ops(ops, variable_bytes=variable_bytes, name="chain")
 
 
-def bn_relu_model(scale_type="Placeholder", cheap="Mul"):
+def bn_relu_model(scale_type="Placeholder", cheap="Mul", x_type="Placeholder", offset_type="Placeholder"):
     """x -> conv c -> m = c * s -> a = m + o -> r = Relu(a) -> conv c2 -> loss, then a backward
-    pass whose late ops read r (a filter gradient and ReluGrad) and c (a BatchNorm gradient)."""
+    pass whose late ops read r (a filter gradient and ReluGrad) and c (a BatchNorm gradient).
+    ``x_type``, ``offset_type``: the ops that make x and o (a ``Placeholder`` is an argument, held
+    for the whole step)."""
     big = f32(64, 64)
     ops = [
-        op("x", "Placeholder", outputs=[big]),
+        op("x", x_type, outputs=[big]),
         op("s", scale_type, outputs=[f32(64)]),
-        op("o", "Placeholder", outputs=[f32(64)]),
+        op("o", offset_type, outputs=[f32(64)]),
         op("c", "Conv2D", ["x:0"], [big]),
         op("m", cheap, ["c:0", "s:0"], [big]),
         op("a", "AddV2", ["m:0", "o:0"], [big]),
@@ -112,3 +114,27 @@ def chained_pushdown_model():
             op("p", "Mul", ["k:0", "c:0"], [f32(8)]),
         ]
     )
+
+
+RESOURCE = ("resource", (), 0, False)
+
+
+def variable_update_model(wait=False, weight=64 * 1024, activation=256 * 1024, other=256 * 1024):
+    """A weight ``v`` read once (``rv``) by the forward ``y`` and the backward ``dx``, and updated
+    by ``update`` from its gradient ``dv``; ``w`` is another variable (``other`` bytes), never
+    written. With ``wait`` the update has a control input on ``dx``; without it, the executor
+    may update ``v`` while ``dx`` still holds ``rv``, and TensorFlow then copies ``v`` first."""
+    n, k = activation // 4, weight // 4
+    ops = [
+        op("v", "Placeholder", outputs=[RESOURCE]),
+        op("w", "Placeholder", outputs=[RESOURCE]),
+        op("rv", "ReadVariableOp", ["v:0"], [f32(k)]),
+        op("x", "RandomStandardNormal", outputs=[f32(n)]),
+        op("y", "MatMul", ["x:0", "rv:0"], [f32(n)]),
+        op("loss", "Sum", ["y:0"], [f32()]),
+        op("gradient_tape/dy", "Fill", ["loss:0"], [f32(n)]),
+        op("gradient_tape/dv", "MatMul", ["x:0", "gradient_tape/dy:0"], [f32(k)]),
+        op("gradient_tape/dx", "MatMul", ["gradient_tape/dy:0", "rv:0"], [f32(n)]),
+        op("update", "AssignSubVariableOp", ["v:0", "gradient_tape/dv:0"], [], ["gradient_tape/dx"] if wait else []),
+    ]
+    return GraphModel.from_ops(ops, variable_bytes=weight + other, variables=[("w:0", other), ("v:0", weight)])

@@ -136,28 +136,37 @@ def _search(
                 candidates.add(((cost, n, -threshold, -groupby, ahead), knobs, n))
     best = None
     for _key, knobs, n in sorted(candidates):
-        if sim.peak(grid[knobs][:n]) <= budget:
+        if _fits(sim, grid[knobs][:n], budget):
             best = (knobs, n)
             break
     if best is None:
-        # The lowest accurate peak among the deepest prefixes of each grid entry (best fast peaks first).
+        # The lowest accurate peak among the deepest prefixes of each grid entry (best fast peaks
+        # first); the one-step emulation is a lower bound of it, cheaper to compute.
         lowest_swaps: list[Swap] = []
         for fast, knobs, n in sorted(deepest):
             if fast >= lowest:
                 break
-            peak = sim.peak(grid[knobs][:n])
+            if sim.peak(grid[knobs][:n], steps=1, above=lowest) >= lowest:
+                continue
+            peak = sim.peak(grid[knobs][:n], above=lowest)
             if peak < lowest:
                 lowest, lowest_swaps = peak, grid[knobs][:n]
         return None, lowest, lowest_swaps
     (threshold, fitted, groupby), n = best
     # Earliest prefetch first; the last one tried is the one that fitted above.
     for ahead in sorted({a for a in AHEADS if a > fitted} | {fitted}, reverse=True):
-        if sim.peak(candidate_swaps(model, _knobs(config, threshold, ahead, groupby))[:n]) <= budget:
+        if _fits(sim, candidate_swaps(model, _knobs(config, threshold, ahead, groupby))[:n], budget):
             break
     tuned = dataclasses.replace(
         config, budget=budget, swapout_threshold=threshold, swapin_ahead=ahead, swapin_groupby=groupby, n_tensors=n
     )
     return tuned, lowest, []
+
+
+def _fits(sim: Simulator, swaps: list[Swap], budget: int) -> bool:
+    """Whether the predicted peak of ``swaps`` is within ``budget``: the one-step emulation
+    first, a lower bound (:meth:`Simulator.peak`), so that most misses cost one step."""
+    return sim.peak(swaps, steps=1, above=budget) <= budget and sim.peak(swaps, above=budget) <= budget
 
 
 def _serialized_search(

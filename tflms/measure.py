@@ -528,7 +528,11 @@ def anatomy_step(
 
     def simulated(position: int) -> dict[str, Any]:
         buffers = [
-            (name, "swap" if "(swap-in" in name else phase(name.rsplit(":", 1)[0]), nbytes)
+            (
+                name,
+                "swap" if "(swap-in" in name else "update" if "(copied by" in name else phase(name.split(":")[0]),
+                nbytes,
+            )
             for name, nbytes in sim.live(position, swaps)
         ]
         op = profile.schedule[position]

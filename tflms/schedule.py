@@ -27,9 +27,10 @@ Greedy, on the simulator (:mod:`tflms.simulator`) with the plan's swaps applied:
    the last kept state, and dropped otherwise.
 
 Only backward ops are ordered, and never an op whose outputs only become weight gradients:
-the simulator holds every weight gradient until the optimizer's ``IdentityN`` has them all
-(README, "The memory simulator"), while the executor starts each variable's update as soon
-as its gradient exists, so delaying a weight gradient would lower only the prediction.
+a rule from when the simulator held every weight gradient until the optimizer's
+``IdentityN`` had them all, so that delaying one lowered only the prediction. The simulator
+now starts each variable's update as soon as its gradient exists, as the executor does; the
+rule is kept (README, "Memory-aware schedule").
 Deterministic: candidates are tried in sorted order and ties keep the first.
 """
 
