@@ -107,7 +107,7 @@ def memory_orders(
         requested, candidate = found
         sim = sim._ordered(candidate)  # noqa: SLF001
         tentative.extend(o for o in candidate if o not in tentative and o not in kept)
-        chunks = sim.peak(swaps) if requested <= best_requested * (1 - MIN_GAIN) else None
+        chunks = sim.peak(swaps, above=best_chunks) if requested <= best_requested * (1 - MIN_GAIN) else None
         if chunks is not None and chunks <= best_chunks:
             kept.extend(tentative)
             tentative, pending = [], 0
