@@ -484,7 +484,7 @@ def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
     :func:`tflms.optimize`):
         >>> import tensorflow as tf, tflms
         >>> from tflms.measure import build
-        >>> _, x, y, train_step = build("cnn", batch=16, size=32)
+        >>> _, x, y, train_step = build("cnn", batch=16, size=64)
         >>> cf = tf.function(train_step).get_concrete_function(x, y)
         >>> plan = tflms.make_plan(tflms.GraphModel.from_func_graph(cf.graph), tflms.LMSConfig(swapout_threshold=20))
         >>> print(short_summary(plan))  # doctest: +ELLIPSIS
