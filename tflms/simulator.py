@@ -692,6 +692,12 @@ class _Replay:
 
         # end[r]: first schedule position where buffer r is no longer counted.
         self.end: dict[str, int] = {r: self._end(self.reads[r], self.first[r]) for r in self.alloc}
+        # The buffers of the step without swaps, as :meth:`_spans` lists them (swaps replace a few).
+        self._plain_spans = [
+            (p, self.end[r], nbytes, self.end[r] == max((q for q, _ in self.reads[r]), default=-1), r, -1)
+            for r, (p, nbytes) in self.alloc.items()
+        ]
+        self._span_index = {r: k for k, r in enumerate(self.alloc)}
         self.base = np.zeros(n + LAG + 2, dtype=np.int64)
         for r, (p, nbytes) in self.alloc.items():
             self.base[p] += nbytes
@@ -779,14 +785,15 @@ class _Replay:
         for s in swaps:
             r = self.root[s.tensor]
             earliest[r] = max(earliest.get(r, 0), pos[s.producer])
-        spans = []
-        for r, (p, nbytes) in self.alloc.items():
-            if r in earliest:
-                end = self._swapped_end(r, moved, earliest[r])
-                last = max([q for q, read in self.reads[r] if read not in moved] + [earliest[r]])
-            else:
-                end, last = self.end[r], max((q for q, _ in self.reads[r]), default=-1)
-            spans.append((p, end, nbytes, end == last, r, -1))
+        spans = list(self._plain_spans)
+        for r, swap_out_pos in earliest.items():
+            k = self._span_index.get(r)
+            if k is None:
+                continue
+            p, nbytes = self.alloc[r]
+            end = self._swapped_end(r, moved, swap_out_pos)
+            last = max([q for q, read in self.reads[r] if read not in moved] + [swap_out_pos])
+            spans[k] = (p, end, nbytes, end == last, r, -1)
         for s in swaps:
             for k, si in enumerate(s.swap_ins):
                 start, end = self._swap_in_span(s, si)
@@ -829,6 +836,7 @@ class _Replay:
             bfc, chunk_of, resident = _BFC(self.model.variable_bytes), {}, 0
         alloc, release, size = bfc.alloc, bfc.release, bfc.size
         best = np.zeros(n, dtype=np.int64)
+        state = None  # the allocator's state after the previous step
         for _ in range(steps):
             addr = [0] * len(spans)
             released = [0] * len(copies)  # per copy: the chunk freed at its end
@@ -877,6 +885,17 @@ class _Replay:
                 return timeline
             if timeline.max(initial=0) > best.max(initial=0):
                 best = timeline
+            # A step that left the allocator as it found it is repeated exactly by the next ones.
+            after = (
+                tuple(bfc.free),
+                tuple(sorted(bfc.size.items())),
+                tuple(sorted(bfc.used.items())),
+                tuple(chunk_of.values()),
+                bfc.next_region,
+            )
+            if after == state:
+                break
+            state = after
         return best
 
     def live(self, position: int, swaps: Sequence[Swap] = ()) -> list[tuple[str, int]]:
