@@ -328,6 +328,53 @@ def peak_anatomy(data: dict) -> str:
     return "\n".join(lines)
 
 
+def gpu(data: dict) -> str:
+    """benchmarks/gpu.py's JSON: the largest batch under the cap, then each timed or uncapped step."""
+    cap, mb = data["cap_bytes"], 2**20
+
+    def tried(mode: str) -> str:
+        runs = sorted((r for r in data["search"] if r["mode"] == mode), key=lambda r: r["batch"])
+        return ", ".join(f"{r['batch']}" if r["ok"] else f"~~{r['batch']}~~" for r in runs)
+
+    name = data["gpu"].get("device_name", "GPU")
+    lines = [
+        f"{data['date']}, {name}, TensorFlow {data['tensorflow']}; {data['model']} {data['image_size']}², Adam, "
+        f"measured (`get_memory_info` peak of the steady steps):",
+        "",
+        f"| under a real {cap / mb:,.0f} MiB cap | largest batch that trains | batches tried (~~out of memory~~) |",
+        "|---|---:|---|",
+        f"| plain | {data['max_batch_plain']} | {tried('plain')} |",
+        f"| tflms, `budget` = {data['budget_fraction']:g} × cap | {data['max_batch_budget']} | {tried('budget')} |",
+        "",
+        "| step | batch | cap | measured peak | predicted | measured / predicted | step time | images/s "
+        "| over the link per step | link rate over the step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    step = {"plain": "plain", "tflms": "tflms, default options", "budget": "tflms, `budget`"}
+    for r in data["timed"] + data.get("uncapped", []):
+        link = f"{r['link_bytes_per_step'] / 1e9:.1f} GB" if r["link_bytes_per_step"] else "-"
+        rate = f"{r['link_GBps_over_step']:.0f} GB/s" if r["link_bytes_per_step"] else "-"
+        lines.append(
+            f"| {step[r['mode']]} | {r['batch']} | {r.get('cap_bytes', cap) / mb:,.0f} MiB "
+            f"| {_mib(r['measured_peak_bytes'])} | {_mib(r['predicted_peak_bytes'])} "
+            f"| {r['measured_peak_bytes'] / r['predicted_peak_bytes']:.2f} | {r['step_ms']:.0f} ms "
+            f"| {r['images_per_s']:.0f} | {link} | {rate} |"
+        )
+    bw, ref = data["bandwidth"], data.get("bandwidth_reference", {})
+    lines += [
+        "",
+        f"Copies of 256 MiB: TensorFlow eager, pageable host memory, {bw['host_to_device_GBps']:g} GB/s to the "
+        f"device and {bw['device_to_host_GBps']:g} GB/s back"
+        + (
+            f"; PyTorch on the same machine, pinned host memory, {ref['pinned_host_to_device_GBps']:g} and "
+            f"{ref['pinned_device_to_host_GBps']:g} GB/s."
+            if ref
+            else "."
+        ),
+    ]
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "pass_speed": pass_speed,
     "capacity": capacity,
@@ -342,6 +389,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "default_schedule": simulator_accuracy,
     "memory_optimizer": simulator_accuracy,
     "peak_anatomy": peak_anatomy,
+    "gpu": gpu,
 }
 
 
