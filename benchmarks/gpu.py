@@ -11,15 +11,17 @@ steady steps after two warm-up steps) next to the simulator's predicted peak.
 batch is found in seconds per attempt on any GPU size. The attempts of one search round
 run side by side (``--jobs``), each under its own cap; the timed runs run alone.
 
-Modes: ``plain`` (``tf.function``), ``tflms`` (``tflms.function`` with default options)
-and ``budget`` (``tflms.function(budget=fraction * cap)``: autotuned to the cap).
+Modes: ``plain`` (``tf.function``), ``tflms`` (``tflms.function`` with default options),
+``fenced`` (the same with ``swapout_window=--window``: the forward pass waits for the
+swap-outs, so it cannot run ahead of the link; see the README's GPU results) and
+``budget`` (``tflms.function(budget=fraction * cap)``: autotuned to the cap).
 
 Phases, each written to the JSON as it ends:
 
 1. ``bandwidth``: host->device and device->host copy rate of one 256 MiB tensor;
 2. ``search``: the largest batch that trains under the cap, plain and budget (a grid, then
    one round between the largest batch that fits and the smallest that does not);
-3. ``timed``: alone on the GPU, plain, tflms and budget at the largest plain batch, and
+3. ``timed``: alone on the GPU, plain, tflms and fenced at the largest plain batch, and
    budget at its largest: step time, measured and predicted peak, bytes over the link
    per step and the rate that makes over the step.
 
@@ -82,7 +84,9 @@ def bandwidth(nbytes: int = 256 * MIB, reps: int = 5) -> dict:
     return {k: round(max(v), 2) for k, v in rates.items()} | {"bytes": nbytes}
 
 
-def probe(model_name: str, size: int, batch: int, mode: str, steps: int, cap: int | None, fraction: float) -> dict:
+def probe(
+    model_name: str, size: int, batch: int, mode: str, steps: int, cap: int | None, fraction: float, window: int = 2
+) -> dict:
     """Train ``steps`` timed steps at ``batch`` in ``mode``; return measurements (in a subprocess)."""
     _gpu_setup(cap)
     import keras
@@ -114,6 +118,7 @@ def probe(model_name: str, size: int, batch: int, mode: str, steps: int, cap: in
         predicted = plan.peak_bytes_before
     else:
         options = {"budget": int(cap * fraction)} if mode == "budget" else {}
+        options |= {"swapout_window": window} if mode == "fenced" else {}
         fn = tflms.function(step, **options)
         plan = fn.get_plan(x, y)
         predicted = plan.peak_bytes_after
@@ -137,6 +142,7 @@ def probe(model_name: str, size: int, batch: int, mode: str, steps: int, cap: in
         "measured_peak_bytes": int(tf.config.experimental.get_memory_info("GPU:0")["peak"]),
         "predicted_peak_bytes": int(predicted),
         "swaps": len(plan.swaps) if mode != "plain" else 0,
+        **({"swapout_window": window} if mode == "fenced" else {}),
         "link_bytes_per_step": link,
         "link_GBps_over_step": round(link / seconds / 1e9, 2),
         "predicted_link_ms": round(1000 * plan.link_seconds, 2) if mode != "plain" else 0.0,
@@ -162,7 +168,7 @@ def _subprocess(args: argparse.Namespace, extra: list[str], timeout: float) -> d
 
 def attempt(args: argparse.Namespace, batch: int, mode: str, steps: int | None = None) -> dict:
     extra = ["--probe", "--batch", str(batch), "--mode", mode, "--steps", str(steps or args.steps),
-             "--cap", str(args.cap), "--fraction", str(args.fraction)]  # fmt: skip
+             "--cap", str(args.cap), "--fraction", str(args.fraction), "--window", str(args.window)]  # fmt: skip
     t0 = time.perf_counter()
     r = _subprocess(args, extra, args.timeout)
     r.update(batch=batch, mode=mode, wall_s=round(time.perf_counter() - t0, 1))
@@ -191,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--cap", type=parse_bytes, default=parse_bytes("4GiB"), help="real device memory cap")
     parser.add_argument("--fraction", type=float, default=0.9, help="budget mode: budget = fraction * cap")
+    parser.add_argument("--window", type=int, default=2, help="fenced mode: swapout_window (default 2)")
     parser.add_argument("--plain", default="24,32,40,48,56,64", help="plain batches of the first round")
     parser.add_argument("--budget", default="64,80,96,112,128,160,192", help="budget batches of the first round")
     parser.add_argument("--steps", type=int, default=3, help="measured steps per search attempt")
@@ -202,13 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bandwidth", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--mode", choices=("plain", "tflms", "budget"), help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=("plain", "tflms", "fenced", "budget"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.bandwidth:
         print(json.dumps(bandwidth()), flush=True)
         return 0
     if args.probe:
-        r = probe(args.model, args.image_size, args.batch, args.mode, args.steps, args.cap, args.fraction)
+        r = probe(args.model, args.image_size, args.batch, args.mode, args.steps, args.cap, args.fraction, args.window)
         print(json.dumps(r), flush=True)
         return 0
 
@@ -262,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     print("timed, alone:", flush=True)
     timed: list[dict] = []
     longest = max((r["wall_s"] for r in runs), default=0.0) / 2  # an attempt alone takes less
-    todo = [(plain_max, "plain"), (plain_max, "tflms"), (budget_max, "budget")] if plain_max else []
+    todo = [(plain_max, m) for m in ("plain", "tflms", "fenced")] + [(budget_max, "budget")] if plain_max else []
     for batch, mode in todo:
         if batch and args.deadline and time.monotonic() - start + longest > args.deadline:
             print(f"  {mode} batch {batch}: skipped, it would end past --deadline {args.deadline:.0f} s", flush=True)

@@ -352,6 +352,7 @@ def gpu(data: dict) -> str:
     ]
     step = {"plain": "plain", "tflms": "tflms, default options", "budget": "tflms, `budget`"}
     for r in data["timed"] + data.get("uncapped", []):
+        step["fenced"] = f"tflms, fenced (`swapout_window={r.get('swapout_window')}`)"
         link = f"{r['link_bytes_per_step'] / 1e9:.1f} GB" if r["link_bytes_per_step"] else "-"
         rate = f"{r['link_GBps_over_step']:.0f} GB/s" if r["link_bytes_per_step"] else "-"
         lines.append(
