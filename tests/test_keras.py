@@ -174,7 +174,13 @@ def test_keras_internals_are_as_pinned(mlp, monkeypatch):
 # -- numbers and structure on the model zoo --------------------------------------------
 
 
-@pytest.mark.parametrize("name", list(zoo.ZOO))
+#: The callback's fit on every zoo model but NASNet: its fit took 159 s of the suite's time
+#: (2026-11-26, 2 CPUs) and checks nothing that test_zoo's NASNet case (the same rewrite
+#: through tflms.function, bit-identical) and the callback's other models do not.
+FIT_MODELS = [name for name in zoo.ZOO if name != "nasnet"]
+
+
+@pytest.mark.parametrize("name", FIT_MODELS)
 def test_fit_is_bit_identical_and_rewritten(name):
     setup = _compile(zoo.ZOO[name]())
     plain = _fit(setup)
