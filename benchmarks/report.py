@@ -352,11 +352,11 @@ def gpu(data: dict) -> str:
     ]
     step = {"plain": "plain", "tflms": "tflms, default options", "budget": "tflms, `budget`"}
     for r in data["timed"] + data.get("uncapped", []):
-        step["fenced"] = f"tflms, fenced (`swapout_window={r.get('swapout_window')}`)"
+        label = step.get(r["mode"]) or f"tflms, fenced (`swapout_window={r.get('swapout_window')}`)"
         link = f"{r['link_bytes_per_step'] / 1e9:.1f} GB" if r["link_bytes_per_step"] else "-"
         rate = f"{r['link_GBps_over_step']:.0f} GB/s" if r["link_bytes_per_step"] else "-"
         lines.append(
-            f"| {step[r['mode']]} | {r['batch']} | {r.get('cap_bytes', cap) / mb:,.0f} MiB "
+            f"| {label} | {r['batch']} | {r.get('cap_bytes', cap) / mb:,.0f} MiB "
             f"| {_mib(r['measured_peak_bytes'])} | {_mib(r['predicted_peak_bytes'])} "
             f"| {r['measured_peak_bytes'] / r['predicted_peak_bytes']:.2f} | {r['step_ms']:.0f} ms "
             f"| {r['images_per_s']:.0f} | {link} | {rate} |"

@@ -132,7 +132,7 @@ def test_max_batch_size_traces_a_transformer_per_batch():
     keras.utils.set_random_seed(0)
     L = keras.layers
     inp = h = keras.Input((64, 32))
-    for _ in range(2):  # two blocks: three took 163 s of the suite's time (2026-11-26, 2 CPUs), two 75
+    for _ in range(2):  # two blocks, not three: 74 s in the suite's run instead of 163 (2026-11-26, 2 CPUs)
         h = L.LayerNormalization()(h + L.MultiHeadAttention(num_heads=2, key_dim=16)(h, h))
         h = L.LayerNormalization()(h + L.Dense(32)(L.Dense(128, activation="gelu")(h)))
     model = keras.Model(inp, L.Dense(4)(L.GlobalAveragePooling1D()(h)))
