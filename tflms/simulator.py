@@ -750,15 +750,18 @@ class _Replay:
         start = max(pos[si.trigger], p) if si.trigger is not None else p
         return start, self._end([(pos[c], (c, i)) for c, i in si.consumers], start)
 
-    def _delta(self, swaps: Sequence[Swap]) -> np.ndarray:
-        pos = self.pos
-        delta = self.base.copy()
-        moved = {(c, i) for s in swaps for si in s.swap_ins for (c, i) in si.consumers}
-        earliest: dict[str, int] = {}
+    def _swap_out_positions(self, swaps: Sequence[Swap]) -> dict[str, int]:
+        """Per swapped buffer (its root): the position of its last swap-out, which reads it there."""
+        positions: dict[str, int] = {}
         for s in swaps:
             r = self.root[s.tensor]
-            earliest[r] = max(earliest.get(r, 0), pos[s.producer])  # the swap-out reads it there
-        for r, swap_out_pos in earliest.items():
+            positions[r] = max(positions.get(r, 0), self.pos[s.producer])
+        return positions
+
+    def _delta(self, swaps: Sequence[Swap]) -> np.ndarray:
+        delta = self.base.copy()
+        moved = {(c, i) for s in swaps for si in s.swap_ins for (c, i) in si.consumers}
+        for r, swap_out_pos in self._swap_out_positions(swaps).items():
             if r not in self.alloc:
                 continue
             nbytes = self.alloc[r][1]
@@ -781,12 +784,8 @@ class _Replay:
         """
         pos = self.pos
         moved = {(c, i) for s in swaps for si in s.swap_ins for (c, i) in si.consumers}
-        earliest: dict[str, int] = {}
-        for s in swaps:
-            r = self.root[s.tensor]
-            earliest[r] = max(earliest.get(r, 0), pos[s.producer])
         spans = list(self._plain_spans)
-        for r, swap_out_pos in earliest.items():
+        for r, swap_out_pos in self._swap_out_positions(swaps).items():
             k = self._span_index.get(r)
             if k is None:
                 continue
@@ -947,7 +946,7 @@ class _Replay:
     def requested_peak(self, swaps: Sequence[Swap] = ()) -> int:
         return int(self.requested(swaps).max(initial=0)) + self.model.variable_bytes
 
-    def peak(self, swaps: Sequence[Swap] = (), steps: int = 1, above: int | None = None) -> int:
+    def peak(self, swaps: Sequence[Swap], steps: int, above: int | None = None) -> int:
         key = (tuple(swaps), steps)
         known = self.peaks.get(key)
         if known is not None:
