@@ -38,12 +38,13 @@ lint: install
 # `make test` runs every tier: the unit tier first (seconds, no TensorFlow) so that it
 # fails fast, before the Horovod build; then integration, distributed, docs and gpu (the
 # gpu tier skips without a GPU) in two pytest runs: first the tests whose outcome is numbers
-# and graphs, TEST_WORKERS processes at once (pytest-xdist); then, alone on the machine,
-# the ones that measure memory (marker `measured`) and the Horovod jobs.
+# and graphs (the Horovod jobs included), TEST_WORKERS processes at once (pytest-xdist; each
+# file in one process, so that module-scoped fixtures and zoo.shared steps are made once);
+# then, alone on the machine, the ones that measure memory (marker `measured`).
 TEST_WORKERS ?= 2
-QUIET := measured or distributed
+QUIET := measured
 test: test-unit horovod lint
-	$(PYTEST) tests --ignore=tests/unit --doctest-modules $(DOCTESTS) -m "not ($(QUIET))" -n $(TEST_WORKERS) --durations=15
+	$(PYTEST) tests --ignore=tests/unit --doctest-modules $(DOCTESTS) -m "not ($(QUIET))" -n $(TEST_WORKERS) --dist loadfile --durations=15
 	$(PYTEST) tests --ignore=tests/unit -m "$(QUIET)" --durations=10
 
 test-unit: install

@@ -13,9 +13,10 @@ Tiers (markers given by path below; select one with ``-m``):
 Across tiers, ``measured`` marks the tests whose outcome depends on a quiet machine: they
 measure device memory on the two-process test bed (a swapped tensor stays on the device
 until the host worker has received it, so a busy CPU raises the measured peak) or on a
-GPU. ``make test`` runs them and the Horovod jobs in a second pytest run of their own, after
-the other tests ran in two processes at once (``pytest -n 2``: their outcome is numbers and
-graphs, not time).
+GPU. ``make test`` runs them in a second pytest run of their own, after the other tests
+(the Horovod jobs included) ran in two processes at once (``pytest -n 2 --dist loadfile``:
+their outcome is numbers and graphs, not time; each file's tests run in one process, so that
+its module-scoped fixtures, e.g. a 2-rank Horovod job, and ``zoo.shared`` steps are made once).
 
 For every tier but ``unit``, ``/device:CPU:1`` plays the GPU (the compute device) and
 ``/device:CPU:0`` the host: the split is made the first time pytest collects a module

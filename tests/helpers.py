@@ -51,11 +51,12 @@ def check_structure(cf, plan, device, host):
     return len(outs), len(ins)
 
 
-def check_survives_grappler(cf, device):
-    """Every swap op is still in the graph Grappler makes of the function."""
+def check_survives_grappler(cf, device, optimized=None):
+    """Every swap op is still in the graph Grappler makes of the function (``optimized``, if
+    already made: :func:`tflms._tf_internal.grappler_optimize`)."""
     outs, ins = swap_ops(cf.graph)
     lands = [op for op in cf.graph.get_operations() if is_landing(op.name)]
-    optimized = {n.name: n for n in tfi.grappler_optimize(cf, device).node}
+    optimized = {n.name: n for n in (optimized if optimized is not None else tfi.grappler_optimize(cf, device)).node}
     missing = [op.name for op in outs + ins + lands if op.name not in optimized]
     assert not missing, f"Grappler removed {len(missing)} swap ops, e.g. {missing[:3]}"
     for op in outs + ins + lands:

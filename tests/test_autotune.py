@@ -31,9 +31,8 @@ def _budgets(model):
 
 @pytest.fixture(scope="module")
 def resnet_model():
-    setup = zoo.resnet50(batch=16, size=128)
-    cf = tf.function(setup.step_fn()).get_concrete_function(setup.x, setup.y)
-    return tflms.GraphModel.from_func_graph(cf.graph), setup
+    shared = zoo.shared("resnet50", batch=16, size=128)  # traced once per process
+    return tflms.GraphModel.from_func_graph(shared.cf.graph), shared.setup
 
 
 def test_resnet50_budgets_fit_and_the_impossible_one_reports_the_best(resnet_model):

@@ -197,7 +197,8 @@ def test_fit_is_bit_identical_and_rewritten(name):
     assert cb.plans == [cb.plan]  # the fit's own trace, not a new one
     n_out, n_in = check_structure(cf, cb.plan, DEVICE, HOST)
     assert n_out >= 1 and n_in >= n_out
-    check_survives_grappler(cf, DEVICE)
+    if name != "resnet50":  # 8 s on ResNet50, whose rewrite test_zoo.py runs through Grappler
+        check_survives_grappler(cf, DEVICE)
     # Keras's own function is back after fit.
     assert setup.model.train_function is keras_function
 

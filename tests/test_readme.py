@@ -66,15 +66,15 @@ def test_make_test_runs_every_tier_unit_first():
     assert pytest_runs[0].endswith("-m pytest -q tests/unit")
     assert lines.index(pytest_runs[0]) < min(i for i, line in enumerate(lines) if "build_horovod" in line)
     # Then two runs over every other tier, all of tests/ but the unit tier, split by complementary
-    # marker expressions: the first in parallel with the modules' doctests, then the measured
-    # tests and the Horovod jobs alone.
+    # marker expressions: the first in parallel with the modules' doctests and the Horovod jobs,
+    # each file in one process, then the measured tests alone.
     parallel, quiet = (shlex.split(run.split(" -m pytest ")[1]) for run in pytest_runs[1:])
     for args in (parallel, quiet):
         assert "tests" in args and "--ignore=tests/unit" in args and "-k" not in args
     assert "--doctest-modules" in parallel and "tflms/config.py" in parallel and "-n" in parallel
     expression = quiet[quiet.index("-m") + 1]
     assert parallel[parallel.index("-m") + 1] == f"not ({expression})" and "-n" not in quiet
-    assert {"measured", "distributed"} <= set(expression.split())
+    assert expression == "measured" and parallel[parallel.index("--dist") + 1] == "loadfile"
     assert "make test" in _readme_commands()
 
 

@@ -38,10 +38,11 @@ def check_recomputes(cf, plan):
                 assert op.inputs[index] is out, (consumer, index)
 
 
-def check_clones_survive_grappler(cf, plan):
+def check_clones_survive_grappler(cf, plan, optimized=None):
     """Assert Grappler keeps every clone, of its op type, still after its group's trigger (Grappler
-    drops a control edge that a path through the chain's earlier clones already implies)."""
-    optimized = {n.name: n for n in tfi.grappler_optimize(cf, DEVICE).node}
+    drops a control edge that a path through the chain's earlier clones already implies).
+    ``optimized``: Grappler's graph of ``cf`` if already made."""
+    optimized = {n.name: n for n in (optimized if optimized is not None else tfi.grappler_optimize(cf, DEVICE)).node}
     dag = nx.DiGraph((i.lstrip("^").split(":")[0], n.name) for n in optimized.values() for i in n.input)
     graph = cf.graph
     missing, changed = [], []
@@ -59,29 +60,27 @@ def check_clones_survive_grappler(cf, plan):
 
 @pytest.mark.parametrize("name", ["cnn", "transformer", pytest.param("resnet50", marks=pytest.mark.slow)])
 def test_recompute_is_bit_identical_and_structured(name):
-    setup = zoo.ZOO[name]()
-    fn = setup.step_fn()
-    plain = tf.function(fn)
-    lms = tflms.function(fn, device=DEVICE, recompute=True, **SMALL)
-    losses_plain, vars_plain = zoo.run_steps(setup, plain, n=3)
-    losses_lms, vars_lms = zoo.run_steps(setup, lms, n=3)
+    shared = zoo.shared(name)  # its plain step traced and trained once per process
+    setup = shared.setup
+    cf, plan = tflms.optimize(shared.cf, device=DEVICE, recompute=True, **SMALL)
+    losses_plain, vars_plain = shared.plain_run(3)
+    losses_lms, vars_lms = zoo.run_steps(setup, cf, n=3)
     np.testing.assert_array_equal(losses_lms, losses_plain)
     for a, b in zip(vars_lms, vars_plain):
         np.testing.assert_array_equal(a, b)
     setup.reset()
     assert any(not np.array_equal(a, b.numpy()) for a, b in zip(vars_plain, setup.state()))
 
-    plan = lms.get_plan(setup.x, setup.y)
     assert plan.recomputes, plan.summary()
-    cf = lms.get_concrete_function(setup.x, setup.y)
     check_recomputes(cf, plan)
     check_structure(cf, plan, DEVICE, HOST)
-    check_survives_grappler(cf, DEVICE)
-    check_clones_survive_grappler(cf, plan)
+    optimized = tfi.grappler_optimize(cf, DEVICE)
+    check_survives_grappler(cf, DEVICE, optimized)
+    check_clones_survive_grappler(cf, plan, optimized)
     # A recomputed tensor is not swapped too, and every recompute reads only what is there.
     assert not {s.tensor for s in plan.swaps} & {r.tensor for r in plan.recomputes}
     # Recomputing instead of swapping moves fewer bytes over the link than swapping alone.
-    swap_only = tflms.function(fn, device=DEVICE, **SMALL).get_plan(setup.x, setup.y)
+    _, swap_only = tflms.optimize(shared.cf, device=DEVICE, **SMALL)
     assert plan.swapped_bytes < swap_only.swapped_bytes
     assert plan.link_seconds < swap_only.link_seconds
     assert plan.step_seconds < swap_only.step_seconds

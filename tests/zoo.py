@@ -8,6 +8,7 @@ and an LMS step can be compared exactly on one model object.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import keras
@@ -59,6 +60,31 @@ def run_steps(setup: Setup, step: Callable, n: int = 3, device: str | None = "/d
             with tf.device(device):
                 losses.append(step(setup.x, setup.y).numpy())
     return np.array(losses), [v.numpy() for v in setup.state()]
+
+
+@dataclasses.dataclass(eq=False)  # hashed by identity, for plain_run's cache
+class Shared:
+    """One model's setup, its plain step traced once, and the plain step's training results:
+    for the tests of one pytest process that compare rewrites of the same step (tracing
+    ResNet50 takes about 10 s, and a traced step's first call as long again on 2 cores).
+    ``make test`` runs each test file in one process (``pytest-xdist --dist loadfile``)."""
+
+    setup: Setup
+    plain: Callable  # the tf.function of the plain step
+    cf: Callable  # its concrete function for (setup.x, setup.y)
+
+    @functools.cache  # noqa: B019 (one instance per model, kept for the process)
+    def plain_run(self, n: int = 3) -> tuple:
+        """``run_steps(setup, plain, n)``, computed once per ``n``: (losses, variables)."""
+        return run_steps(self.setup, self.plain, n=n)
+
+
+@functools.cache
+def shared(name: str, **kwargs) -> Shared:
+    """The :class:`Shared` setup of ``ZOO[name](**kwargs)``, made once per process."""
+    setup = ZOO[name](**kwargs)
+    plain = tf.function(setup.step_fn())
+    return Shared(setup, plain, plain.get_concrete_function(setup.x, setup.y))
 
 
 def _classification(name, model, batch, input_shape, classes, seed=0, optimizer=None):
