@@ -365,6 +365,31 @@ def test_a_variable_updated_while_a_read_of_it_is_held_is_copied():
     assert not any("(copied by" in name for p in range(len(waiting.order)) for name, _ in waiting.live(p))
 
 
+def test_an_ordered_step_derives_its_variable_copies_from_the_unordered_one():
+    """The schedule's search orders one step many times (``Simulator._ordered``); the ordered
+    step's in-place writes (rule 6) are derived from the step's own: an order can only make a
+    write wait for more reads. Ordering ``update`` after ``dx`` leaves no copy of v, as the
+    control input of ``variable_update_model(wait=True)`` does; an order that does not make
+    ``update`` wait for ``dx`` keeps it. Both derivations equal a fresh one."""
+    from tflms import simulator
+    from tflms.plan import Order
+
+    sim = Simulator(variable_update_model())
+    ordered = sim._ordered([Order(op="update", after="gradient_tape/dx")])  # noqa: SLF001
+    waiting = Simulator(variable_update_model(wait=True))
+    assert ordered.order == waiting.order
+    assert list(ordered.profile().requested) == list(waiting.profile().requested)
+    assert not any("(copied by" in name for p in range(len(ordered.order)) for name, _ in ordered.live(p))
+    kept = sim._ordered([Order(op="gradient_tape/dx", after="gradient_tape/dv")])  # noqa: SLF001
+    assert any("(copied by" in name for p in range(len(kept.order)) for name, _ in kept.live(p))
+    for s in (ordered, kept):
+        seeded = simulator._STATICS[s.executed.dag][None][1]  # noqa: SLF001
+        types = {n: d["type"] for n, d in s.executed.dag.nodes(data=True)}
+        assert seeded.writes == simulator._variable_writes(s.executed, seeded.root, types)  # noqa: SLF001
+    statics = simulator._STATICS  # noqa: SLF001
+    assert len(statics[ordered.executed.dag][None][1].writes) == 0 < len(statics[kept.executed.dag][None][1].writes)
+
+
 def test_later_steps_hold_the_chunks_that_copies_moved_variables_to():
     """Rule 8 runs STEPS steps on one allocator: the copy of v is v's chunk in the steps after,
     carved from memory the first step's activations had, so they get other chunks and the peak
