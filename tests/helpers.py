@@ -1,7 +1,11 @@
 """Structural checks shared by the rewrite tests."""
 
+import networkx as nx
+
 from tflms import _tf_internal as tfi
-from tflms.rewrite import SWAP_IN_SCOPE, SWAP_OUT_SCOPE, is_landing, landing_name
+from tflms.rewrite import RECOMPUTE_SCOPE, SWAP_ATTR, SWAP_IN_SCOPE, SWAP_OUT_SCOPE, is_landing, landing_name
+
+from conftest import DEVICE
 
 
 def swap_ops(graph):
@@ -70,3 +74,42 @@ ACCUMULATION = {"TemporaryVariable", "AssignAdd"}
 def ran_op_types(call):
     """Call ``call()`` once; the op types of every graph partition the runtime ran for it."""
     return {n.op for g in tfi.ran_graphs(call) for n in g.node}
+
+
+def check_recomputes(cf, plan):
+    """Assert the rewritten graph holds exactly the plan's clones, gated and wired."""
+    graph = cf.graph
+    clones = [op for op in graph.get_operations() if op.name.startswith(RECOMPUTE_SCOPE + "/")]
+    assert len(clones) == sum(len(r.ops) * len(r.groups) for r in plan.recomputes)
+    for rc in plan.recomputes:
+        for k, group in enumerate(rc.groups):
+            for name in rc.ops:
+                clone, original = graph.get_operation_by_name(rc.clone(name, k)), graph.get_operation_by_name(name)
+                assert clone.type == original.type and clone.get_attr(SWAP_ATTR) == b"recompute"
+                assert [c.name for c in clone.control_inputs] == [group.trigger]
+                assert clone.device == (original.device or DEVICE)
+            out = graph.get_tensor_by_name(rc.output(k))
+            for consumer, index in group.consumers:
+                op = graph.get_operation_by_name(consumer)
+                # Read through a landing when the consumer is also fed by a swap: never the original.
+                assert op.inputs[index] is out, (consumer, index)
+
+
+def check_clones_survive_grappler(cf, plan, optimized=None):
+    """Assert Grappler keeps every clone, of its op type, still after its group's trigger (Grappler
+    drops a control edge that a path through the chain's earlier clones already implies).
+    ``optimized``: Grappler's graph of ``cf`` if already made."""
+    optimized = {n.name: n for n in (optimized if optimized is not None else tfi.grappler_optimize(cf, DEVICE)).node}
+    dag = nx.DiGraph((i.lstrip("^").split(":")[0], n.name) for n in optimized.values() for i in n.input)
+    graph = cf.graph
+    missing, changed = [], []
+    for rc in plan.recomputes:
+        for k, group in enumerate(rc.groups):
+            for op in rc.ops:
+                node = optimized.get(rc.clone(op, k))
+                if node is None:
+                    missing.append(rc.clone(op, k))
+                elif node.op != graph.get_operation_by_name(op).type or not nx.has_path(dag, group.trigger, node.name):
+                    changed.append((node.name, node.op, group.trigger))
+    assert not missing, f"Grappler removed {len(missing)} recompute clones, e.g. {missing[:3]}"
+    assert not changed, f"Grappler changed {len(changed)} recompute clones' type or gating, e.g. {changed[:3]}"

@@ -143,10 +143,13 @@ def test_max_batch_size_traces_a_transformer_per_batch():
     assert source is not step
     assert source(8).structured_input_signature[0][0].shape.as_list() == [8, 64, 32]
     budget = 8 * 2**20
-    result = tflms.max_batch_size(model, budget, limit=64)
+    # serialize=False: the per-batch tracing is what is tested here; the schedule search
+    # would add about 8 s alone on 2 CPUs.
+    config = LMSConfig(budget=budget, serialize=False)
+    result = tflms.max_batch_size(model, budget, limit=64, serialize=False)
 
     def plan_at(batch):
-        return make_plan(tflms.GraphModel.from_func_graph(source(batch).graph), LMSConfig(budget=budget))
+        return make_plan(tflms.GraphModel.from_func_graph(source(batch).graph), config)
 
     plan = plan_at(result.with_lms)
     assert plan.peak_bytes_after <= budget
@@ -156,7 +159,7 @@ def test_max_batch_size_traces_a_transformer_per_batch():
     # The unknown-batch trace, sized per batch, cannot plan those views: at that batch no plan
     # of it fits (it predicts a smaller largest batch).
     with pytest.raises(BudgetError):
-        make_plan(tflms.GraphModel.from_func_graph(step.graph, batch_size=result.with_lms), LMSConfig(budget=budget))
+        make_plan(tflms.GraphModel.from_func_graph(step.graph, batch_size=result.with_lms), config)
 
 
 def test_pixels_reshaped_to_rows_are_traced_per_batch():

@@ -12,7 +12,7 @@ from tflms import _tf_internal as tfi
 
 import zoo
 from conftest import DEVICE, HOST, SMALL
-from helpers import check_structure, check_survives_grappler, swap_ops
+from helpers import check_clones_survive_grappler, check_recomputes, check_structure, check_survives_grappler, swap_ops
 
 #: Models whose rewritten step is not bit-identical, with the tolerance held and why: none.
 #: Two causes found so far (issue 10), both avoided by tflms:
@@ -329,3 +329,35 @@ def test_the_measured_transformer_trains_bit_identically_with_swaps_recompute_an
         np.testing.assert_array_equal(losses, losses_plain, err_msg=str(options))
         for a, b in zip(variables, vars_plain, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["cnn", "transformer", pytest.param("resnet50", marks=pytest.mark.slow)])
+def test_recompute_is_bit_identical_and_structured(name):
+    """With ``recompute=True`` the step trains bit-identically to the plain step, holds the
+    clones the plan names (each gated by its trigger, its group's consumers reading it) and
+    keeps them through Grappler. Here, not in test_recompute.py: it reuses this process's
+    traced and trained plain steps (``zoo.shared``)."""
+    shared = zoo.shared(name)  # its plain step traced and trained once per process
+    setup = shared.setup
+    cf, plan = tflms.optimize(shared.cf, device=DEVICE, recompute=True, **SMALL)
+    losses_plain, vars_plain = shared.plain_run(3)
+    losses_lms, vars_lms = zoo.run_steps(setup, cf, n=3)
+    np.testing.assert_array_equal(losses_lms, losses_plain)
+    for a, b in zip(vars_lms, vars_plain):
+        np.testing.assert_array_equal(a, b)
+    setup.reset()
+    assert any(not np.array_equal(a, b.numpy()) for a, b in zip(vars_plain, setup.state()))
+
+    assert plan.recomputes, plan.summary()
+    check_recomputes(cf, plan)
+    check_structure(cf, plan, DEVICE, HOST)
+    optimized = tfi.grappler_optimize(cf, DEVICE)
+    check_survives_grappler(cf, DEVICE, optimized)
+    check_clones_survive_grappler(cf, plan, optimized)
+    # A recomputed tensor is not swapped too, and every recompute reads only what is there.
+    assert not {s.tensor for s in plan.swaps} & {r.tensor for r in plan.recomputes}
+    # Recomputing instead of swapping moves fewer bytes over the link than swapping alone.
+    _, swap_only = tflms.optimize(shared.cf, device=DEVICE, **SMALL)
+    assert plan.swapped_bytes < swap_only.swapped_bytes
+    assert plan.link_seconds < swap_only.link_seconds
+    assert plan.step_seconds < swap_only.step_seconds
