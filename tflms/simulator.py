@@ -544,6 +544,92 @@ class _Static:
     #: [(a ReadVariableOp of that variable, the ops that read its value and that the writer
     #: does not wait for)]).
     writes: list[tuple[str, int, str, list[tuple[str, list[str]]]]]
+    #: ``tensors`` and ``forwarding`` as arrays (:func:`_arrays`), made on the first replay; an
+    #: ordered step's static (:func:`_seed_ordered_static`) shares its parent's.
+    arrays: _Arrays | None = None
+
+
+@dataclasses.dataclass
+class _Arrays:
+    """:class:`_Static`'s buffers and reads as numpy arrays, for :class:`_Replay` to place them on
+    a schedule in numpy: ``op``-arrays index :attr:`ops`, ``root``-arrays :attr:`roots`."""
+
+    ops: dict[str, int]  # op -> its index
+    roots: list[str]  # the buffers allocated on the device, in the order of their tensors
+    alloc_op: np.ndarray  # per root: the op that allocates it
+    alloc_bytes: np.ndarray  # per root: its bytes
+    is_argument: np.ndarray  # per root: a step argument (the caller holds it for the whole step)
+    keep_root: np.ndarray  # per (tensor, op) that keeps a root live (not an IdentityN): the root
+    keep_op: np.ndarray  # ... and the op
+    read_root: np.ndarray  # per read of a root (through any alias): the root
+    read_op: np.ndarray  # ... the reading op
+    read_index: np.ndarray  # ... and its input index
+    reads_of: dict[str, list[tuple[str, int]]]  # every root (allocated or not) -> its reads (consumer, index)
+    #: In-place candidates: (op, [(input index, root index)]), for roots that are allocated.
+    forwarding: list[tuple[str, list[tuple[int, int]]]]
+
+
+def _arrays(static: _Static, model: GraphModel) -> _Arrays:
+    """``static``'s :class:`_Arrays` (made once, kept on it)."""
+    if static.arrays is not None:
+        return static.arrays
+    ops = {op: k for k, op in enumerate(model.dag)}
+    roots: dict[str, int] = {}
+    alloc_op, alloc_bytes, is_argument = [], [], []
+    types = model.dag.nodes
+    for r, op, _, _, nbytes in static.tensors:
+        if nbytes and r not in roots:
+            roots[r] = len(roots)
+            alloc_op.append(ops[op])
+            alloc_bytes.append(nbytes)
+            is_argument.append(types[op]["type"] in _ARGUMENT_OP_TYPES)
+    keep_root, keep_op, read_root, read_op, read_index = [], [], [], [], []
+    reads_of: dict[str, list[tuple[str, int]]] = {}
+    for r, op, readers, counts, _ in static.tensors:
+        reads_of.setdefault(r, []).extend(readers)
+        k = roots.get(r)
+        if k is None:
+            continue
+        if counts:
+            keep_root.append(k)
+            keep_op.append(ops[op])
+        for c, i in readers:
+            read_root.append(k)
+            read_op.append(ops[c])
+            read_index.append(i)
+    forwarding = [(op, [(i, roots[r]) for i, r in cands]) for op, cands in static.forwarding]
+
+    def ints(values: list[int]) -> np.ndarray:
+        return np.array(values, dtype=np.int64)
+
+    static.arrays = _Arrays(
+        ops,
+        list(roots),
+        ints(alloc_op),
+        ints(alloc_bytes),
+        np.array(is_argument, dtype=bool),
+        ints(keep_root),
+        ints(keep_op),
+        ints(read_root),
+        ints(read_op),
+        ints(read_index),
+        reads_of,
+        forwarding,
+    )
+    return static.arrays
+
+
+class _Reads(dict):
+    """Root -> its reads ``[(position, (consumer, input index))]`` in a schedule, made when asked."""
+
+    def __init__(self, pos: dict[str, int], reads_of: dict[str, list[tuple[str, int]]]) -> None:
+        super().__init__()
+        self._pos, self._reads_of = pos, reads_of
+
+    def __missing__(self, r: str) -> list[tuple[int, tuple[str, int]]]:
+        pos = self._pos
+        found = self[r] = [(pos[read[0]], read) for read in self._reads_of[r]]
+        return found
 
 
 #: Per model DAG and host: its :class:`_Static`, with the tensors dict it was made from. The
@@ -704,42 +790,65 @@ class _Replay:
         static = _static(model, device_key(host) if host else None)
         self.root = static.root
 
-        # Every read of a buffer (through any alias): (position, (consumer, input index)).
-        # IdentityN is not a reader: Grappler removes it, its consumers read its inputs.
-        self.reads: dict[str, list[tuple[int, tuple[str, int]]]] = {}
-        self.alloc: dict[str, tuple[int, int]] = {}
-        self.first: dict[str, int] = {}  # the buffer is live at least until here (an alias op's own position)
-        types = model.dag.nodes
-        for r, op, readers, counts, nbytes in static.tensors:
-            p = pos[op]
-            reads = self.reads.setdefault(r, [])
-            reads.extend((pos[c], (c, i)) for c, i in readers)
-            if counts:
-                self.first[r] = max(self.first.get(r, p), p)
-            if nbytes:
-                self.alloc[r] = (p, nbytes)
-                if types[op]["type"] in _ARGUMENT_OP_TYPES:  # the caller holds it for the whole step
-                    self.alloc[r], self.first[r] = (0, nbytes), n + LAG
+        # Every buffer's allocation, reads (through any alias) and end, placed on the schedule in
+        # numpy (the schedule's search replays one step under many orders).
+        arrays = _arrays(static, model)
+        at = np.full(len(arrays.ops), -1, dtype=np.int64)  # op index -> position
+        at[[arrays.ops[op] for op in self.order]] = np.arange(n)
+        n_roots = len(arrays.roots)
+        start = at[arrays.alloc_op]
+        start[arrays.is_argument] = 0
+        first = np.full(n_roots, -1, dtype=np.int64)  # the buffer is live at least until here
+        np.maximum.at(first, arrays.keep_root, at[arrays.keep_op])
+        first[arrays.is_argument] = n + LAG
+        # Per buffer its last read, and the one read there if no other read is within
+        # CONCURRENT_READS positions of it (see _last_read): sorted by buffer, then position.
+        read_at = at[arrays.read_op]
+        by = np.lexsort((read_at, arrays.read_root))
+        ends = np.flatnonzero(np.append(np.diff(arrays.read_root[by]) != 0, True)) if by.size else by
+        last = np.full(n_roots, -1, dtype=np.int64)
+        sole = np.full(n_roots, -1, dtype=np.int64)  # index of that read, -1 if none
+        if ends.size:
+            top = by[ends]
+            groups = arrays.read_root[top]
+            last[groups] = read_at[top]
+            second = np.full(ends.size, -1, dtype=np.int64)
+            shared = ends > 0
+            shared[shared] = arrays.read_root[by[ends[shared] - 1]] == groups[shared]
+            second[shared] = read_at[by[ends[shared] - 1]]
+            sole[groups] = np.where(second < read_at[top] - CONCURRENT_READS, top, -1)
 
         # In-place outputs: the read (op, input) whose buffer the op may reuse for its output.
         self.forwarding: set[tuple[str, int]] = set()
-        for op, cands in static.forwarding:
-            if op in pos:
-                last = [i for i, r in cands if self._last_read(self.reads[r]) == (op, i)]
-                self.forwarding.add((op, (last or [cands[0][0]])[0]))
+        forwarded = np.full(len(arrays.ops), -1, dtype=np.int64)  # op index -> the input it reuses
+        read_op, read_index = arrays.read_op, arrays.read_index
+        for op, cands in arrays.forwarding:
+            if op not in pos:
+                continue
+            k = arrays.ops[op]
+            mine = [i for i, r in cands if sole[r] >= 0 and read_op[sole[r]] == k and read_index[sole[r]] == i]
+            i = (mine or [cands[0][0]])[0]
+            self.forwarding.add((op, i))
+            forwarded[k] = i
+        # Freed right after the last read; *at* it when that read writes its output in place (_end).
+        in_place = sole >= 0
+        if in_place.any():
+            read = sole[in_place]
+            in_place[in_place] = forwarded[read_op[read]] == read_index[read]
+        end = np.where(last <= first, first + 1, np.where(in_place, last, last + 1 + LAG))
 
+        roots, starts, ends_at, sizes = arrays.roots, start.tolist(), end.tolist(), arrays.alloc_bytes.tolist()
+        self.reads: dict[str, list[tuple[int, tuple[str, int]]]] = _Reads(pos, arrays.reads_of)
+        self.alloc: dict[str, tuple[int, int]] = dict(zip(roots, zip(starts, sizes)))
+        self.first: dict[str, int] = dict(zip(roots, first.tolist()))
         # end[r]: first schedule position where buffer r is no longer counted.
-        self.end: dict[str, int] = {r: self._end(self.reads[r], self.first[r]) for r in self.alloc}
+        self.end: dict[str, int] = dict(zip(roots, ends_at))
         # The buffers of the step without swaps, as :meth:`_spans` lists them (swaps replace a few).
-        self._plain_spans = [
-            (p, self.end[r], nbytes, self.end[r] == max((q for q, _ in self.reads[r]), default=-1), r, -1)
-            for r, (p, nbytes) in self.alloc.items()
-        ]
-        self._span_index = {r: k for k, r in enumerate(self.alloc)}
+        self._plain_spans = list(zip(starts, ends_at, sizes, (end == last).tolist(), roots, [-1] * n_roots))
+        self._span_index = {r: k for k, r in enumerate(roots)}
         self.base = np.zeros(n + LAG + 2, dtype=np.int64)
-        for r, (p, nbytes) in self.alloc.items():
-            self.base[p] += nbytes
-            self.base[self.end[r]] -= nbytes
+        np.add.at(self.base, start, arrays.alloc_bytes)
+        np.add.at(self.base, end, -arrays.alloc_bytes)
         self.peaks: dict[tuple[tuple[Swap, ...], int], int] = {}  # peak(): (swaps, steps) -> exact peak
         # Rule 6: a variable written while a value read from it before may still be held is
         # copied; the old buffer lives until its last read (counted here as the copy's bytes).
