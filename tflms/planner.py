@@ -113,11 +113,11 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         swaps = swaps[: config.n_tensors]
     swaps.sort(key=lambda s: (s.level, s.tensor))
     if config.serialize:  # also where no tensor qualifies: the orders alone can be the plan
-        from .schedule import memory_orders
+        from .schedule import _memory_orders
 
-        more, ordered = memory_orders(model, swaps, config.host)
+        more, ordered_sim = _memory_orders(sim, swaps)  # sim: of ``model`` (with the budget's orders)
         if more:
-            orders, sim = orders + more, Simulator(ordered, config.host)
+            orders, sim = orders + more, ordered_sim
     if not swaps and not recomputes and not orders:
         return empty(
             f"no tensor qualifies (forward output >= min_bytes={config.min_bytes} with a backward "

@@ -89,10 +89,20 @@ def memory_orders(
     >>> Simulator(model).requested_peak(), Simulator(ordered).requested_peak()
     (8408, 4408)
     """
+    kept, _ = _memory_orders(Simulator(model, host), swaps)
+    return kept, with_orders(model, kept)  # levels recomputed: the planner reads them
+
+
+def _memory_orders(sim: Simulator, swaps: Sequence[Swap] = ()) -> tuple[tuple[Order, ...], Simulator]:
+    """:func:`memory_orders` on ``sim``'s model: the orders, and a simulator of the model with
+    them (``sim`` when there are none), made by the search (:meth:`Simulator._ordered`). A
+    simulator with a given order (``Simulator(..., order=...)``) is replaced by one without."""
+    if sim._order is not None:  # noqa: SLF001 (an order given to it cannot take ordering edges)
+        sim = Simulator(sim.model, sim.host)
     kept: list[Order] = []  # the orders of the last kept state
     tentative: list[Order] = []  # applied after it, kept only if a later round pays off (step 4)
     pending = 0  # tentative rounds since the last kept state
-    sim = Simulator(model, host)  # of the current state: the kept and tentative orders applied
+    kept_sim = sim  # of the last kept state; ``sim``: of the current one (kept and tentative orders)
     best_requested, best_chunks = sim.requested_peak(swaps), sim.peak(swaps)
     for _ in range(MAX_ROUNDS):
         found = None
@@ -110,13 +120,13 @@ def memory_orders(
         chunks = sim.peak(swaps, above=best_chunks) if requested <= best_requested * (1 - MIN_GAIN) else None
         if chunks is not None and chunks <= best_chunks:
             kept.extend(tentative)
-            tentative, pending = [], 0
+            tentative, pending, kept_sim = [], 0, sim
             best_requested, best_chunks = requested, chunks
             continue
         pending += 1
         if pending >= LOOKAHEAD:
             break
-    return tuple(kept), with_orders(model, kept)  # levels recomputed: the planner reads them
+    return tuple(kept), kept_sim
 
 
 def _candidates(sim: Simulator, swaps: Sequence[Swap]) -> list[tuple[Order, ...]]:
