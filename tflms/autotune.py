@@ -44,7 +44,7 @@ import numpy as np
 from .candidates import candidate_swaps
 from .config import LMSConfig, check_int, parse_bytes
 from .errors import BudgetError
-from .graph import GraphModel
+from .graph import GraphModel, with_orders
 from .plan import Order, Swap, format_sizes, link_seconds
 from .simulator import Simulator
 
@@ -182,12 +182,13 @@ def _serialized_search(
     tuned, lowest, lowest_swaps = _search(model, config, sim, budget)
     if tuned is not None or not config.serialize or not lowest_swaps:
         return tuned, lowest, (), sim
-    from .schedule import memory_orders
+    from .schedule import _memory_orders
 
-    orders, ordered = memory_orders(model, lowest_swaps, config.host)
+    orders, ordered_sim = _memory_orders(sim, lowest_swaps)
     if not orders:
         return tuned, lowest, (), sim
-    ordered_sim = Simulator(ordered, config.host)
+    ordered = with_orders(model, orders)  # levels recomputed: the search's candidates read them
+    ordered_sim = ordered_sim._of(ordered)  # noqa: SLF001 (the search's simulator, of the same step)
     tuned, ordered_lowest, _ = _search(ordered, config, ordered_sim, budget)
     return tuned, min(lowest, ordered_lowest), orders, ordered_sim
 

@@ -370,6 +370,14 @@ class Simulator:
         new.executed, new.order, new.pos = base.model, base.order, base.pos
         return new
 
+    def _of(self, model: GraphModel) -> Simulator:
+        """This simulator as one of ``model``: :attr:`model` with the same ops, edges and
+        tensors, e.g. :func:`tflms.graph.with_orders` of the orders that :meth:`_ordered` added
+        (it recomputes the levels, which the simulator does not read)."""
+        new = copy.copy(self)
+        new.model = model
+        return new
+
     def _ordered_requested_peak(self, orders: Sequence[Order], swaps: Sequence[Swap] = ()) -> int:
         """``self._ordered(orders).requested_peak(swaps)``, without building that model: an
         order changes only the schedule. For the schedule's search, which tries many orders."""
