@@ -41,10 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from .candidates import candidate_swaps
+from .candidates import _eligible, _swaps
 from .config import LMSConfig, check_int, parse_bytes
 from .errors import BudgetError
-from .graph import GraphModel, with_orders
+from .graph import GraphModel, TensorInfo, with_orders
 from .plan import Order, Swap, format_sizes, link_seconds
 from .simulator import Simulator
 
@@ -76,10 +76,11 @@ def _own_knobs(config: LMSConfig) -> tuple[int, int, int]:
     return config.swapout_threshold, config.swapin_ahead, config.swapin_groupby
 
 
-def _grid(model: GraphModel, config: LMSConfig) -> list[tuple[int, int, int, list[Swap]]]:
+def _grid(model: GraphModel, config: LMSConfig, eligible: list[TensorInfo]) -> list[tuple[int, int, int, list[Swap]]]:
     """(threshold, ahead, groupby, the candidate swaps) of the search grid: each threshold and
-    groupby with the latest prefetch (``ahead=1``), and ``config``'s own three knobs."""
-    everything = candidate_swaps(model, _knobs(config, 0, 1, 0))
+    groupby with the latest prefetch (``ahead=1``), and ``config``'s own three knobs.
+    ``eligible``: the tensors ``config`` lets be swapped (the knobs do not change them)."""
+    everything = _swaps(model, _knobs(config, 0, 1, 0), eligible)
     if not everything:
         return []
     max_distance = max(s.distance for s in everything)
@@ -89,13 +90,13 @@ def _grid(model: GraphModel, config: LMSConfig) -> list[tuple[int, int, int, lis
             swaps = (
                 everything
                 if threshold == 0 and groupby == 0
-                else candidate_swaps(model, _knobs(config, threshold, 1, groupby))
+                else _swaps(model, _knobs(config, threshold, 1, groupby), eligible)
             )
             if swaps:
                 grid.append((threshold, 1, groupby, swaps))
     own = _own_knobs(config)
     if own not in {entry[:3] for entry in grid}:
-        swaps = candidate_swaps(model, _knobs(config, *own))
+        swaps = _swaps(model, _knobs(config, *own), eligible)
         if swaps:
             grid.append((*own, swaps))
     return grid
@@ -118,7 +119,8 @@ def _search(
     deepest: list[tuple[int, tuple[int, int, int], int]] = []  # (fast peak, knobs, n): the lowest prefixes
     grid = {}
     own = _own_knobs(config)
-    for threshold, ahead, groupby, swaps in _grid(model, config):
+    eligible = _eligible(model, config)
+    for threshold, ahead, groupby, swaps in _grid(model, config, eligible):
         knobs = (threshold, ahead, groupby)
         grid[knobs] = swaps
         peaks = sim.prefix_peaks(swaps)
@@ -155,7 +157,7 @@ def _search(
     (threshold, fitted, groupby), n = best
     # Earliest prefetch first; the last one tried is the one that fitted above.
     for ahead in sorted({a for a in AHEADS if a > fitted} | {fitted}, reverse=True):
-        if _fits(sim, candidate_swaps(model, _knobs(config, threshold, ahead, groupby))[:n], budget):
+        if _fits(sim, _swaps(model, _knobs(config, threshold, ahead, groupby), eligible)[:n], budget):
             break
     tuned = dataclasses.replace(
         config, budget=budget, swapout_threshold=threshold, swapin_ahead=ahead, swapin_groupby=groupby, n_tensors=n

@@ -6,6 +6,8 @@ The rules are those listed in :mod:`tflms.planner`; this module holds the part t
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import networkx as nx
 
 from .config import LMSConfig
@@ -61,7 +63,18 @@ def is_collective(op_type: str) -> bool:
 def candidate_swaps(model: GraphModel, config: LMSConfig) -> list[Swap]:
     """Every swap ``config`` allows, in the order ``n_tensors`` keeps them:
     bytes descending, then distance descending, then tensor name."""
-    swaps = [s for t in model.tensors.values() if (s := _plan_tensor(model, t, config)) is not None]
+    return _swaps(model, config, _eligible(model, config))
+
+
+def _eligible(model: GraphModel, config: LMSConfig) -> list[TensorInfo]:
+    """The tensors that ``config`` lets be swapped at all: the same for every swap-out
+    threshold, prefetch distance and grouping (the autotuner's grid reuses them)."""
+    return [t for t in model.tensors.values() if t.consumers and _is_candidate(model, t, config)]
+
+
+def _swaps(model: GraphModel, config: LMSConfig, eligible: Sequence[TensorInfo]) -> list[Swap]:
+    """:func:`candidate_swaps` of ``eligible`` (:func:`_eligible` of ``model`` under ``config``'s other options)."""
+    swaps = [s for t in eligible if (s := _plan_tensor(model, t, config, checked=True)) is not None]
     swaps.sort(key=lambda s: (-s.bytes, -s.distance, s.tensor))
     return swaps
 
@@ -92,8 +105,9 @@ def _is_candidate(model: GraphModel, t: TensorInfo, config: LMSConfig) -> bool:
     return not (config.excl_scopes and t.op.startswith(config.excl_scopes))
 
 
-def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig) -> Swap | None:
-    if not t.consumers or not _is_candidate(model, t, config):
+def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig, checked: bool = False) -> Swap | None:
+    """``t``'s swap under ``config``, or None; ``checked``: ``t`` is known to be :func:`_eligible`."""
+    if not checked and (not t.consumers or not _is_candidate(model, t, config)):
         return None
     nodes = model.dag.nodes
     level = nodes[t.op]["level"]
