@@ -206,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                     "bound": bound,
                     "serialize": args.serialize,
                     "seconds": round(seconds, 1),
+                    "planned": time.strftime("%Y-%m-%d"),  # rows of other models keep their own date
                 }
             )
             ratio_text = f"x{ratio:.1f}" if ratio else "-"

@@ -74,10 +74,11 @@ def pass_speed(data: dict) -> str:
 
 def capacity(data: dict) -> str:
     lines = [
-        f"_{_header(data)}; **simulator predictions**, search precision {data['rel_tol']:.0%}_",
+        f"_{_header(data)}; **simulator predictions**, search precision {data['rel_tol']:.0%}; planned: the day "
+        "of the row's run, with the simulator of that day_",
         "",
-        "| model | budget | largest | without LMS | with LMS | ratio | no plan past (one op's working set) |",
-        "|---|---:|---|---:|---:|---:|---:|",
+        "| model | budget | largest | without LMS | with LMS | ratio | no plan past (one op's working set) | planned |",
+        "|---|---:|---|---:|---:|---:|---:|---|",
     ]
     for r in data["rows"]:
         base = r["without_lms"]
@@ -89,7 +90,8 @@ def capacity(data: dict) -> str:
             bound_text = f"{bound} (x{bound / base:.1f})" if base else str(bound)
         model = f"{r['model']}, `serialize={bool(r.get('serialize'))}`"  # rows without it: before it existed
         lines.append(
-            f"| {model} | {r['budget']} | {r['measure']} | {base} | {r['with_lms']} | {ratio} | {bound_text} |"
+            f"| {model} | {r['budget']} | {r['measure']} | {base} | {r['with_lms']} | {ratio} | {bound_text} "
+            f"| {r.get('planned', '-')} |"  # the simulator of that day
         )
     return "\n".join(lines)
 
