@@ -11,24 +11,35 @@ steady steps after two warm-up steps) next to the simulator's predicted peak.
 batch is found in seconds per attempt on any GPU size. The attempts of one search round
 run side by side (``--jobs``), each under its own cap; the timed runs run alone.
 
-Modes: ``plain`` (``tf.function``), ``tflms`` (``tflms.function`` with default options),
-``fenced`` (the same with ``swapout_window=--window``: the forward pass waits for the
-swap-outs, so it cannot run ahead of the link; see the README's GPU results) and
-``budget`` (``tflms.function(budget=fraction * cap)``: autotuned to the cap).
+Modes: ``plain`` (``tf.function``), ``tflms`` (``tflms.function`` with default options: since
+2026-11-26 ``swapout_window='auto'``, two swap-outs in flight on a GPU), ``fenced`` (the same
+with ``swapout_window=--window``) and ``budget`` (``tflms.function(budget=fraction * cap)``:
+autotuned to the cap). A *variant* adds modifiers to a mode (:func:`parse_variant`):
+``tflms/w0`` has no fences (the default before 2026-11-26), ``tflms/w4`` four swap-outs in
+flight, ``tflms/p8`` bounds how many kernels the executor enqueues ahead of the GPU
+(``GPUOptions.experimental.kernel_tracker_max_pending``, set when TensorFlow starts).
 
 Phases, each written to the JSON as it ends:
 
-1. ``bandwidth``: host->device and device->host copy rate of one 256 MiB tensor;
-2. ``search``: the largest batch that trains under the cap, plain and budget (a grid, then
-   one round between the largest batch that fits and the smallest that does not);
-3. ``timed``: alone on the GPU, plain, tflms and fenced at the largest plain batch, and
-   budget at its largest: step time, measured and predicted peak, bytes over the link
-   per step and the rate that makes over the step.
+1. ``bandwidth`` (unless ``--skip-bandwidth``): host->device and device->host copy rate of
+   one 256 MiB tensor;
+2. ``compare`` (with ``--compare``): the variants listed, side by side at ``--compare-batch``,
+   each under ``--compare-cap`` (far above its peak, so that no peak is clipped);
+3. ``search``: the largest batch that trains under the cap, plain and budget (a grid, then
+   one round between the largest batch that fits and the smallest that does not); the
+   budget runs take ``--search-modifiers`` (``auto``: those of the compare run with the lowest
+   measured / predicted peak);
+4. ``timed``: alone on the GPU (under ``--timed-cap``), plain, tflms and tflms with the
+   search's modifiers (or fenced) at the largest plain batch, and budget at its largest:
+   step time, measured and predicted peak, bytes over the link per step and the rate that
+   makes over the step.
 
-Usage::
+``--deadline`` skips the runs that would end after it. Usage::
 
     python benchmarks/gpu.py --cap 4GiB                      # ResNet50 224x224
     python benchmarks/gpu.py --model ResNet152 --cap 8GiB --plain 16,24,32 --budget 48,64,96
+    python benchmarks/gpu.py --skip-bandwidth --compare plain,tflms/w0,tflms/w1,tflms/w2,tflms/p8 \\
+        --search-modifiers auto --plain 44,46 --budget 88,96,112,128 --timed-cap 12GiB
 """
 
 from __future__ import annotations
@@ -45,9 +56,18 @@ from pathlib import Path
 MIB = 1 << 20
 
 
-def _gpu_setup(cap: int | None) -> None:
+def _gpu_setup(cap: int | None, max_pending: int = 0) -> None:
+    """Cap the GPU's memory at ``cap`` bytes (else memory growth); ``max_pending`` > 0 bounds how far
+    the executor enqueues kernels ahead of the GPU (``GPUOptions.experimental.kernel_tracker_max_pending``),
+    which TensorFlow reads only when it creates its context, so this must run first."""
     import tensorflow as tf
 
+    if max_pending:
+        from tensorflow.python.framework import ops  # the config can only be given to a new context
+
+        config = tf.compat.v1.ConfigProto()
+        config.gpu_options.experimental.kernel_tracker_max_pending = max_pending
+        ops.enable_eager_execution_internal(config=config)
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
         raise SystemExit("no GPU visible to TensorFlow")
@@ -56,6 +76,35 @@ def _gpu_setup(cap: int | None) -> None:
         tf.config.set_logical_device_configuration(gpus[0], [limit])
     else:
         tf.config.experimental.set_memory_growth(gpus[0], True)
+
+
+#: Modes of a probe; a variant adds modifiers: ``tflms/w2/p8`` is ``tflms`` with ``swapout_window=2``
+#: and ``kernel_tracker_max_pending=8``; ``w0`` is ``swapout_window=None`` (no fences; without a
+#: ``w``, the default ``'auto'``: fences on a GPU). ``fenced`` is ``tflms/w<--window>``.
+MODES = ("plain", "tflms", "fenced", "budget")
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, int]]:
+    """``'budget/w2/p8'`` -> ``('budget', {'window': 2, 'max_pending': 8})``.
+
+    >>> parse_variant("tflms/w4")
+    ('tflms', {'window': 4, 'max_pending': 0})
+    >>> parse_variant("budget")
+    ('budget', {'window': -1, 'max_pending': 0})
+    """
+    mode, *mods = spec.split("/")
+    if mode not in MODES:
+        raise argparse.ArgumentTypeError(f"variant {spec!r}: mode {mode!r} is not one of {', '.join(MODES)}")
+    out = {"window": -1, "max_pending": 0}  # -1: swapout_window left at its default
+    for m in mods:
+        key = {"w": "window", "p": "max_pending"}.get(m[:1])
+        if key is None or not m[1:].isdigit() or mode == "plain" and key == "window":
+            raise argparse.ArgumentTypeError(
+                f"variant {spec!r}: modifier {m!r} is not wN (swapout_window, w0: None; not for plain) or pN "
+                "(kernel_tracker_max_pending)"
+            )
+        out[key] = int(m[1:])
+    return mode, out
 
 
 def bandwidth(nbytes: int = 256 * MIB, reps: int = 5) -> dict:
@@ -85,10 +134,18 @@ def bandwidth(nbytes: int = 256 * MIB, reps: int = 5) -> dict:
 
 
 def probe(
-    model_name: str, size: int, batch: int, mode: str, steps: int, cap: int | None, fraction: float, window: int = 2
+    model_name: str,
+    size: int,
+    batch: int,
+    mode: str,
+    steps: int,
+    cap: int | None,
+    budget: int,
+    window: int = -1,
+    max_pending: int = 0,
 ) -> dict:
     """Train ``steps`` timed steps at ``batch`` in ``mode``; return measurements (in a subprocess)."""
-    _gpu_setup(cap)
+    _gpu_setup(cap, max_pending)
     import keras
     import numpy as np
     import tensorflow as tf
@@ -117,8 +174,8 @@ def probe(
         plan = None  # the plain step's prediction needs no plan: the simulator's peak of its graph
         predicted = tflms.Simulator(tflms.GraphModel.from_func_graph(cf.graph), tflms.LMSConfig().host).peak()
     else:
-        options = {"budget": int(cap * fraction)} if mode == "budget" else {}
-        options |= {"swapout_window": window} if mode == "fenced" else {}
+        options = {"budget": budget} if mode == "budget" else {}
+        options |= {"swapout_window": window or None} if window >= 0 else {}  # -1: the default
         fn = tflms.function(step, **options)
         plan = fn.get_plan(x, y)
         predicted = plan.peak_bytes_after
@@ -142,7 +199,11 @@ def probe(
         "measured_peak_bytes": int(tf.config.experimental.get_memory_info("GPU:0")["peak"]),
         "predicted_peak_bytes": int(predicted),
         "swaps": len(plan.swaps) if plan else 0,
-        **({"swapout_window": window} if mode == "fenced" else {}),
+        "fences": len(plan.fences) if plan else 0,
+        **({"swapout_window": plan.options["swapout_window"]} if plan else {}),
+        **({"kernel_tracker_max_pending": max_pending} if max_pending else {}),
+        **({"budget_bytes": budget} if mode == "budget" else {}),
+        "cap_bytes": cap,
         "link_bytes_per_step": link,
         "link_GBps_over_step": round(link / seconds / 1e9, 2),
         "predicted_link_ms": round(1000 * plan.link_seconds, 2) if plan else 0.0,
@@ -162,35 +223,57 @@ def _subprocess(args: argparse.Namespace, extra: list[str], timeout: float) -> d
         if line.startswith("{"):
             return json.loads(line)
     oom = any(s in r.stderr for s in ("ResourceExhausted", "OOM", "out of memory"))
-    tail = [ln for ln in r.stderr.strip().splitlines() if ln.strip()][-3:]
-    return {"ok": False, "oom": oom, "returncode": r.returncode, "error": tail}
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    first = next((ln.strip()[:500] for ln in lines if "Error" in ln or "error:" in ln), None)
+    return {"ok": False, "oom": oom, "returncode": r.returncode, "first_error": first, "error": lines[-3:]}
 
 
-def attempt(args: argparse.Namespace, batch: int, mode: str, steps: int | None = None) -> dict:
+def attempt(args: argparse.Namespace, batch: int, spec: str, steps: int | None = None, cap: int | None = None) -> dict:
+    """One probe of ``spec`` (see :func:`parse_variant`) at ``batch`` in a fresh process, under ``cap``
+    (default ``--cap``); a budget is ``--fraction`` of ``--cap`` whatever the process's cap."""
+    mode, mods = parse_variant(spec)
+    window = args.window if mode == "fenced" and mods["window"] < 0 else mods["window"]
     extra = ["--probe", "--batch", str(batch), "--mode", mode, "--steps", str(steps or args.steps),
-             "--cap", str(args.cap), "--fraction", str(args.fraction), "--window", str(args.window)]  # fmt: skip
+             "--cap", str(cap or args.cap), "--budget-bytes", str(int(args.fraction * args.cap)),
+             "--window", str(window), "--max-pending", str(mods["max_pending"])]  # fmt: skip
     t0 = time.perf_counter()
     r = _subprocess(args, extra, args.timeout)
-    r.update(batch=batch, mode=mode, wall_s=round(time.perf_counter() - t0, 1))
-    print(f"  {mode:6} batch {batch:>4}: " + json.dumps({k: v for k, v in r.items() if k != "losses"}), flush=True)
+    r.update(batch=batch, mode=mode, variant=spec, wall_s=round(time.perf_counter() - t0, 1))
+    print(f"  {spec:12} batch {batch:>4}: " + json.dumps({k: v for k, v in r.items() if k != "losses"}), flush=True)
     return r
 
 
-def _parallel(args: argparse.Namespace, jobs: list[tuple[int, str]]) -> list[dict]:
-    with ThreadPoolExecutor(args.jobs) as pool:
-        return list(pool.map(lambda j: attempt(args, *j), jobs))
+def _parallel(args: argparse.Namespace, jobs: list[tuple[int, str]], cap: int | None = None) -> list[dict]:
+    with ThreadPoolExecutor(max(1, min(args.jobs, len(jobs)))) as pool:
+        return list(pool.map(lambda j: attempt(args, *j, cap=cap), jobs))
 
 
-def _largest(runs: list[dict], mode: str) -> tuple[int, int | None]:
-    """(largest batch that trained, smallest batch above it that did not) in ``mode``."""
-    ok = [r["batch"] for r in runs if r["mode"] == mode and r["ok"]]
+def _largest(runs: list[dict], spec: str) -> tuple[int, int | None]:
+    """(largest batch that trained, smallest batch above it that did not) of variant ``spec``."""
+    ok = [r["batch"] for r in runs if r["variant"] == spec and r["ok"]]
     best = max(ok, default=0)
-    failed = [r["batch"] for r in runs if r["mode"] == mode and not r["ok"] and r["batch"] > best]
+    failed = [r["batch"] for r in runs if r["variant"] == spec and not r["ok"] and r["batch"] > best]
     return best, min(failed, default=None)
+
+
+def _best_modifiers(runs: list[dict]) -> str:
+    """The modifiers (``'/w2'``, ``'/p8'``, ...) of the rewritten run in ``runs`` with the lowest
+    measured / predicted peak, or ``''`` if none ran."""
+    ok = [r for r in runs if r["ok"] and r["mode"] != "plain"]
+    if not ok:
+        return ""
+    best = min(ok, key=lambda r: (r["measured_peak_bytes"] / r["predicted_peak_bytes"], r["step_ms"]))
+    return best["variant"][len(best["mode"]) :] if best["mode"] != "fenced" else f"/w{best['swapout_window'] or 0}"
 
 
 def main(argv: list[str] | None = None) -> int:
     from tflms.config import parse_bytes
+
+    def variants(text: str) -> list[str]:
+        specs = [v for v in text.split(",") if v]
+        for v in specs:
+            parse_variant(v)
+        return specs
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="ResNet50", help="keras.applications name (default ResNet50)")
@@ -198,24 +281,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cap", type=parse_bytes, default=parse_bytes("4GiB"), help="real device memory cap")
     parser.add_argument("--fraction", type=float, default=0.9, help="budget mode: budget = fraction * cap")
     parser.add_argument("--window", type=int, default=2, help="fenced mode: swapout_window (default 2)")
+    parser.add_argument("--skip-bandwidth", action="store_true", help="no bandwidth phase")
+    parser.add_argument("--compare", type=variants, default=[],
+                        help="variants to run side by side first, e.g. plain,tflms,tflms/w2,tflms/p8")  # fmt: skip
+    parser.add_argument("--compare-batch", type=int, default=44, help="batch of the --compare runs")
+    parser.add_argument("--compare-cap", type=parse_bytes, default=parse_bytes("12GiB"),
+                        help="cap of each --compare run (far above its peak: the peak is not clipped)")  # fmt: skip
     parser.add_argument("--plain", default="24,32,40,48,56,64", help="plain batches of the first round")
     parser.add_argument("--budget", default="64,80,96,112,128,160,192", help="budget batches of the first round")
+    parser.add_argument("--search-modifiers", default="",
+                        help="modifiers of the budget and tflms runs after --compare ('/w2', '/p8'); "
+                        "'auto': those of the --compare run with the lowest measured / predicted peak")  # fmt: skip
     parser.add_argument("--steps", type=int, default=3, help="measured steps per search attempt")
     parser.add_argument("--timed-steps", type=int, default=10, help="measured steps per timed run")
+    parser.add_argument("--timed-cap", type=parse_bytes, default=None,
+                        help="cap of the timed runs (default --cap; above the peaks, none is clipped)")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=8, help="search attempts side by side")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per attempt")
-    parser.add_argument("--deadline", type=float, default=0, help="seconds: skip timed runs that would end later")
+    parser.add_argument("--deadline", type=float, default=0, help="seconds: skip runs that would end later")
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "gpu.json")
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--bandwidth", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--mode", choices=("plain", "tflms", "fenced", "budget"), help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument("--budget-bytes", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--max-pending", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.bandwidth:
         print(json.dumps(bandwidth()), flush=True)
         return 0
     if args.probe:
-        r = probe(args.model, args.image_size, args.batch, args.mode, args.steps, args.cap, args.fraction, args.window)
+        r = probe(args.model, args.image_size, args.batch, args.mode, args.steps, args.cap,
+                  args.budget_bytes or int(args.fraction * args.cap), args.window, args.max_pending)  # fmt: skip
         print(json.dumps(r), flush=True)
         return 0
 
@@ -235,50 +332,71 @@ def main(argv: list[str] | None = None) -> int:
         "image_size": args.image_size,
         "cap_bytes": args.cap,
         "budget_fraction": args.fraction,
+        "budget_bytes": int(args.fraction * args.cap),
     }
 
     def save() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
 
-    print("bandwidth:", flush=True)
-    result["bandwidth"] = _subprocess(args, ["--bandwidth"], args.timeout)
-    print("  " + json.dumps(result["bandwidth"]), flush=True)
-    save()
+    def late(seconds: float) -> bool:
+        return bool(args.deadline) and time.monotonic() - start + seconds > args.deadline
+
+    if not args.skip_bandwidth:
+        print("bandwidth:", flush=True)
+        result["bandwidth"] = _subprocess(args, ["--bandwidth"], args.timeout)
+        print("  " + json.dumps(result["bandwidth"]), flush=True)
+        save()
+    modifiers = "" if args.search_modifiers == "auto" else args.search_modifiers
+    if args.compare:
+        print(f"side by side at batch {args.compare_batch}, each under a {args.compare_cap / MIB:,.0f} MiB cap:")
+        result["compare_cap_bytes"] = args.compare_cap
+        result["compare"] = _parallel(args, [(args.compare_batch, v) for v in args.compare], args.compare_cap)
+        save()
+        if args.search_modifiers == "auto":
+            modifiers = _best_modifiers(result["compare"])
+            print(f"  lowest measured / predicted: modifiers {modifiers!r}", flush=True)
+    parse_variant("budget" + modifiers)
+    result["search_modifiers"] = modifiers
     print(f"search under a {args.cap / MIB:,.0f} MiB cap:", flush=True)
-    grid = [(int(b), "plain") for b in args.plain.split(",")] + [(int(b), "budget") for b in args.budget.split(",")]
-    runs = _parallel(args, grid)
+    budget_spec = "budget" + modifiers
+    grid = [(int(b), "plain") for b in args.plain.split(",") if b]
+    grid += [(int(b), budget_spec) for b in args.budget.split(",") if b]
+    runs = _parallel(args, grid) if grid else []
     refine: list[tuple[int, str]] = []
-    for mode in ("plain", "budget"):
-        best, fail = _largest(runs, mode)
+    for spec in ("plain", budget_spec):
+        best, fail = _largest(runs, spec)
         if best and fail and fail - best > 1:
             n = max(1, args.jobs // 2)
             between = {best + (fail - best) * (i + 1) // (n + 1) for i in range(n)} - {best, fail}
-            refine += [(b, mode) for b in sorted(between)]
+            refine += [(b, spec) for b in sorted(between)]
     longest = max((r["wall_s"] for r in runs), default=0.0)
-    if refine and args.deadline and time.monotonic() - start + 2 * longest > args.deadline:
+    if refine and late(2 * longest):
         print(f"  no second round: it would leave too little time before --deadline {args.deadline:.0f} s", flush=True)
-    else:
+    elif refine:
         runs += _parallel(args, refine)
     result["search"] = runs
     plain_max, _ = _largest(runs, "plain")
-    budget_max, _ = _largest(runs, "budget")
+    budget_max, _ = _largest(runs, budget_spec)
     result["max_batch_plain"], result["max_batch_budget"] = plain_max, budget_max
     save()
-    print(f"largest batch under the cap: plain {plain_max}, tflms (budget) {budget_max}", flush=True)
-    print("timed, alone:", flush=True)
+    print(f"largest batch under the cap: plain {plain_max}, tflms ({budget_spec}) {budget_max}", flush=True)
+    timed_cap = args.timed_cap or args.cap
+    print(f"timed, alone, each under a {timed_cap / MIB:,.0f} MiB cap:", flush=True)
     timed: list[dict] = []
     longest = max((r["wall_s"] for r in runs), default=0.0) / 2  # an attempt alone takes less
-    todo = [(plain_max, m) for m in ("plain", "tflms", "fenced")] + [(budget_max, "budget")] if plain_max else []
-    for batch, mode in todo:
-        if batch and args.deadline and time.monotonic() - start + longest > args.deadline:
-            print(f"  {mode} batch {batch}: skipped, it would end past --deadline {args.deadline:.0f} s", flush=True)
+    batch = plain_max or args.compare_batch
+    todo = [(batch, "plain"), (batch, "tflms")]
+    todo += [(batch, "tflms" + modifiers)] if modifiers else [(batch, "fenced")]
+    todo += [(budget_max, budget_spec)] if budget_max else []
+    for batch, spec in todo:
+        if late(longest):
+            print(f"  {spec} batch {batch}: skipped, it would end past --deadline {args.deadline:.0f} s", flush=True)
             continue
-        if batch:
-            timed.append(attempt(args, batch, mode, args.timed_steps))
-            longest = max(longest, timed[-1]["wall_s"])
-            result["timed"] = timed
-            save()
+        timed.append(attempt(args, batch, spec, args.timed_steps, timed_cap))
+        longest = max(longest, timed[-1]["wall_s"])
+        result["timed"] = timed
+        save()
     print(f"wrote {args.json}")
     return 0
 
