@@ -378,6 +378,93 @@ def gpu(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _variant_label(r: dict) -> str:
+    """A gpu.py run's variant in words (``tflms/w2`` -> ``tflms, `swapout_window=2```)."""
+    mode, *mods = r["variant"].split("/")
+    if mode == "plain":
+        return "plain"
+    words = ["tflms, `budget`" if mode == "budget" else "tflms"]
+    for m in mods:
+        if m == "w0":
+            words.append("no fences")
+        elif m.startswith("w"):
+            words.append(f"`swapout_window={m[1:]}`")
+        elif m.startswith("p"):
+            words.append(f"`kernel_tracker_max_pending={m[1:]}`")
+    return ", ".join(words)
+
+
+def gpu_fences(data: dict) -> str:
+    """benchmarks/gpu.py's runs of 2026-11-26 (fences vs the executor running ahead of the link)."""
+    first, second = data["runs"]
+    mb = 2**20
+
+    def peak_cells(r: dict) -> str:
+        return (
+            f"{_mib(r['measured_peak_bytes'])} | {_mib(r['predicted_peak_bytes'])} "
+            f"| {r['measured_peak_bytes'] / r['predicted_peak_bytes']:.2f}"
+        )
+
+    lines = [
+        f"{data['date']}, {data['gpu'].get('device_name', 'GPU')}, TensorFlow {data['tensorflow']}; "
+        f"{data['model']} {data['image_size']}², Adam; **measured** (`get_memory_info` peak of the steady steps) vs "
+        "**predicted** (simulator)",
+        "",
+        f"Side by side ({len(first['compare'])} processes on the GPU, each under a "
+        f"{first['compare_cap_bytes'] / mb:,.0f} MiB cap), batch {first['compare'][0]['batch']}; the step times "
+        "are of processes sharing the GPU and its link:",
+        "",
+        "| step | fences | measured peak | predicted | measured / predicted | step time, shared |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in first["compare"]:
+        lines.append(f"| {_variant_label(r)} | {r['fences']} | {peak_cells(r)} | {r['step_ms']:.0f} ms |")
+    lines += [
+        "",
+        "Alone on the GPU, each under a 12,288 MiB cap (two runs, one after the other):",
+        "",
+        "| step | batch | measured peak | predicted | measured / predicted | step time | images/s "
+        "| over the link per step | link rate over the step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in first["timed"] + second["timed"]:
+        link = f"{r['link_bytes_per_step'] / 1e9:.1f} GB" if r["link_bytes_per_step"] else "-"
+        rate = f"{r['link_GBps_over_step']:.0f} GB/s" if r["link_bytes_per_step"] else "-"
+        lines.append(
+            f"| {_variant_label(r)} | {r['batch']} | {peak_cells(r)} | {r['step_ms']:.0f} ms "
+            f"| {r['images_per_s']:.0f} | {link} | {rate} |"
+        )
+    lines += [
+        "",
+        f"Under a real {first['cap_bytes'] / mb:,.0f} MiB cap, side by side (~~failed~~):",
+        "",
+        "| step | budget | batch | measured peak | predicted | measured / predicted | measured / budget |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for run in (first, second):
+        for r in sorted(run["search"], key=lambda r: (r["mode"] != "plain", r["batch"])):
+            budget = f"{run['budget_bytes'] / mb:,.0f} MiB" if r["mode"] == "budget" else "-"
+            if not r["ok"]:
+                why = "out of memory" if r.get("oom") else _failure(r)
+                lines.append(f"| {_variant_label(r)} | {budget} | ~~{r['batch']}~~ | {why} | | | |")
+                continue
+            of_budget = f"{r['measured_peak_bytes'] / run['budget_bytes']:.2f}" if r["mode"] == "budget" else "-"
+            lines.append(f"| {_variant_label(r)} | {budget} | {r['batch']} | {peak_cells(r)} | {of_budget} |")
+    return "\n".join(lines)
+
+
+def _failure(r: dict) -> str:
+    """Why a gpu.py attempt failed, in a few words."""
+    text = " ".join(r.get("error", []))
+    if "BudgetError" in text:
+        return "no plan fits the budget (planner)"
+    return (
+        "error at `" + text.split("{{node ")[1].split("}}")[0].rsplit("/", 1)[-1] + "` (not labelled out of memory)"
+        if "{{node " in text
+        else "error"
+    )
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "pass_speed": pass_speed,
     "capacity": capacity,
@@ -393,6 +480,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "memory_optimizer": simulator_accuracy,
     "peak_anatomy": peak_anatomy,
     "gpu": gpu,
+    "gpu_fences": gpu_fences,
 }
 
 

@@ -125,7 +125,7 @@ def test_plan_serializes_by_default_and_writes_its_orders(tmp_path):
         (
             ["plan", "MobileNetV3Small", "--batch", "4", "--swapout-window", "0"],
             1,
-            "swapout_window must be an integer >= 1 or None. Received: swapout_window=0",
+            "swapout_window must be 'auto', an integer >= 1 or None. Received: swapout_window=0",
         ),
         (
             ["demo", "--cap", "500MiB", "--budget", "600MiB"],  # before any measurement

@@ -34,6 +34,8 @@ def test_rewritten_step_on_the_gpu_trains_like_plain_with_a_lower_real_peak():
     plain_losses, plain_peak, _ = _train(lms=False)
     lms_losses, lms_peak, plan = _train(lms=True)
     assert plan.swaps and plan.peak_bytes_after < plan.peak_bytes_before
+    # swapout_window='auto' fences the swap-outs on a GPU (see tflms.config.GPU_SWAPOUT_WINDOW).
+    assert plan.options["swapout_window"] == tflms.config.GPU_SWAPOUT_WINDOW and plan.fences
     # Swapping moves tensors, it does not change them (op determinism is on: tests/conftest.py).
     np.testing.assert_allclose(lms_losses, plain_losses, rtol=1e-5)
     assert plain_losses[-1] < plain_losses[0]  # it trained

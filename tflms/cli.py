@@ -75,6 +75,21 @@ def _parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _parse_window(text: str) -> int | str:
+    """``--swapout-window``: ``'auto'``, ``'none'`` or an integer (checked by :class:`tflms.LMSConfig`)."""
+    word = text.strip().lower()
+    if word in ("auto", "none"):
+        return word
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, 'auto' or 'none'; received {text!r}") from None
+
+
+def _window_option(value: int | str) -> int | str | None:
+    return None if value == "none" else value
+
+
 def _parse_label_shape(text: str) -> tuple[int, ...]:
     if text.strip() in ("", "()", "scalar"):
         return ()
@@ -202,8 +217,8 @@ def _plan(args: argparse.Namespace) -> int:
     config = tflms.LMSConfig(
         budget=None if args.budget is None else int(args.budget),
         recompute=args.recompute,
-        swapout_window=args.swapout_window,
         **schedule,
+        **({} if args.swapout_window is None else {"swapout_window": _window_option(args.swapout_window)}),
     )
     try:
         plan = tflms.make_plan(gm, config)
@@ -302,9 +317,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument(
         "--swapout-window",
-        type=int,
-        metavar="N",
-        help="at most N swap-outs in flight: fence each swapped tensor's producer on the swap-out N before it",
+        type=_parse_window,
+        metavar="N|auto|none",
+        help="at most N swap-outs in flight: fence each swapped tensor's producer on the swap-out N before it "
+        "(default auto: 2 where the device is a GPU; `plan` names no device, so none)",
     )
     p.add_argument(
         "--serialize",

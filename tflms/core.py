@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from . import _tf_internal as tfi
 from ._util import paused_gc
-from .config import LMSConfig
+from .config import LMSConfig, resolve_swapout_window
 from .devices import device_key
 from .errors import LMSWarning
 from .graph import GraphModel
@@ -222,10 +222,10 @@ def _optimize(
     if is_rewritten(graph):
         reason = "the function is already rewritten by tflms; left unchanged"
         return concrete_function, empty_plan(model, config, Simulator(model, config.host).peak(), reason), None
-    plan = make_plan(model, config)
     # A device or host that does not exist is an error even when nothing is swapped.
     device = resolve_device(config)
     check_host(config)
+    plan = make_plan(model, resolve_swapout_window(config, device))
     if not plan.swaps and not plan.recomputes and not plan.orders:
         return concrete_function, plan, None
     if device is None:

@@ -54,7 +54,7 @@ from collections.abc import Mapping
 
 from ._util import format_bytes, format_sizes
 from .candidates import EXCLUDED_DTYPES, EXCLUDED_PRODUCER_TYPES, candidate_swaps, is_collective
-from .config import LMSConfig
+from .config import LMSConfig, resolve_swapout_window
 from .graph import GraphModel
 from .plan import Fence, Swap, SwapPlan
 from .simulator import Simulator
@@ -75,8 +75,11 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
     """Plan swaps for ``model`` under ``config``; predicted peaks included.
 
     With ``config.budget`` set, the swap knobs are chosen by
-    :func:`tflms.autotune.tune` and recorded in the plan's options.
+    :func:`tflms.autotune.tune` and recorded in the plan's options. ``swapout_window='auto'``
+    is resolved for ``config.device`` (:func:`tflms.config.resolve_swapout_window`; with no
+    device, no fences: :func:`tflms.optimize` passes the device it rewrites for).
     """
+    config = resolve_swapout_window(config, config.device)
     sim = simulator or Simulator(model, config.host)
     before = sim.peak()
     original = model

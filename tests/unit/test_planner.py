@@ -175,6 +175,31 @@ def test_swapout_window_fences_each_swap_on_the_one_window_before_it():
         LMSConfig(swapout_window=0)
 
 
+def test_swapout_window_auto_fences_on_a_gpu_only():
+    """The default, ``'auto'``, is GPU_SWAPOUT_WINDOW where the device is a GPU (measured there: the
+    forward pass runs ahead of the link without fences) and no fences elsewhere; the plan records
+    the window it used, and an explicit value is kept whatever the device."""
+    from tflms.config import GPU_SWAPOUT_WINDOW
+
+    model = chain_model(n_fwd=8)
+    knobs = {"swapout_threshold": 2, "swapin_ahead": 1, "min_bytes": 0}
+    assert LMSConfig().swapout_window == "auto"
+    two = make_plan(model, LMSConfig(**knobs, swapout_window=GPU_SWAPOUT_WINDOW))
+    assert two.fences
+    for device, window, fences in [
+        ("/device:GPU:0", GPU_SWAPOUT_WINDOW, two.fences),
+        ("/job:worker/replica:0/task:1/device:GPU:1", GPU_SWAPOUT_WINDOW, two.fences),
+        ("/device:CPU:1", None, ()),
+        (None, None, ()),
+    ]:
+        plan = make_plan(model, LMSConfig(**knobs, device=device))
+        assert (plan.options["swapout_window"], plan.fences) == (window, fences), device
+        assert plan.swaps == two.swaps
+    explicit = make_plan(model, LMSConfig(**knobs, device="/device:GPU:0", swapout_window=None))
+    assert explicit.fences == () and explicit.options["swapout_window"] is None
+    assert make_plan(model, LMSConfig(**knobs, device="/device:CPU:1", swapout_window=1)).fences
+
+
 def test_no_fence_on_a_sum_that_grappler_may_fold():
     """A fence is a control input, and Grappler's AddOpsRewrite leaves out sums with one: the
     producer of a swapped tensor that is an Add, AddV2 or AddN gets no fence."""
