@@ -474,6 +474,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "testbed_capacity": testbed_capacity,
     "recompute": recompute,
     "fences": simulator_accuracy,
+    "fences_testbed": simulator_accuracy,
     "serialize": simulator_accuracy,
     "serialize96": simulator_accuracy,
     "default_schedule": simulator_accuracy,

@@ -198,6 +198,17 @@ def _plan(args: argparse.Namespace) -> int:
     import tflms
     from tflms.autotune import _specs_text, keras_step_source, keras_train_step
 
+    # The options first: a bad one fails before the model is built and traced.
+    schedule = {} if args.serialize is None else {"serialize": args.serialize}  # None: LMSConfig's default
+    try:
+        config = tflms.LMSConfig(
+            budget=None if args.budget is None else int(args.budget),
+            recompute=args.recompute,
+            **schedule,
+            **({} if args.swapout_window is None else {"swapout_window": _window_option(args.swapout_window)}),
+        )
+    except ValueError as err:
+        raise CLIError(str(err)) from None
     shape = tuple(args.input_shape or (224, 224, 3))
     model = build_model(args.model, shape, classes=args.classes or 1000)
     if args.budget is not None:
@@ -213,13 +224,6 @@ def _plan(args: argparse.Namespace) -> int:
         gm = tflms.GraphModel.from_func_graph(step.graph, batch_size=args.batch)
     else:  # traced again at this batch: the unknown batch leaves a forward tensor's size unknown
         gm = tflms.GraphModel.from_func_graph(source(args.batch).graph)
-    schedule = {} if args.serialize is None else {"serialize": args.serialize}  # None: LMSConfig's default
-    config = tflms.LMSConfig(
-        budget=None if args.budget is None else int(args.budget),
-        recompute=args.recompute,
-        **schedule,
-        **({} if args.swapout_window is None else {"swapout_window": _window_option(args.swapout_window)}),
-    )
     try:
         plan = tflms.make_plan(gm, config)
     except tflms.BudgetError as err:
