@@ -54,7 +54,7 @@ MIN_BYTES = 256 * 1024
 #: FLOPs, because only memory-bound element-wise ops are recomputed.
 DEVICE_BANDWIDTH = 10**12
 #: What ``swapout_window='auto'`` (the default) means where the device is a GPU: two swap-outs in
-#: flight. Measured on an NVIDIA H200 (README, "GPU"): without fences the forward pass runs ahead of
+#: flight. Measured on an NVIDIA H200 (README, "Fences on the GPU"): without fences the forward pass runs ahead of
 #: the link and ResNet50 224² at batch 44 held 2.6 times the predicted peak; with a window of 1, 2
 #: and 4 it held 1.07-1.17 times it, at about the same step time (window 2, alone on the GPU: 246 ms
 #: against 240 and 258 ms without fences).
@@ -227,10 +227,11 @@ class LMSConfig:
             several wait at once and the peak exceeds the prediction. A producer that is an
             ``Add``, ``AddV2`` or ``AddN`` gets no fence (a control input there changes
             how Grappler associates the sum; :data:`tflms.planner.UNFENCED_TYPES`).
-            ``'auto'`` (default): :data:`GPU_SWAPOUT_WINDOW` where the device is a GPU (a
-            GPU runs ahead of the executor, which only enqueues its kernels), no fences
-            elsewhere (a CPU's executor waits for each op); the plan's options record
-            the value used. ``None``: no fences.
+            ``'auto'`` (default): :data:`GPU_SWAPOUT_WINDOW` where the device is a GPU
+            (there the executor only enqueues kernels, and without fences the forward
+            pass ran far ahead of the link: measured, README "Fences on the GPU"), no
+            fences elsewhere (a CPU's executor waits for each op); the plan's options
+            record the value used. ``None``: no fences.
         serialize: when ``True``, a memory-aware schedule: ordering edges
             (:class:`tflms.Order`) that make one branch of the backward pass wait for
             another where the simulator predicts a lower peak (:mod:`tflms.schedule`).
