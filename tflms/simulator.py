@@ -748,43 +748,26 @@ def _variable_writes(
     reads_of: dict[str, list[str]] = {}  # a variable's handle -> its ReadVariableOps
     for rvo in readers:
         reads_of.setdefault(root[model.inputs_of[rvo][0]], []).append(rvo)
-    # What each op waits for as the executor runs it (through IdentityN ops, as ready_order).
+    writes = [op for op in model.dag if types[op] in VARIABLE_WRITE_TYPES and len(model.inputs_of[op]) == 2]
+    # Which of the reads' consumers each write waits for as the executor runs it (through IdentityN
+    # ops, as ready_order): one bit per consumer, ORed along those edges in an order of them.
+    bit = {c: 1 << i for i, c in enumerate(dict.fromkeys(c for cs in readers.values() for c in cs))}
     _, succ, _, _ = _ready_structure(model.dag)
-    preds: dict[str, list[str]] = {op: [] for op in model.dag}
-    for op, successors in succ.items():
-        for c in successors:
-            preds[c].append(op)
-    # Positions in an order of those edges bound the walk back from a write (see _waits_for).
-    rank = {op: i for i, op in enumerate(ready_order(model))}
-    writes = []
-    for op in model.dag:
-        if types[op] in VARIABLE_WRITE_TYPES and len(model.inputs_of[op]) == 2:
-            handle, value = model.inputs_of[op]
-            nbytes = model.tensors[value].bytes
-            rvos = [
-                (r, [c for c in readers[r] if c != op and not _waits_for(preds, rank, op, c)])
-                for r in reads_of.get(root[handle], [])
-            ]
-            if nbytes and any(free for _, free in rvos):
-                writes.append((op, nbytes, root[handle], rvos))
-    return writes
-
-
-def _waits_for(preds: dict[str, list[str]], rank: dict[str, int], op: str, other: str) -> bool:
-    """Whether ``op`` waits for ``other`` through ``preds``. ``rank``: positions in an order of
-    those edges; only ops between the two are walked (a path between them runs there)."""
-    low = rank[other]
-    if low > rank[op]:
-        return False
-    seen, frontier = {op}, [op]
-    while frontier:
-        for p in preds[frontier.pop()]:
-            if p == other:
-                return True
-            if p not in seen and rank[p] > low:
-                seen.add(p)
-                frontier.append(p)
-    return False
+    before: dict[str, int] = {}  # op -> the bits of the consumers it waits for
+    for op in ready_order(model):
+        before.setdefault(op, 0)
+        mine = before[op] | bit.get(op, 0)
+        for c in succ[op]:
+            before[c] = before.get(c, 0) | mine
+    out = []
+    for op in writes:
+        handle, value = model.inputs_of[op]
+        nbytes = model.tensors[value].bytes
+        waits = before[op]
+        rvos = [(r, [c for c in readers[r] if c != op and not waits & bit[c]]) for r in reads_of.get(root[handle], [])]
+        if nbytes and any(free for _, free in rvos):
+            out.append((op, nbytes, root[handle], rvos))
+    return out
 
 
 class _Replay:
