@@ -421,7 +421,8 @@ def gpu_fences(data: dict) -> str:
         lines.append(f"| {_variant_label(r)} | {r['fences']} | {peak_cells(r)} | {r['step_ms']:.0f} ms |")
     lines += [
         "",
-        "Alone on the GPU, each under a 12,288 MiB cap (two runs, one after the other):",
+        f"Alone on the GPU, each under a {first['timed'][0]['cap_bytes'] / mb:,.0f} MiB cap (two runs, one after the "
+        "other):",
         "",
         "| step | batch | measured peak | predicted | measured / predicted | step time | images/s "
         "| over the link per step | link rate over the step |",
