@@ -29,8 +29,9 @@ Phases, each written to the JSON as it ends:
    one round between the largest batch that fits and the smallest that does not); the
    budget runs take ``--search-modifiers`` (``auto``: those of the compare run with the lowest
    measured / predicted peak);
-4. ``timed``: alone on the GPU (under ``--timed-cap``), plain, tflms and tflms with the
-   search's modifiers (or fenced) at the largest plain batch, and budget at its largest:
+4. ``timed``: alone on the GPU (under ``--timed-cap``), plain, ``tflms/w0`` (no fences),
+   tflms (default options) and tflms with the search's modifiers (unless the default has them) at the
+   largest plain batch, and budget at its largest:
    step time, measured and predicted peak, bytes over the link per step and the rate that
    makes over the step.
 
@@ -267,7 +268,7 @@ def _best_modifiers(runs: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tflms.config import parse_bytes
+    from tflms.config import GPU_SWAPOUT_WINDOW, parse_bytes
 
     def variants(text: str) -> list[str]:
         specs = [v for v in text.split(",") if v]
@@ -386,9 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     timed: list[dict] = []
     longest = max((r["wall_s"] for r in runs), default=0.0) / 2  # an attempt alone takes less
     batch = plain_max or args.compare_batch
-    todo = [(batch, "plain"), (batch, "tflms")]
-    todo += [(batch, "tflms" + modifiers)] if modifiers else [(batch, "fenced")]
-    todo += [(budget_max, budget_spec)] if budget_max else []
+    # tflms: the default options ('auto': fences on a GPU); w0: the same plan without fences.
+    same = modifiers in ("", f"/w{GPU_SWAPOUT_WINDOW}")  # what the default already runs on a GPU
+    specs = ["plain", "tflms/w0", "tflms"] + ([] if same else ["tflms" + modifiers])
+    todo = [(batch, spec) for spec in specs] + ([(budget_max, budget_spec)] if budget_max else [])
     for batch, spec in todo:
         if late(longest):
             print(f"  {spec} batch {batch}: skipped, it would end past --deadline {args.deadline:.0f} s", flush=True)
