@@ -39,14 +39,19 @@ def _check_losses(plain, lms):
 
 # ----------------------------------------------------------------- lifecycle and errors
 def test_host_worker_starts_serves_and_stops():
-    with testbed.HostWorker() as worker:
+    # Started without waiting (as run_measured's measured process does, to load TensorFlow
+    # meanwhile): the server listens once wait() has returned. (start() waits by default:
+    # the next two tests.)
+    with testbed.HostWorker().start(wait=False) as worker:
         assert worker.running
-        host, port = worker.address.split(":")
+        host, port = worker.wait().address.split(":")
         with socket.create_connection((host, int(port)), timeout=5):
             pass
     assert not worker.running
     with pytest.raises(testbed.TestBedError, match="not been started"):
         _ = testbed.HostWorker().address
+    with pytest.raises(testbed.TestBedError, match="not been started"):
+        testbed.HostWorker().wait()
 
 
 def test_host_worker_on_a_taken_port_fails_clearly():

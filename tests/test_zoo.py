@@ -44,8 +44,17 @@ SLOW_MODELS = {"nasnet"}
 def test_lms_training_is_bit_identical_and_structured(name):
     shared = zoo.shared(name)
     setup, plain = shared.setup, shared.plain
-    fn = setup.step_fn()
-    lms = tflms.function(fn, device=DEVICE, **SMALL)
+    if name in SLOW_MODELS:
+        # Tracing NASNet's step takes about 27 s on 2 CPUs: rewrite the shared plain trace with
+        # tflms.optimize (what tflms.function runs on its own trace), called as tflms.function
+        # calls its steps (within manual_memory_optimizer), instead of tracing the step again.
+        cf, plan = tflms.optimize(shared.cf, device=DEVICE, **SMALL)
+
+        def lms(x, y):
+            with tflms.manual_memory_optimizer():
+                return cf(x, y)
+    else:
+        lms = tflms.function(setup.step_fn(), device=DEVICE, **SMALL)
 
     losses_plain, vars_plain = shared.plain_run(3)
     losses_lms, vars_lms = zoo.run_steps(setup, lms, n=3)
@@ -60,9 +69,10 @@ def test_lms_training_is_bit_identical_and_structured(name):
     setup.reset()
     assert any(not np.array_equal(a, b.numpy()) for a, b in zip(vars_plain, setup.state()))
 
-    plan = lms.get_plan(setup.x, setup.y)
+    if name not in SLOW_MODELS:
+        plan = lms.get_plan(setup.x, setup.y)
+        cf = lms.get_concrete_function(setup.x, setup.y)
     assert len(plan.swaps) >= 1
-    cf = lms.get_concrete_function(setup.x, setup.y)
     n_out, n_in = check_structure(cf, plan, DEVICE, HOST)
     assert n_out >= 1 and n_in >= n_out
     if name not in SLOW_MODELS:  # the same check on NASNet's 22,000 ops takes 14 s
