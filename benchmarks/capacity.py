@@ -17,6 +17,7 @@ Usage::
     python benchmarks/capacity.py                          # all models, 16 and 80 GiB
     python benchmarks/capacity.py --models resnet50 --budgets 16GiB
     python benchmarks/capacity.py --models resnet50 --no-serialize   # LMS with serialize=False
+    python benchmarks/capacity.py --models resnet152 --swap-gradients  # backward tensors swapped too
 
 The JSON keeps the rows of the models not run. BERT-base is traced per batch with static
 shapes (``tflms.autotune.keras_step_source``): traced with an unknown batch, its ``Dense``
@@ -110,7 +111,13 @@ def unet_side_step(side: int):
 
 
 def largest_side(
-    budget: int, lms: bool, step: int = 16, limit: int = 1024, rel_tol: float = 0.02, serialize: bool = True
+    budget: int,
+    lms: bool,
+    step: int = 16,
+    limit: int = 1024,
+    rel_tol: float = 0.02,
+    serialize: bool = True,
+    swap_gradients: bool = False,
 ) -> int:
     """Largest multiple of ``step`` for the 3D U-Net side that fits ``budget`` at batch 1."""
     from tflms.autotune import _serialized_search, largest_fitting
@@ -121,7 +128,7 @@ def largest_side(
         sim = tflms.Simulator(model, "/device:CPU:0")
         if sim.peak() <= budget:
             return True
-        config = tflms.LMSConfig(serialize=serialize)
+        config = tflms.LMSConfig(serialize=serialize, swap_gradients=swap_gradients)
         return lms and _serialized_search(model, config, sim, budget)[0] is not None
 
     return step * largest_fitting(fits, limit // step, rel_tol)
@@ -151,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         default=tflms.LMSConfig().serialize,
         help="LMS plans with ordering edges (serialize=True, the default) or without (--no-serialize); each "
         "setting has rows of its own",
+    )
+    parser.add_argument(
+        "--swap-gradients",
+        action="store_true",
+        help="LMS plans that may swap tensors of the backward pass too (swap_gradients=True; off by default in "
+        "tflms); rows of their own",
     )
     parser.add_argument(
         "--bound-only",
@@ -183,14 +196,17 @@ def main(argv: list[str] | None = None) -> int:
                 what = "side (b=1)"
                 base, lms = (
                     largest_side(budget, False, rel_tol=args.rel_tol),
-                    largest_side(budget, True, rel_tol=args.rel_tol, serialize=args.serialize),
+                    largest_side(
+                        budget, True, rel_tol=args.rel_tol, serialize=args.serialize, swap_gradients=args.swap_gradients
+                    ),
                 )
                 bound = side_bound(budget, lms)
             else:
                 what = "batch"
                 result = tflms.max_batch_size(
-                    step, budget, rel_tol=args.rel_tol, limit=1 << 15, serialize=args.serialize, bound=True
-                )
+                    step, budget, rel_tol=args.rel_tol, limit=1 << 15, serialize=args.serialize, bound=True,
+                    **({"swap_gradients": True} if args.swap_gradients else {}),
+                )  # fmt: skip
                 base, lms, bound = result.without_lms, result.with_lms, result.bound
             seconds = time.perf_counter() - t0
             ratio = lms / base if base else None
@@ -205,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ratio": round(ratio, 2) if ratio else None,
                     "bound": bound,
                     "serialize": args.serialize,
+                    **({"swap_gradients": True} if args.swap_gradients else {}),
                     "seconds": round(seconds, 1),
                     "planned": time.strftime("%Y-%m-%d"),  # rows of other models keep their own date
                 }
@@ -214,12 +231,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{name:<12} {label:>7} {what:<10} {base:>7} {lms:>7} {ratio_text:>6} {bound:>7} {seconds:>8.0f}",
                 flush=True,
             )
-    if args.json.exists():  # keep the rows of the models (and serialize setting) not run this time
-        done = {(r["model"], r["serialize"]) for r in rows}
+    if args.json.exists():  # keep the rows of the models (and settings) not run this time
+
+        def setting(r: dict) -> tuple:
+            return r["model"], r.get("serialize", False), r.get("swap_gradients", False)
+
+        done = {setting(r) for r in rows}
         old = json.loads(args.json.read_text())["rows"]
-        rows = [r for r in old if (r["model"], r.get("serialize", False)) not in done] + rows
+        rows = [r for r in old if setting(r) not in done] + rows
         rank = {name: i for i, name in enumerate([*BATCH_MODELS, "unet3d"])}
-        rows.sort(key=lambda r: (rank.get(r["model"], len(rank)), r.get("serialize", False)))
+        rows.sort(key=lambda r: (rank.get(r["model"], len(rank)), *setting(r)[1:]))
     save_result(
         args.json, "capacity", rows,
         source="tflms simulator (predicted device peak), not a GPU measurement", rel_tol=args.rel_tol,

@@ -89,6 +89,8 @@ def capacity(data: dict) -> str:
         else:
             bound_text = f"{bound} (x{bound / base:.1f})" if base else str(bound)
         model = f"{r['model']}, `serialize={bool(r.get('serialize'))}`"  # rows without it: before it existed
+        if r.get("swap_gradients"):
+            model += ", `swap_gradients=True`"
         lines.append(
             f"| {model} | {r['budget']} | {r['measure']} | {base} | {r['with_lms']} | {ratio} | {bound_text} "
             f"| {r.get('planned', '-')} |"  # the simulator of that day
