@@ -210,7 +210,7 @@ class HostWorker:
 
         ``wait=False`` returns at once: call :meth:`wait` before :func:`connect`. The
         measured process of :func:`run_measured` starts its worker that way, so that the
-        worker loads TensorFlow while the measured process loads its own (about 4 s
+        worker loads TensorFlow while the measured process loads its own (about 3 s
         saved per measured process on 2 CPUs)."""
         if self.running:
             return self.wait() if wait else self
