@@ -12,6 +12,7 @@ Usage::
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -191,22 +192,32 @@ def _measured_header(data: dict) -> str:
 
 
 def simulator_accuracy(data: dict) -> str:
+    # Runs since 2026-11-26 also keep every step's peak: then the table has the median step too.
+    steps = all("step_peaks" in r for r in data["rows"] if r["runs"])
+    extra = " median step (all runs) | median / predicted |" if steps else ""
     lines = [
-        _measured_header(data) + " vs **predicted** by the simulator_",
+        _measured_header(data)
+        + (", and the median of every step's peak after the warm-up, all runs together" if steps else "")
+        + " vs **predicted** by the simulator_",
         "",
-        "| model | batch | step | measured steady peak (runs) | first step | predicted peak | measured / predicted |",
-        "|---|---:|---|---:|---:|---:|---:|",
+        "| model | batch | step | measured steady peak (runs) | first step | predicted peak | measured / predicted |"
+        + extra,
+        "|---|---:|---|---:|---:|---:|---:|" + ("---:|---:|" if steps else ""),
     ]
     for r in data["rows"]:
         if not r["runs"]:
-            lines.append(f"| {_model(r)} | {r['batch']} | {_step(r)} | (failed) | | | |")
+            lines.append(f"| {_model(r)} | {r['batch']} | {_step(r)} | (failed) | | | |" + (" | |" if steps else ""))
             continue
         mib = [p / 2**20 for p in r["runs"]]
         ratios = [p / r["predicted"] for p in r["runs"]]
-        lines.append(
+        line = (
             f"| {_model(r)} | {r['batch']} | {_step(r)} | {_range(mib, unit=' MiB')} "
             f"| {_mib(max(r['first_peaks']))} | {_mib(r['predicted'])} | {_range(ratios, '{:.2f}')} |"
         )
+        if steps:
+            median = statistics.median(p for run in r["step_peaks"] for p in run)
+            line += f" {_mib(median)} | {median / r['predicted']:.2f} |"
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -285,6 +296,7 @@ def testbed_capacity(data: dict) -> str:
         window = r.get("swapout_window")
         model = f"{r['model']}, fenced (`swapout_window={window}`)" if window else r["model"]
         model += f", `serialize={bool(r.get('serialize'))}`"
+        model += ", `swap_gradients=True`" if r.get("swap_gradients") else ""
         lines.append(
             f"| {model} | {r['size']} | {_mib(r['cap'])} | {fraction:g} x cap | {r['plain']} | {r['lms']} "
             f"| {ratio} | {r['predicted_plain']} | {r['predicted_lms']} | {r.get('predicted_bound', '-')} "

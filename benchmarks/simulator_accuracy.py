@@ -13,8 +13,9 @@ the tflms steps inherited its allocator's layout). The plain step is called as
 TensorFlow calls it and the tflms steps as ``tflms.function`` calls them (Grappler's memory
 optimizer at ``MANUAL``); ``:manual`` calls every step of the case within
 ``tflms.manual_memory_optimizer()``, ``:default`` every step at TensorFlow's default level.
-Per run it records the steady-state peak (the largest per-step peak after one warm-up step) and the
-first step's peak; the simulator's prediction is the same in every run.
+Per run it records the steady-state peak (the largest per-step peak after one warm-up step), every
+step's peak after the warm-up (since 2026-11-26: the table's median step) and the first step's
+peak; the simulator's prediction is the same in every run.
 
 Usage::
 
@@ -86,6 +87,7 @@ def run_case(
             row["size"] = r.value["size"]
             row["runs"].append(v["peak"])
             row["first_peaks"].append(v["first_peak"])
+            row.setdefault("step_peaks", []).append(v["peaks"][1:])  # after the warm-up step
             row["step_seconds"] = row.get("step_seconds", []) + [min(v["step_seconds"][1:])]
             row["losses"] = v["losses"]
             row["predicted"] = v["predicted"]

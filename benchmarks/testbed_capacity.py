@@ -14,11 +14,12 @@ Usage::
     python benchmarks/testbed_capacity.py --models encoder --cap 800MiB --start 8
     python benchmarks/testbed_capacity.py --models encoder --cap 800MiB --start 8 --swapout-window 4
     python benchmarks/testbed_capacity.py --models resnet50 --cap 600MiB --start 16 --no-serialize
+    python benchmarks/testbed_capacity.py --models resnet50 --cap 600MiB --start 16 --swap-gradients
     python benchmarks/testbed_capacity.py --models resnet50 --predicted-only  # the predicted columns only
 
 Rows of earlier runs for other models are kept in the JSON (each row has its own cap); a
-run with ``--swapout-window`` (the tflms probes plan with fences) or ``--no-serialize`` (without
-ordering edges) has rows of its own.
+run with ``--swapout-window`` (the tflms probes plan with fences), ``--no-serialize`` (without
+ordering edges) or ``--swap-gradients`` (backward tensors swapped too) has rows of its own.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ from tflms.measure import MODELS, measure
 from tflms.testbed import DEVICE_NICE
 
 
-def predicted(model: str, size: int | None, cap: int, limit: int, serialize: bool = True) -> tuple[int, int, int]:
+def predicted(
+    model: str, size: int | None, cap: int, limit: int, serialize: bool = True, swap_gradients: bool = False
+) -> tuple[int, int, int]:
     """(plain, with LMS, bound) largest batch whose *predicted* peak fits ``cap`` (simulator); the bound:
     the largest batch whose ``Simulator.floor`` (variables and one op's working set) fits, past which no
     plan fits.
@@ -63,7 +66,9 @@ def predicted(model: str, size: int | None, cap: int, limit: int, serialize: boo
             tf.TensorSpec((batch, *x.shape[1:]), x.dtype), tf.TensorSpec((batch,), y.dtype)
         )
 
-    r = tflms.max_batch_size(at, cap, limit=limit, rel_tol=0.05, serialize=serialize, bound=True)
+    r = tflms.max_batch_size(
+        at, cap, limit=limit, rel_tol=0.05, serialize=serialize, bound=True, swap_gradients=swap_gradients
+    )
     return r.without_lms, r.with_lms, r.bound
 
 
@@ -87,6 +92,11 @@ def main() -> None:
         help="tflms probes plan with ordering edges (serialize=True, the default) or without (--no-serialize)",
     )
     parser.add_argument(
+        "--swap-gradients",
+        action="store_true",
+        help="tflms probes plan with swap_gradients=True (tensors of the backward pass swapped too); rows of their own",
+    )
+    parser.add_argument(
         "--predicted-only",
         action="store_true",
         help="recompute only the predicted columns of the JSON's rows of --models (at each row's cap and size)",
@@ -99,8 +109,9 @@ def main() -> None:
         for r in old["rows"]:
             if r["model"] in args.models:
                 r["predicted_plain"], r["predicted_lms"], r["predicted_bound"] = predicted(
-                    r["model"], r["size"], r["cap"], args.limit, r.get("serialize", False)
-                )
+                    r["model"], r["size"], r["cap"], args.limit, r.get("serialize", False),
+                    r.get("swap_gradients", False),
+                )  # fmt: skip
                 r["predicted_on"] = time.strftime("%Y-%m-%d")
                 print(
                     f"{r['model']}: predicted {r['predicted_plain']} plain, {r['predicted_lms']} with tflms, "
@@ -119,6 +130,7 @@ def main() -> None:
                 "budget": int(cap * args.fraction),
                 "swapout_window": args.swapout_window,
                 "serialize": args.serialize,
+                "swap_gradients": args.swap_gradients,
             }
             kw = {"modes": ["lms"], "options": options} if lms else {"modes": ["plain"]}
             r = measure(name, batch, size=args.size, steps=args.steps, cap=cap, timeout=1800, **kw)
@@ -146,7 +158,9 @@ def main() -> None:
 
         plain = largest_fitting(lambda b: fits(b, False), args.limit, args.rel_tol, start=args.start)
         with_lms = largest_fitting(lambda b: fits(b, True), args.limit, args.rel_tol, start=max(plain, 1) * 2)
-        pred_plain, pred_lms, pred_bound = predicted(name, args.size, cap, args.limit, args.serialize)
+        pred_plain, pred_lms, pred_bound = predicted(
+            name, args.size, cap, args.limit, args.serialize, args.swap_gradients
+        )
         rows.append(
             {
                 "model": name,
@@ -155,6 +169,7 @@ def main() -> None:
                 "fraction": args.fraction,
                 "swapout_window": args.swapout_window,
                 "serialize": args.serialize,
+                **({"swap_gradients": True} if args.swap_gradients else {}),
                 "plain": plain,
                 "lms": with_lms,
                 "ratio": round(with_lms / plain, 2) if plain else None,
@@ -169,14 +184,14 @@ def main() -> None:
             }
         )
     if path.exists():  # keep the other models' rows: each model may have its own cap
-        done = {(r["model"], r["swapout_window"], r["serialize"]) for r in rows}
+
+        def setting(r: dict) -> tuple:
+            return r["model"], r.get("swapout_window"), r.get("serialize", False), r.get("swap_gradients", False)
+
+        done = {setting(r) for r in rows}
         old = json.loads(path.read_text())
         # Rows from before per-row dates were measured at the file's date, at equal priority.
-        kept = [
-            {"date": old["date"], "device_nice": 0, **r}
-            for r in old["rows"]
-            if (r["model"], r.get("swapout_window"), r.get("serialize", False)) not in done
-        ]
+        kept = [{"date": old["date"], "device_nice": 0, **r} for r in old["rows"] if setting(r) not in done]
         rows = kept + rows
     print("\nlargest batch under a real cap (measured, two-process test bed)")
     head = ("model", "cap MiB", "size", "plain", "tflms", "ratio", "pred. plain", "pred. tflms")
