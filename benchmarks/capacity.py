@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 what = "batch"
                 result = tflms.max_batch_size(
                     step, budget, rel_tol=args.rel_tol, limit=1 << 15, serialize=args.serialize, bound=True,
-                    **({"swap_gradients": True} if args.swap_gradients else {}),
+                    swap_gradients=args.swap_gradients,
                 )  # fmt: skip
                 base, lms, bound = result.without_lms, result.with_lms, result.bound
             seconds = time.perf_counter() - t0
