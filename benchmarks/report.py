@@ -73,6 +73,13 @@ def pass_speed(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _plan_options(row: dict) -> str:
+    """The plan options a capacity row was run with, as its label says them (rows without
+    ``serialize`` predate the option; ``swap_gradients`` is named only when on)."""
+    swapped = ", `swap_gradients=True`" if row.get("swap_gradients") else ""
+    return f", `serialize={bool(row.get('serialize'))}`{swapped}"
+
+
 def capacity(data: dict) -> str:
     lines = [
         f"_{_header(data)}; **simulator predictions**, search precision {data['rel_tol']:.0%}; planned: the day "
@@ -89,9 +96,7 @@ def capacity(data: dict) -> str:
             bound_text = "-"
         else:
             bound_text = f"{bound} (x{bound / base:.1f})" if base else str(bound)
-        model = f"{r['model']}, `serialize={bool(r.get('serialize'))}`"  # rows without it: before it existed
-        if r.get("swap_gradients"):
-            model += ", `swap_gradients=True`"
+        model = r["model"] + _plan_options(r)
         lines.append(
             f"| {model} | {r['budget']} | {r['measure']} | {base} | {r['with_lms']} | {ratio} | {bound_text} "
             f"| {r.get('planned', '-')} |"  # the simulator of that day
@@ -295,8 +300,7 @@ def testbed_capacity(data: dict) -> str:
         fraction = r.get("fraction", data.get("fraction"))
         window = r.get("swapout_window")
         model = f"{r['model']}, fenced (`swapout_window={window}`)" if window else r["model"]
-        model += f", `serialize={bool(r.get('serialize'))}`"
-        model += ", `swap_gradients=True`" if r.get("swap_gradients") else ""
+        model += _plan_options(r)
         lines.append(
             f"| {model} | {r['size']} | {_mib(r['cap'])} | {fraction:g} x cap | {r['plain']} | {r['lms']} "
             f"| {ratio} | {r['predicted_plain']} | {r['predicted_lms']} | {r.get('predicted_bound', '-')} "
