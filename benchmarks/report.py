@@ -412,16 +412,18 @@ def _variant_label(r: dict) -> str:
     return ", ".join(words)
 
 
+def _peak_cells(r: dict) -> str:
+    """A gpu.py run's measured peak, predicted peak and their ratio, as table cells."""
+    return (
+        f"{_mib(r['measured_peak_bytes'])} | {_mib(r['predicted_peak_bytes'])} "
+        f"| {r['measured_peak_bytes'] / r['predicted_peak_bytes']:.2f}"
+    )
+
+
 def gpu_fences(data: dict) -> str:
     """benchmarks/gpu.py's runs of 2026-11-26 (fences vs the executor running ahead of the link)."""
     first, second = data["runs"]
     mb = 2**20
-
-    def peak_cells(r: dict) -> str:
-        return (
-            f"{_mib(r['measured_peak_bytes'])} | {_mib(r['predicted_peak_bytes'])} "
-            f"| {r['measured_peak_bytes'] / r['predicted_peak_bytes']:.2f}"
-        )
 
     lines = [
         f"{data['date']}, {data['gpu'].get('device_name', 'GPU')}, TensorFlow {data['tensorflow']}; "
@@ -436,7 +438,7 @@ def gpu_fences(data: dict) -> str:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in first["compare"]:
-        lines.append(f"| {_variant_label(r)} | {r['fences']} | {peak_cells(r)} | {r['step_ms']:.0f} ms |")
+        lines.append(f"| {_variant_label(r)} | {r['fences']} | {_peak_cells(r)} | {r['step_ms']:.0f} ms |")
     lines += [
         "",
         f"Alone on the GPU, each under a {first['timed'][0]['cap_bytes'] / mb:,.0f} MiB cap (two runs, one after the "
@@ -450,7 +452,7 @@ def gpu_fences(data: dict) -> str:
         link = f"{r['link_bytes_per_step'] / 1e9:.1f} GB" if r["link_bytes_per_step"] else "-"
         rate = f"{r['link_GBps_over_step']:.0f} GB/s" if r["link_bytes_per_step"] else "-"
         lines.append(
-            f"| {_variant_label(r)} | {r['batch']} | {peak_cells(r)} | {r['step_ms']:.0f} ms "
+            f"| {_variant_label(r)} | {r['batch']} | {_peak_cells(r)} | {r['step_ms']:.0f} ms "
             f"| {r['images_per_s']:.0f} | {link} | {rate} |"
         )
     lines += [
@@ -468,7 +470,72 @@ def gpu_fences(data: dict) -> str:
                 lines.append(f"| {_variant_label(r)} | {budget} | ~~{r['batch']}~~ | {why} | | | |")
                 continue
             of_budget = f"{r['measured_peak_bytes'] / run['budget_bytes']:.2f}" if r["mode"] == "budget" else "-"
-            lines.append(f"| {_variant_label(r)} | {budget} | {r['batch']} | {peak_cells(r)} | {of_budget} |")
+            lines.append(f"| {_variant_label(r)} | {budget} | {r['batch']} | {_peak_cells(r)} | {of_budget} |")
+    return "\n".join(lines)
+
+
+def gpu_runs(data: dict) -> str:
+    """Several benchmarks/gpu.py runs of one model (``{"runs": [...]}``): the largest batch under the
+    cap over all their searches, the steps that ran alone, then every search attempt."""
+    runs, mb = data["runs"], 2**20
+    first = runs[0]
+    search = [r for run in runs for r in run["search"]]
+
+    def tried(mode: str) -> str:
+        cells = []
+        for r in sorted((r for r in search if r["mode"] == mode), key=lambda r: r["batch"]):
+            note = "" if r["ok"] or r.get("oom") else f" ({_failure(r).removesuffix(' (planner)')})"
+            cells.append(f"{r['batch']}" if r["ok"] else f"~~{r['batch']}~~{note}")
+        return ", ".join(cells)
+
+    def largest(mode: str) -> int:
+        return max((r["batch"] for r in search if r["mode"] == mode and r["ok"]), default=0)
+
+    def link_cells(r: dict) -> str:
+        if not r["link_bytes_per_step"]:
+            return "- | -"
+        return f"{r['link_bytes_per_step'] / 1e9:.1f} GB | {r['link_GBps_over_step']:.0f} GB/s"
+
+    alone = [r for run in runs for r in run.get("timed", []) if r["ok"]]
+    alone += [r for run in runs if len(run.get("compare", [])) == 1 for r in run["compare"] if r["ok"]]
+    alone.sort(key=lambda r: (r["batch"], r["mode"] != "plain", r.get("fences", 0)))
+    lines = [
+        f"{data['date']}, {data['gpu'].get('device_name', 'GPU')}, TensorFlow {data['tensorflow']}; "
+        f"{data['model']} {data['image_size']}², Adam; **measured** (`get_memory_info` peak of the steady steps) vs "
+        "**predicted** (simulator)",
+        "",
+        f"| under a real {first['cap_bytes'] / mb:,.0f} MiB cap | largest batch that trains "
+        "| batches tried (~~failed~~: out of memory unless said) |",
+        "|---|---:|---|",
+        f"| plain | {largest('plain')} | {tried('plain')} |",
+        f"| tflms, `budget` = {first['budget_fraction']:g} × cap | {largest('budget')} | {tried('budget')} |",
+        "",
+        f"Alone on the GPU, each under the {first['cap_bytes'] / mb:,.0f} MiB cap:",
+        "",
+        "| step | batch | fences | measured peak | predicted | measured / predicted | step time | images/s "
+        "| over the link per step | link rate over the step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in alone:
+        lines.append(
+            f"| {_variant_label(r)} | {r['batch']} | {r.get('fences', 0)} | {_peak_cells(r)} | {r['step_ms']:.0f} ms "
+            f"| {r['images_per_s']:.0f} | {link_cells(r)} |"
+        )
+    lines += [
+        "",
+        "The search attempts that trained, side by side (step times of processes sharing the GPU and its link):",
+        "",
+        "| step | batch | fences | measured peak | predicted | measured / predicted | measured / budget "
+        "| step time, shared | over the link per step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in sorted((r for r in search if r["ok"]), key=lambda r: (r["mode"] != "plain", r["batch"])):
+        of_budget = f"{r['measured_peak_bytes'] / r['budget_bytes']:.2f}" if r["mode"] == "budget" else "-"
+        link = f"{r['link_bytes_per_step'] / 1e9:.1f} GB" if r["link_bytes_per_step"] else "-"
+        lines.append(
+            f"| {_variant_label(r)} | {r['batch']} | {r.get('fences', 0)} | {_peak_cells(r)} | {of_budget} "
+            f"| {r['step_ms']:.0f} ms | {link} |"
+        )
     return "\n".join(lines)
 
 
@@ -501,6 +568,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "peak_anatomy": peak_anatomy,
     "gpu": gpu,
     "gpu_fences": gpu_fences,
+    "gpu_densenet121": gpu_runs,
 }
 
 
