@@ -150,7 +150,7 @@ def main() -> None:
             elif r.error and r.status != "oom":  # e.g. the autotuner's BudgetError (log lines may follow it)
                 lines = r.error.strip().splitlines()
                 raised = [line for line in lines if "Error: " in line and not line.startswith(("E0000", "W0000"))]
-                probe["error"] = (raised or lines)[-1][:400]
+                probe["error"] = (raised or lines)[-1][:2000]  # the whole line: a BudgetError ends with its budget
             log.append(probe)
             mode = "tflms" if lms else "plain"
             print(f"  {name} batch {batch} {mode}: {r.status}{held} ({r.seconds:.0f} s)", flush=True)
