@@ -26,7 +26,8 @@ Phases, each written to the JSON as it ends:
 2. ``compare`` (with ``--compare``): the variants listed, side by side at ``--compare-batch``,
    each under ``--compare-cap`` (far above its peak, so that no peak is clipped);
 3. ``search``: the largest batch that trains under the cap, plain and budget (a grid, then
-   one round between the largest batch that fits and the smallest that does not); the
+   one round between the largest batch that fits and the smallest that does not, or above
+   it, up to twice it, when every batch tried fit: :func:`next_batches`); the
    budget runs take ``--search-modifiers`` (``auto``: those of the compare run with the lowest
    measured / predicted peak);
 4. ``timed``: alone on the GPU (under ``--timed-cap``), plain, ``tflms/w0`` (no fences),
@@ -249,12 +250,31 @@ def _parallel(args: argparse.Namespace, jobs: list[tuple[int, str]], cap: int | 
         return list(pool.map(lambda j: attempt(args, *j, cap=cap), jobs))
 
 
-def _largest(runs: list[dict], spec: str) -> tuple[int, int | None]:
+def largest_trained(runs: list[dict], spec: str) -> tuple[int, int | None]:
     """(largest batch that trained, smallest batch above it that did not) of variant ``spec``."""
     ok = [r["batch"] for r in runs if r["variant"] == spec and r["ok"]]
     best = max(ok, default=0)
     failed = [r["batch"] for r in runs if r["variant"] == spec and not r["ok"] and r["batch"] > best]
     return best, min(failed, default=None)
+
+
+def next_batches(best: int, fail: int | None, n: int) -> list[int]:
+    """The batches of the search's second round for one variant: ``n`` between the largest batch
+    that trained (``best``) and the smallest above it that did not (``fail``); when every batch
+    tried trained (``fail`` is None), ``n`` above it, up to twice ``best``; none when nothing
+    trained or nothing lies between.
+
+    >>> next_batches(44, 48, 3)
+    [45, 46, 47]
+    >>> next_batches(160, None, 4)
+    [192, 224, 256, 288]
+    >>> next_batches(30, 31, 4), next_batches(0, 16, 4)
+    ([], [])
+    """
+    if not best:
+        return []
+    top = fail if fail is not None else 2 * best + 1
+    return sorted({best + (top - best) * (i + 1) // (n + 1) for i in range(n)} - {best, top})
 
 
 def _best_modifiers(runs: list[dict]) -> str:
@@ -366,19 +386,15 @@ def main(argv: list[str] | None = None) -> int:
     runs = _parallel(args, grid) if grid else []
     refine: list[tuple[int, str]] = []
     for spec in ("plain", budget_spec):
-        best, fail = _largest(runs, spec)
-        if best and fail and fail - best > 1:
-            n = max(1, args.jobs // 2)
-            between = {best + (fail - best) * (i + 1) // (n + 1) for i in range(n)} - {best, fail}
-            refine += [(b, spec) for b in sorted(between)]
+        refine += [(b, spec) for b in next_batches(*largest_trained(runs, spec), max(1, args.jobs // 2))]
     longest = max((r["wall_s"] for r in runs), default=0.0)
     if refine and late(2 * longest):
         print(f"  no second round: it would leave too little time before --deadline {args.deadline:.0f} s", flush=True)
     elif refine:
         runs += _parallel(args, refine)
     result["search"] = runs
-    plain_max, _ = _largest(runs, "plain")
-    budget_max, _ = _largest(runs, budget_spec)
+    plain_max, _ = largest_trained(runs, "plain")
+    budget_max, _ = largest_trained(runs, budget_spec)
     result["max_batch_plain"], result["max_batch_budget"] = plain_max, budget_max
     save()
     print(f"largest batch under the cap: plain {plain_max}, tflms ({budget_spec}) {budget_max}", flush=True)

@@ -1,0 +1,26 @@
+"""benchmarks/gpu.py's search arithmetic, which runs before any GPU is touched: its doctests,
+and the second round of a search (between the largest batch that trained and the smallest
+that did not, or above it when every batch tried trained)."""
+
+import doctest
+import importlib.util
+from pathlib import Path
+
+_spec = importlib.util.spec_from_file_location("gpu_bench", Path(__file__).parents[2] / "benchmarks" / "gpu.py")
+gpu = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu)
+
+
+def test_doctests_of_the_gpu_benchmark():
+    result = doctest.testmod(gpu)
+    assert result.attempted >= 5 and result.failed == 0, result
+
+
+def test_second_round_grows_when_every_batch_trained_and_refines_after_a_failure():
+    runs = [{"variant": "budget", "batch": b, "ok": True} for b in (48, 64, 96, 128, 160)]
+    runs.append({"variant": "plain", "batch": 200, "ok": False})  # another variant's failure
+    assert gpu.largest_trained(runs, "budget") == (160, None)
+    assert gpu.next_batches(*gpu.largest_trained(runs, "budget"), 4) == [192, 224, 256, 288]
+    runs.append({"variant": "budget", "batch": 192, "ok": False})
+    assert gpu.next_batches(*gpu.largest_trained(runs, "budget"), 4) == [166, 172, 179, 185]
+    assert gpu.next_batches(*gpu.largest_trained(runs, "plain"), 4) == []  # nothing trained
