@@ -348,6 +348,25 @@ def peak_anatomy(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _peak_cells(r: dict) -> str:
+    """A gpu.py run's measured peak, predicted peak and their ratio, as table cells."""
+    return (
+        f"{_mib(r['measured_peak_bytes'])} | {_mib(r['predicted_peak_bytes'])} "
+        f"| {r['measured_peak_bytes'] / r['predicted_peak_bytes']:.2f}"
+    )
+
+
+def _link_bytes(r: dict) -> str:
+    """A gpu.py run's bytes over the link per step, as a table cell ("-" without swaps)."""
+    return f"{r['link_bytes_per_step'] / 1e9:.1f} GB" if r["link_bytes_per_step"] else "-"
+
+
+def _link_cells(r: dict) -> str:
+    """A gpu.py run's bytes over the link per step and the rate that makes over the step, as table cells."""
+    rate = f"{r['link_GBps_over_step']:.0f} GB/s" if r["link_bytes_per_step"] else "-"
+    return f"{_link_bytes(r)} | {rate}"
+
+
 def gpu(data: dict) -> str:
     """benchmarks/gpu.py's JSON: the largest batch under the cap, then each timed or uncapped step."""
     cap, mb = data["cap_bytes"], 2**20
@@ -373,13 +392,10 @@ def gpu(data: dict) -> str:
     step = {"plain": "plain", "tflms": "tflms, default options", "budget": "tflms, `budget`"}
     for r in data["timed"] + data.get("uncapped", []):
         label = step.get(r["mode"]) or f"tflms, fenced (`swapout_window={r.get('swapout_window')}`)"
-        link = f"{r['link_bytes_per_step'] / 1e9:.1f} GB" if r["link_bytes_per_step"] else "-"
-        rate = f"{r['link_GBps_over_step']:.0f} GB/s" if r["link_bytes_per_step"] else "-"
         lines.append(
-            f"| {label} | {r['batch']} | {r.get('cap_bytes', cap) / mb:,.0f} MiB "
-            f"| {_mib(r['measured_peak_bytes'])} | {_mib(r['predicted_peak_bytes'])} "
-            f"| {r['measured_peak_bytes'] / r['predicted_peak_bytes']:.2f} | {r['step_ms']:.0f} ms "
-            f"| {r['images_per_s']:.0f} | {link} | {rate} |"
+            f"| {label} | {r['batch']} | {r.get('cap_bytes', cap) / mb:,.0f} MiB | {_peak_cells(r)} "
+            f"| {r['step_ms']:.0f} ms "
+            f"| {r['images_per_s']:.0f} | {_link_cells(r)} |"
         )
     bw, ref = data["bandwidth"], data.get("bandwidth_reference", {})
     lines += [
@@ -412,14 +428,6 @@ def _variant_label(r: dict) -> str:
     return ", ".join(words)
 
 
-def _peak_cells(r: dict) -> str:
-    """A gpu.py run's measured peak, predicted peak and their ratio, as table cells."""
-    return (
-        f"{_mib(r['measured_peak_bytes'])} | {_mib(r['predicted_peak_bytes'])} "
-        f"| {r['measured_peak_bytes'] / r['predicted_peak_bytes']:.2f}"
-    )
-
-
 def gpu_fences(data: dict) -> str:
     """benchmarks/gpu.py's runs of 2026-11-26 (fences vs the executor running ahead of the link)."""
     first, second = data["runs"]
@@ -449,11 +457,9 @@ def gpu_fences(data: dict) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in first["timed"] + second["timed"]:
-        link = f"{r['link_bytes_per_step'] / 1e9:.1f} GB" if r["link_bytes_per_step"] else "-"
-        rate = f"{r['link_GBps_over_step']:.0f} GB/s" if r["link_bytes_per_step"] else "-"
         lines.append(
             f"| {_variant_label(r)} | {r['batch']} | {_peak_cells(r)} | {r['step_ms']:.0f} ms "
-            f"| {r['images_per_s']:.0f} | {link} | {rate} |"
+            f"| {r['images_per_s']:.0f} | {_link_cells(r)} |"
         )
     lines += [
         "",
@@ -491,11 +497,6 @@ def gpu_runs(data: dict) -> str:
     def largest(mode: str) -> int:
         return max((r["batch"] for r in search if r["mode"] == mode and r["ok"]), default=0)
 
-    def link_cells(r: dict) -> str:
-        if not r["link_bytes_per_step"]:
-            return "- | -"
-        return f"{r['link_bytes_per_step'] / 1e9:.1f} GB | {r['link_GBps_over_step']:.0f} GB/s"
-
     alone = [r for run in runs for r in run.get("timed", []) if r["ok"]]
     alone += [r for run in runs if len(run.get("compare", [])) == 1 for r in run["compare"] if r["ok"]]
     alone.sort(key=lambda r: (r["batch"], r["mode"] != "plain", r.get("fences", 0)))
@@ -519,7 +520,7 @@ def gpu_runs(data: dict) -> str:
     for r in alone:
         lines.append(
             f"| {_variant_label(r)} | {r['batch']} | {r.get('fences', 0)} | {_peak_cells(r)} | {r['step_ms']:.0f} ms "
-            f"| {r['images_per_s']:.0f} | {link_cells(r)} |"
+            f"| {r['images_per_s']:.0f} | {_link_cells(r)} |"
         )
     lines += [
         "",
@@ -531,10 +532,9 @@ def gpu_runs(data: dict) -> str:
     ]
     for r in sorted((r for r in search if r["ok"]), key=lambda r: (r["mode"] != "plain", r["batch"])):
         of_budget = f"{r['measured_peak_bytes'] / r['budget_bytes']:.2f}" if r["mode"] == "budget" else "-"
-        link = f"{r['link_bytes_per_step'] / 1e9:.1f} GB" if r["link_bytes_per_step"] else "-"
         lines.append(
             f"| {_variant_label(r)} | {r['batch']} | {r.get('fences', 0)} | {_peak_cells(r)} | {of_budget} "
-            f"| {r['step_ms']:.0f} ms | {link} |"
+            f"| {r['step_ms']:.0f} ms | {_link_bytes(r)} |"
         )
     return "\n".join(lines)
 
