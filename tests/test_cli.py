@@ -130,7 +130,7 @@ def test_plan_serializes_by_default_and_writes_its_orders(tmp_path):
         (
             ["demo", "--cap", "500MiB", "--budget", "600MiB"],  # before any measurement
             1,
-            "--budget must be at most the real memory cap of the test bed (500 MiB): a plan for more memory than "
+            "--budget must be at most the real memory cap of the device (500 MiB): a plan for more memory than "
             "the cap runs out of memory. Received: --budget='600MiB'.",
         ),
     ],

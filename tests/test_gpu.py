@@ -40,3 +40,29 @@ def test_rewritten_step_on_the_gpu_trains_like_plain_with_a_lower_real_peak():
     np.testing.assert_allclose(lms_losses, plain_losses, rtol=1e-5)
     assert plain_losses[-1] < plain_losses[0]  # it trained
     assert lms_peak < plain_peak, (lms_peak, plain_peak, plan.summary())
+
+
+def test_demo_on_the_gpu_runs_the_plain_step_out_of_memory_and_trains_with_tflms():
+    """``tflms demo`` on a GPU: the same three runs as on the test bed (tests/test_cli.py), with
+    GPU 0's memory, measured by TensorFlow's GPU allocator and capped for real."""
+    import re
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [sys.executable, "-m", "tflms", "demo", "--steps", "2"], capture_output=True, text=True, timeout=900
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = r.stdout
+    assert "demo on GPU 0" in out and "ResNet50 96x96, batch 32" in out, out
+    plain = re.search(r"1\. plain step, no cap: +measured peak ([\d,]+) MiB", out)
+    cap = re.search(r"real memory cap for the next runs: ([\d,]+) MiB; tflms budget: ([\d,]+) MiB", out)
+    assert plain and cap, out
+    assert re.search(r"2\. plain step, capped: +OUT OF MEMORY", out), out
+    lms = re.search(r"3\. tflms step, capped: +TRAINED, measured peak ([\d,]+) MiB", out)
+    assert lms, out
+    measured_plain, cap_mib, budget, measured_lms = (
+        int(m.replace(",", "")) for m in (plain.group(1), *cap.groups(), lms.group(1))
+    )
+    assert measured_lms <= cap_mib < measured_plain, out
+    assert measured_lms <= 1.10 * budget, out

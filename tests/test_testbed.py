@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import tflms
 from tflms import LMSConfig, testbed
@@ -104,6 +105,22 @@ def test_memory_needs_the_bfc_allocator():
     }
     with pytest.raises(ValueError, match="cap"):
         testbed.device_environ(1000)
+
+
+def test_a_measured_gpu_process_measures_gpu_0_or_says_it_sees_none(monkeypatch):
+    env = testbed.device_environ("1GiB", base={"TF_CPU_ALLOCATOR_USE_BFC": "true", "TFLMS_MEASURED_GPU": "5"}, gpu=True)
+    assert env == {"TFLMS_MEASURED_GPU": "1024"}  # the CPU keeps TensorFlow's allocator
+    assert testbed.device_environ(base={}, gpu=True) == {"TFLMS_MEASURED_GPU": "0"}  # no cap: memory growth
+    assert testbed.devices() == (testbed.DEVICE, testbed.HOST)
+    monkeypatch.setenv("TFLMS_MEASURED_GPU", "0")
+    assert testbed.is_measured_process()
+    assert testbed.devices() == (testbed.GPU_DEVICE, testbed.GPU_HOST)
+    monkeypatch.delenv("TFLMS_MEASURED_GPU")
+    r = measure("cnn", 64, size=64, steps=2, cap="1GiB", gpu=True, timeout=300)
+    if tf.config.list_physical_devices("GPU"):  # a GPU: measured on it (tests/test_gpu.py's CNN), under the cap
+        assert r.ok and 0 < r.value["lms"]["peak"] < r.value["plain"]["peak"] <= 2**30, r
+    else:
+        assert r.status == "error" and "TensorFlow sees no GPU in the measured process" in r.error, r
 
 
 def test_run_measured_reports_errors_without_raising():

@@ -1,8 +1,8 @@
 """The ``tflms`` command line (also ``python -m tflms``).
 
 Commands:
-    tflms demo     ResNet50 at a batch whose predicted peak exceeds a memory budget:
-                   plan, rewrite and train a few steps with LMS
+    tflms demo     ResNet50 under a real memory cap (test bed, or GPU 0): the plain step runs
+                   out of memory, the step rewritten by tflms trains; measured peaks
     tflms plan     plan a keras.applications model (or your factory) for a batch size
     tflms bench    run a benchmark script from benchmarks/
     tflms build-horovod   build/install the Horovod wheel for this TensorFlow
@@ -281,22 +281,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--budget",
         type=_parse_size,
-        help="tflms's memory budget (default: 85%% of the cap on the test bed, of the GPU's memory on a GPU)",
+        help="tflms's memory budget (default: 85%% of the cap)",
     )
     p.add_argument(
         "--cap",
         type=_parse_size,
-        help="without GPU: the real memory cap of the test bed (default: 75%% of the plain step's measured peak)",
+        help="the real memory cap of the device, the test bed's or GPU 0's (default: 75%% of the plain step's "
+        "measured peak)",
     )
     p.add_argument(
         "--batch",
         type=int,
-        help="batch size (default: 32 on the test bed; on a GPU the smallest power of two "
-        "whose predicted plain peak exceeds the budget)",
+        help="batch size (default 32)",
     )
     p.add_argument("--image-size", type=int, default=96, help="input height and width (default 96)")
     p.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
-    p.add_argument("--rows", type=int, default=15, help="rows of the plan table to print (default 15)")
     p.set_defaults(func=demo)
 
     p = sub.add_parser("plan", help="plan a model for a batch size (simulator)")

@@ -1,7 +1,10 @@
 """``tflms demo`` (what ``make run`` runs): the plain step runs out of memory, tflms trains.
 
+The device's memory is measured, each run in a fresh process (:func:`tflms.measure.measure`).
 Without a GPU the demo uses the real-memory test bed (:mod:`tflms.testbed`): the
-device is a measured process's CPU, the host a second TensorFlow process.
+device is a measured process's CPU, the host a second TensorFlow process. With a GPU
+the device is GPU 0 and the host the CPU, and a cap is a real limit of TensorFlow's GPU
+allocator (a logical device with ``memory_limit``).
 
 1. The plain step of ResNet50 (``--image-size``, ``--batch``) is measured without a cap.
 2. A real cap is set below that peak (``--cap``, default 75 % of it): the plain step
@@ -9,23 +12,19 @@ device is a measured process's CPU, the host a second TensorFlow process.
 3. Under the same cap, the step autotuned by tflms (with :data:`DEMO_OPTIONS`) to a budget
    below the cap (``--budget``, default ``0.85 * cap``) trains.
 
-Each measured peak is printed next to the simulator's prediction. On a GPU the demo
-trains at a batch whose predicted plain peak exceeds the GPU's memory, with a budget of
-``0.85 *`` that memory (or ``--budget``), and prints the GPU's measured peak.
+Each measured peak is printed next to the simulator's prediction.
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
-import subprocess
 import time
 
-__all__ = ["run_demo", "CAP_FRACTION", "BUDGET_FRACTION", "DEMO_OPTIONS"]
+__all__ = ["run_demo", "oom_message", "CAP_FRACTION", "BUDGET_FRACTION", "DEMO_OPTIONS"]
 
 #: Default cap on the test bed, as a fraction of the plain step's measured peak.
 CAP_FRACTION = 0.75
-#: The autotuner's budget as a fraction of the cap (of the GPU's memory on a GPU): room for
+#: The autotuner's budget as a fraction of the cap: room for
 #: the simulator's error and for the allocator's holes. At 0.9 (until 2026-11-25) the tflms
 #: step ran out of memory in 2 of 5 fresh-clone runs of ``make run``: its plans were predicted
 #: 521-529 MiB under caps of 572-589 MiB, and measured up to 1.10x their prediction, or ran
@@ -43,32 +42,14 @@ def _mib(n: float) -> str:
 
 
 def run_demo(args: argparse.Namespace) -> int:
-    """Run the demo with the CLI's arguments; return the exit code."""
+    """Run the demo with the CLI's arguments, on GPU 0 if TensorFlow sees one, else on the test
+    bed; return the exit code."""
     from .testbed import TestBedError
 
-    if _has_gpu():
-        return _gpu_demo(args)
     try:
-        return _testbed_demo(args)
+        return _measured_demo(args, gpu=_has_gpu())
     except TestBedError as err:
         raise ValueError(str(err)) from None
-
-
-def gpu_memory_bytes() -> int | None:
-    """Total memory of GPU 0 from nvidia-smi, or None."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", "0"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-            check=True,
-        ).stdout
-        return int(float(out.strip().splitlines()[0])) * 2**20
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
 
 
 def _has_gpu() -> bool:
@@ -77,18 +58,47 @@ def _has_gpu() -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
+def oom_message(error: str) -> str | None:
+    """The line of a failed process's ``error`` output that says what ran out of memory, and
+    the node it names, or None.
+
+    >>> oom_message("No algorithm worked!\\n  eng1{}: RESOURCE_EXHAUSTED: Out of memory while trying to "
+    ...     "allocate 16.00MiB. [tf-allocator-allocation-error='']\\n\\t [[{{node m/conv}}]] [Op:__inference_f_7]")
+    'eng1{}: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 16.00MiB (node m/conv)'
+    >>> oom_message("ValueError: bad shape") is None
+    True
+    """
+    import re
+
+    lines = error.splitlines()
+    for i, line in enumerate(lines):
+        if re.search(r"out of memory|OOM when allocating", line, re.IGNORECASE):
+            said = re.sub(r"\s*\[tf-allocator-allocation-error=[^\]]*\]", "", line.strip()).rstrip(".")
+            node = next((m.group(1) for rest in lines[i:] if (m := re.search(r"\{\{node (\S+?)\}\}", rest))), None)
+            return f"{said[:300]} (node {node})" if node else said[:300]
+    return None
+
+
+def _seconds(s: float) -> str:
+    return f"{s:.1f} s" if s >= 1 else f"{1000 * s:.0f} ms"
+
+
 def _check_budget(budget: int, cap: int) -> None:
-    """A budget above the test bed's cap plans for memory the measured process does not have."""
+    """A budget above the cap plans for memory the measured process does not have."""
     if budget > cap:
         text = getattr(budget, "text", str(budget))
         raise ValueError(
-            f"--budget must be at most the real memory cap of the test bed ({_mib(cap)}): a plan for more "
+            f"--budget must be at most the real memory cap of the device ({_mib(cap)}): a plan for more "
             f"memory than the cap runs out of memory. Received: --budget={text!r}. Pass a --budget below the cap, "
             f"or leave it out ({BUDGET_FRACTION:.0%} of the cap)."
         )
 
 
-def _testbed_demo(args: argparse.Namespace) -> int:
+def _measured_demo(args: argparse.Namespace, gpu: bool) -> int:
+    import tensorflow as tf
+
+    import tflms
+
     from .config import parse_bytes
     from .measure import measure
     from .testbed import MeasuredResult
@@ -98,12 +108,17 @@ def _testbed_demo(args: argparse.Namespace) -> int:
     steps = args.steps
     if args.cap and args.budget:  # both given: check before the first measurement
         _check_budget(args.budget, parse_bytes(args.cap, "cap") // 2**20 * 2**20)
+    where = (
+        "on GPU 0 (measured by TensorFlow's GPU allocator; a cap is its memory limit), the host is the CPU"
+        if gpu
+        else "without a GPU: real memory on the two-process test bed (this machine's CPU is the\n"
+        "device, measured by TensorFlow's BFC allocator; a second TensorFlow process is the host)"
+    )
     print(
-        "tflms demo without a GPU: real memory on the two-process test bed (this machine's CPU is the\n"
-        "device, measured by TensorFlow's BFC allocator; a second TensorFlow process is the host).\n"
+        f"tflms {tflms.__version__}, TensorFlow {tf.__version__}, demo {where}.\n"
         f"ResNet50 {size}x{size}, batch {batch}, Adam, {steps} steps per run.\n"
     )
-    common = {"size": size, "steps": steps}
+    common = {"size": size, "steps": steps, "gpu": gpu}
 
     def fail(what: str, r: MeasuredResult) -> ValueError:
         return ValueError(f"{what} failed ({r.status}, exit code {r.returncode}): {r.error.strip()[-800:]}")
@@ -139,6 +154,8 @@ def _testbed_demo(args: argparse.Namespace) -> int:
                 f"   the allocator held {r['in_use']} in use and {r['free']} free "
                 f"(largest free chunk {r['largest_free']}) and could not place {r['requested']} for {r['op']}"
             )
+        elif said := oom_message(capped.error):  # e.g. cuDNN's search for a conv algorithm, which logs no dump
+            print(f"   TensorFlow: {said}")
     elif capped.ok:
         print(
             f"2. plain step, capped:     trained (measured peak {_mib(capped.value['plain']['peak'])}): "
@@ -158,60 +175,9 @@ def _testbed_demo(args: argparse.Namespace) -> int:
         f"predicted {_mib(swapped['predicted'])}  ({time.perf_counter() - t0:.0f} s)\n"
         f"   {swapped['n_swaps']} tensors swapped ({_mib(swapped['swapped_bytes'])} per step), "
         f"{swapped['n_orders']} ordering edges, losses {losses}, "
-        f"step time {min(swapped['step_seconds'][1:] or swapped['step_seconds']):.1f} s "
-        f"(plain {min(plain['step_seconds'][1:] or plain['step_seconds']):.1f} s)"
+        f"step time {_seconds(min(swapped['step_seconds'][1:] or swapped['step_seconds']))} "
+        f"(plain {_seconds(min(plain['step_seconds'][1:] or plain['step_seconds']))})"
     )
     saved = 1 - swapped["peak"] / plain["peak"]
     print(f"\nmeasured: tflms needs {saved:.0%} less device memory than the plain step at the same batch.")
-    return 0
-
-
-def _gpu_demo(args: argparse.Namespace) -> int:
-    """On a GPU: a batch whose predicted plain peak exceeds the GPU's memory, trained with LMS."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-
-    import tflms
-
-    from ._util import format_bytes
-
-    memory = gpu_memory_bytes()
-    if memory is None and not args.budget:
-        raise ValueError("cannot read the GPU's memory size (nvidia-smi); pass --budget (tflms's budget)")
-    budget = int(args.budget) if args.budget else int(memory * BUDGET_FRACTION)
-    size_text = format_bytes(memory) if memory else "memory size unknown"
-    print(f"tflms {tflms.__version__}, TensorFlow {tf.__version__}: GPU found ({size_text})")
-    print(f"tflms budget {format_bytes(budget)}")
-    memory = memory or budget  # without nvidia-smi, the batch is chosen against the budget
-    from .measure import build
-
-    size = args.image_size
-    _, _, _, train_step = build("resnet50", 1, size)  # seeded ResNet50, Adam; traced below for any batch
-    any_batch = tf.function(train_step).get_concrete_function(
-        tf.TensorSpec((None, size, size, 3)), tf.TensorSpec((None,), tf.int32)
-    )
-
-    def peak(batch: int) -> int:
-        return tflms.Simulator(tflms.GraphModel.from_func_graph(any_batch.graph, batch_size=batch)).peak()
-
-    batch = args.batch
-    if batch is None:  # smallest power of two whose predicted plain step would not fit
-        batch = 1
-        while peak(batch) <= memory and batch < 4096:
-            batch *= 2
-    print(f"ResNet50 {size}x{size}, batch {batch}; predicted plain peak {format_bytes(peak(batch))}")
-    rng = np.random.default_rng(0)
-    x = tf.constant(rng.normal(size=(batch, size, size, 3)).astype("float32"))
-    y = tf.constant(rng.integers(0, 10, size=(batch,)).astype("int32"))
-    step = tflms.function(train_step, budget=budget, **DEMO_OPTIONS)
-    plan = step.get_plan(x, y)
-    print(plan.summary(max_rows=args.rows))
-    bar = keras.utils.Progbar(args.steps, stateful_metrics=["loss"])
-    tf.config.experimental.reset_memory_stats("GPU:0")
-    for i in range(args.steps):
-        loss = float(step(x, y))
-        bar.update(i + 1, values=[("loss", loss)])
-    measured = tf.config.experimental.get_memory_info("GPU:0")["peak"]
-    print(f"measured GPU peak {format_bytes(measured)}, predicted {format_bytes(plan.peak_bytes_after)}")
     return 0

@@ -2,10 +2,10 @@
 
 :func:`measure_step` runs inside a measured process (see :mod:`tflms.testbed`):
 it builds one of :data:`MODELS` with fixed seeds and synthetic data, traces an
-Adam training step, optionally rewrites it with tflms (device
-:data:`tflms.testbed.DEVICE`, host :data:`tflms.testbed.HOST`), trains a few
-steps and returns the measured peak of each step, the losses and the simulator's
-predictions, as plain JSON data. :func:`measure` starts such a process for you::
+Adam training step, optionally rewrites it with tflms (the process's device and
+host, :func:`tflms.testbed.devices`), trains a few steps and returns the measured
+peak of each step, the losses and the simulator's predictions, as plain JSON data.
+:func:`measure` starts such a process for you, on the test bed or (``gpu=True``) on GPU 0::
 
     >>> r = measure("cnn", batch=8, steps=2)                      # doctest: +SKIP
     >>> r.value["plain"]["peak"], r.value["lms"]["peak"], r.value["lms"]["predicted"]  # doctest: +SKIP
@@ -157,8 +157,8 @@ def measure_step(
     """Train ``warmup + steps`` steps of ``model`` per mode in this measured process; return measurements.
 
     ``modes`` are ``'plain'`` (the traced step as is) and ``'lms'`` (rewritten by
-    :func:`tflms.optimize` with ``options``, device :data:`~tflms.testbed.DEVICE`, host
-    :data:`~tflms.testbed.HOST`). Every mode starts from the same weights and optimizer
+    :func:`tflms.optimize` with ``options``, on the measured process's device and host,
+    :func:`tflms.testbed.devices`). Every mode starts from the same weights and optimizer
     state, in this one process: TensorFlow's CPU kernels are not bit-reproducible across
     processes here (plain steps of ResNet50 differ in the 6th digit from one process to
     the next), so only runs in one process can be compared exactly.
@@ -217,6 +217,7 @@ def measure_step(
             f"Received: modes={modes!r}"
         )
     tf.config.experimental.enable_op_determinism()
+    device, host = testbed.devices()
     keras_model, x, y, train_step = build(model, batch, size)
     state = list(keras_model.variables) + list(train_step.optimizer.variables)
     initial = [v.numpy() for v in state]
@@ -247,11 +248,11 @@ def measure_step(
             if mode == "lms_device_gated" and key in plans:  # the plan of an earlier 'lms' mode: not made twice
                 plan = plans[key]
             else:
-                step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **{**(options or {}), **extra})
+                step, plan = optimize(cf, device=device, host=host, **{**(options or {}), **extra})
                 plans[key] = plan
             if mode == "lms_device_gated":  # the negative control: tflms 0.1's swap-in placement
                 graph = tfi.copy_graph(cf)
-                apply_plan(graph, plan, testbed.DEVICE, testbed.HOST, swap_in_on="device")
+                apply_plan(graph, plan, device, host, swap_in_on="device")
                 step = tfi.rebuild(cf, graph)
             entry.update(
                 predicted=plan.peak_bytes_after,
@@ -273,7 +274,7 @@ def measure_step(
         for _ in range(warmup + steps):
             testbed.reset_peak()
             t0 = time.perf_counter()
-            with tf.device(testbed.DEVICE), tfi.memory_optimization("MANUAL" if manual else None):
+            with tf.device(device), tfi.memory_optimization("MANUAL" if manual else None):
                 loss = float(step(x, y).numpy())
             seconds.append(time.perf_counter() - t0)
             peaks.append(testbed.memory()["peak"])
@@ -291,11 +292,18 @@ def measure_step(
 
 
 def measure(
-    model: str, batch: int, *, cap: int | str | None = None, timeout: float = 1800.0, **kwargs: Any
+    model: str,
+    batch: int,
+    *,
+    cap: int | str | None = None,
+    timeout: float = 1800.0,
+    gpu: bool = False,
+    **kwargs: Any,
 ) -> MeasuredResult:
-    """:func:`measure_step` in a fresh measured process (see :func:`tflms.testbed.run_measured`)."""
+    """:func:`measure_step` in a fresh measured process (see :func:`tflms.testbed.run_measured`):
+    on the test bed, or on GPU 0 with ``gpu=True`` (``cap``: a real limit of its memory)."""
     return run_measured(
-        "tflms.measure:measure_step", {"model": model, "batch": batch, **kwargs}, cap=cap, timeout=timeout
+        "tflms.measure:measure_step", {"model": model, "batch": batch, **kwargs}, cap=cap, timeout=timeout, gpu=gpu
     )
 
 

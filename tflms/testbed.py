@@ -26,6 +26,11 @@ Inside the measured process (``measure`` above, or your own script started with
         step = tflms.function(train_step, device=tflms.testbed.DEVICE, host=tflms.testbed.HOST)
         tflms.testbed.reset_peak(); step(x, y); print(tflms.testbed.memory()["peak"])
 
+On a machine with a GPU, ``run_measured(..., gpu=True)`` measures the same way on the GPU:
+the measured process's device is ``/GPU:0`` (``cap`` becomes a real limit of TensorFlow's
+GPU allocator: a logical device with ``memory_limit``), its host this process's CPU, and
+:func:`devices`, :func:`memory` and :func:`reset_peak` answer for the GPU.
+
 The link is gRPC on loopback (about 0.4-1.2 GiB/s one way), far slower than
 PCIe; a device buffer stays alive until it has been sent. :func:`connect` lowers the
 measured process's priority (:data:`DEVICE_NICE`) so that the host worker, which
@@ -56,6 +61,8 @@ from .errors import TflmsError
 __all__ = [
     "DEVICE",
     "DEVICE_NICE",
+    "GPU_DEVICE",
+    "GPU_HOST",
     "HOST",
     "TestBedError",
     "HostWorker",
@@ -63,6 +70,7 @@ __all__ = [
     "allocator_oom_report",
     "connect",
     "device_environ",
+    "devices",
     "is_measured_process",
     "memory",
     "reset_peak",
@@ -86,6 +94,10 @@ DEVICE_NICE = 10
 _BFC = "TF_CPU_ALLOCATOR_USE_BFC"
 _CAP = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
 _ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
+_GPU = "TFLMS_MEASURED_GPU"  # a measured GPU process: its cap in MiB, or 0 (no cap)
+#: The measured GPU process's device and host (``run_measured(..., gpu=True)``).
+GPU_DEVICE = "/job:localhost/replica:0/task:0/device:GPU:0"
+GPU_HOST = "/job:localhost/replica:0/task:0/device:CPU:0"
 _RESULT_MARK = "TFLMS_TESTBED_RESULT "
 _READY_MARK = "TFLMS_HOST_READY"
 
@@ -96,7 +108,9 @@ class TestBedError(TflmsError, RuntimeError):
     __test__ = False  # not a pytest test class
 
 
-def device_environ(cap: int | str | None = None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+def device_environ(
+    cap: int | str | None = None, base: Mapping[str, str] | None = None, gpu: bool = False
+) -> dict[str, str]:
     """Environment for a measured process: BFC allocator on the CPU, optional real cap.
 
     ``cap`` (bytes or a size string such as ``"1GiB"``) is rounded down to whole MiB.
@@ -107,27 +121,50 @@ def device_environ(cap: int | str | None = None, base: Mapping[str, str] | None 
     peaks (a conv's filter gradient allocates up to 30 MiB of im2col scratch), so without
     the pin the same step measures differently from one machine to the next.
 
+    With ``gpu=True`` the measured device is GPU 0 instead: the environment marks the
+    process as such (``TFLMS_MEASURED_GPU``: the cap in MiB, 0 for none), and the CPU
+    keeps TensorFlow's defaults.
+
     >>> env = device_environ("512MiB", base={})
     >>> env["TF_CPU_ALLOCATOR_USE_BFC"], env["TF_CPU_BFC_MEM_LIMIT_IN_MB"], env["TF_ENABLE_ONEDNN_OPTS"]
     ('true', '512', '1')
     >>> device_environ(base={"TF_ENABLE_ONEDNN_OPTS": "0"})["TF_ENABLE_ONEDNN_OPTS"]
     '0'
+    >>> device_environ("1GiB", base={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, gpu=True)
+    {'TFLMS_MEASURED_GPU': '1024'}
     """
     env = dict(os.environ if base is None else base)
-    env[_BFC] = "true"
-    env.setdefault(_ONEDNN, "1")
-    env.pop(_CAP, None)
+    for key in (_BFC, _CAP, _GPU):
+        env.pop(key, None)
+    mib = 0
     if cap is not None:
         mib = parse_bytes(cap, "cap") // 2**20
         if mib < 1:
             raise ValueError(f"cap must be at least 1 MiB. Received: cap={cap!r}")
+    if gpu:
+        env[_GPU] = str(mib)
+        return env
+    env[_BFC] = "true"
+    env.setdefault(_ONEDNN, "1")
+    if cap is not None:
         env[_CAP] = str(mib)
     return env
 
 
 def is_measured_process() -> bool:
-    """True when this process's CPU allocator is BFC (its memory can be measured)."""
-    return os.environ.get(_BFC, "").lower() == "true"
+    """True when this process's device memory is measured: its CPU allocator is BFC (the test
+    bed), or it was started as a measured GPU process (``run_measured(..., gpu=True)``)."""
+    return os.environ.get(_BFC, "").lower() == "true" or _is_gpu_process()
+
+
+def _is_gpu_process() -> bool:
+    return os.environ.get(_GPU, "") != ""
+
+
+def devices() -> tuple[str, str]:
+    """``(device, host)`` of this measured process: :data:`DEVICE` and :data:`HOST` on the test
+    bed, :data:`GPU_DEVICE` and :data:`GPU_HOST` in a measured GPU process."""
+    return (GPU_DEVICE, GPU_HOST) if _is_gpu_process() else (DEVICE, HOST)
 
 
 def memory() -> dict[str, int]:
@@ -135,7 +172,7 @@ def memory() -> dict[str, int]:
     import tensorflow as tf
 
     _require_measured("memory")
-    return dict(tf.config.experimental.get_memory_info("CPU:0"))
+    return dict(tf.config.experimental.get_memory_info("GPU:0" if _is_gpu_process() else "CPU:0"))
 
 
 def reset_peak() -> None:
@@ -143,7 +180,7 @@ def reset_peak() -> None:
     import tensorflow as tf
 
     _require_measured("reset_peak")
-    tf.config.experimental.reset_memory_stats("CPU:0")
+    tf.config.experimental.reset_memory_stats("GPU:0" if _is_gpu_process() else "CPU:0")
 
 
 def _require_measured(what: str) -> None:
@@ -151,8 +188,8 @@ def _require_measured(what: str) -> None:
         raise TestBedError(
             f"{what}: this process's CPU memory is not measured. Start it with "
             f"{_BFC}=true set before TensorFlow is imported (tflms.testbed.device_environ() gives that "
-            f"environment; tflms.testbed.run_measured starts such a process for you). "
-            f"Received: {_BFC}={os.environ.get(_BFC)!r}"
+            f"environment; tflms.testbed.run_measured starts such a process for you, and with gpu=True one "
+            f"that measures GPU 0). Received: {_BFC}={os.environ.get(_BFC)!r}"
         )
 
 
@@ -404,6 +441,7 @@ def run_measured(
     cap: int | str | None = None,
     timeout: float = 1800.0,
     pythonpath: list[str] | None = None,
+    gpu: bool = False,
 ) -> MeasuredResult:
     """Call ``target`` (``'package.module:function'``) in a fresh measured process.
 
@@ -415,10 +453,15 @@ def run_measured(
     child's ``PYTHONPATH`` (for targets outside installed packages). Under a cap the
     child logs at ``TF_CPP_MIN_LOG_LEVEL=0`` (its output is captured, not shown), so that
     :attr:`MeasuredResult.oom` gets the allocator's out-of-memory report.
+
+    With ``gpu=True`` the process measures GPU 0 instead (no host worker: the host is its
+    own CPU, :func:`devices`); ``cap`` becomes TensorFlow's GPU memory limit (a logical
+    device with ``memory_limit``), and without it the GPU's memory grows as needed. A
+    process that sees no GPU ends with ``status='error'`` and says so.
     """
     if not isinstance(target, str) or target.count(":") != 1:
         raise ValueError(f"target must be 'package.module:function'. Received: target={target!r}")
-    env = device_environ(cap)
+    env = device_environ(cap, gpu=gpu)
     # Under a cap, the allocator's out-of-memory dump (INFO lines) feeds MeasuredResult.oom.
     env["TF_CPP_MIN_LOG_LEVEL"] = "0" if cap is not None else env.get("TF_CPP_MIN_LOG_LEVEL", "2")
     if pythonpath:
@@ -457,6 +500,11 @@ def _run_child() -> None:
     request = json.loads(sys.stdin.read())
     module_name, _, attr = request["target"].partition(":")
     sys.path.insert(0, os.getcwd())
+    if _is_gpu_process():
+        _setup_gpu(int(os.environ[_GPU]))
+        value = getattr(importlib.import_module(module_name), attr)(**request["kwargs"])
+        print(_RESULT_MARK + json.dumps(value), flush=True)
+        return
     # The worker loads TensorFlow while this process does (two processes, two cores).
     with HostWorker().start(wait=False) as worker:
         fn = getattr(importlib.import_module(module_name), attr)
@@ -468,6 +516,21 @@ def _run_child() -> None:
         print(_RESULT_MARK + json.dumps(value), flush=True)
         sys.stdout.flush()
     os._exit(0)  # skip TensorFlow's teardown of the remote context
+
+
+def _setup_gpu(cap_mib: int) -> None:
+    """Give TensorFlow's allocator on GPU 0 ``cap_mib`` MiB and no more (a logical device with
+    ``memory_limit``), or let it grow when 0; before TensorFlow creates its context."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        raise TestBedError("run_measured(gpu=True): TensorFlow sees no GPU in the measured process")
+    if cap_mib:
+        limit = tf.config.LogicalDeviceConfiguration(memory_limit=cap_mib)
+        tf.config.set_logical_device_configuration(gpus[0], [limit])
+    else:
+        tf.config.experimental.set_memory_growth(gpus[0], True)
 
 
 def _serve(port: int, parent: int | None) -> None:
