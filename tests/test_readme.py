@@ -82,6 +82,15 @@ def test_make_run_runs_the_demo():
     assert any(line.endswith("-m tflms demo") for line in _make_dry_run("run"))
 
 
+def test_every_module_with_doctests_is_in_the_makefiles_doctests():
+    text = (ROOT / "Makefile").read_text()
+    listed = re.search(r"^DOCTESTS :=((?:.*\\\n)*.*)$", text, re.MULTILINE).group(1).replace("\\\n", " ").split()
+    for path in sorted((ROOT / "tflms").rglob("*.py")):
+        name = path.relative_to(ROOT).as_posix()
+        if ">>> " in path.read_text() and not any(name == e or name.startswith(e + "/") for e in listed):
+            raise AssertionError(f"{name} has doctests but is not in the Makefile's DOCTESTS: {listed}")
+
+
 def _tflms_names(code):
     """(module, name) for every tflms name a code example imports or uses as ``alias.name``."""
     aliases, used = {}, []
