@@ -189,8 +189,9 @@ def _memory_optimizer_note(rows: list[dict]) -> str:
 
 
 def _measured_header(data: dict) -> str:
+    where = "the two-process test bed" if data.get("device", "test bed") == "test bed" else data["device"]
     return (
-        f"_{_header(data)}; **measured** on the two-process test bed ({len(data['rows'][0]['runs'])} fresh "
+        f"_{_header(data)}; **measured** on {where} ({len(data['rows'][0]['runs'])} fresh "
         f"processes per model and batch; steady-state peak: the largest per-step peak of {data['steps']} steps "
         f"after {data['warmup']} warm-up step){_memory_optimizer_note(data['rows'])}"
     )

@@ -36,6 +36,11 @@ Usage::
     # Grappler's memory optimizer at MANUAL (no AddN accumulation rewrite): the README's table
     python benchmarks/simulator_accuracy.py --cases resnet50@224:32:default resnet50@224:32:manual \
         resnet50:32:default resnet50:32:manual --runs 2 --json benchmarks/results/memory_optimizer.json
+    # on a GPU: the same cases on GPU 0 (measure(..., gpu=True)), to simulator_accuracy_gpu.json
+    python benchmarks/simulator_accuracy.py --gpu --runs 3 --steps 8
+
+With ``--gpu`` each measured process is GPU 0 (TensorFlow's GPU allocator, its memory
+growing as needed) with its own CPU as the host, instead of the test bed.
 """
 
 from __future__ import annotations
@@ -69,15 +74,17 @@ def run_case(
     steps: int,
     size: int | None = None,
     memory_optimizer: str = "auto",
+    gpu: bool = False,
 ) -> list[dict]:
-    """One row per mode: the steady and first-step peaks of every run, and the prediction."""
+    """One row per mode: the steady and first-step peaks of every run, and the prediction
+    (measured on GPU 0 with ``gpu=True``, else on the test bed)."""
     first = {"model": model, "batch": batch, "memory_optimizer": memory_optimizer}
     rows = {m: {**first, "mode": m, "runs": [], "first_peaks": []} for m in modes}
     for m in modes:  # what the plans are made with, also for a row whose every run failed
         if m != "plain":
             rows[m]["serialize"] = {"lms_serialized": True, "lms_unordered": False}.get(m, LMSConfig().serialize)
     for _ in range(runs):
-        r = measure(model, batch, size=size, modes=modes, steps=steps, memory_optimizer=memory_optimizer)
+        r = measure(model, batch, size=size, modes=modes, steps=steps, memory_optimizer=memory_optimizer, gpu=gpu)
         if not r.ok:
             for row in rows.values():
                 row.setdefault("errors", []).append(f"{r.status}: {r.error[-300:]}")
@@ -112,10 +119,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--runs", type=int, default=3, help="fresh measured processes per case")
     parser.add_argument("--steps", type=int, default=4, help="measured steps per run, after one warm-up step")
-    default_json = Path(__file__).resolve().parent / "results/simulator_accuracy.json"
-    parser.add_argument("--json", type=Path, default=default_json)
+    parser.add_argument(
+        "--gpu", action="store_true", help="measure on GPU 0 instead of the test bed (default JSON: *_gpu.json)"
+    )
+    parser.add_argument("--json", type=Path, help="default: results/simulator_accuracy.json (--gpu: _gpu.json)")
     args = parser.parse_args(argv)
+    results = Path(__file__).resolve().parent / "results"
+    args.json = args.json or results / ("simulator_accuracy_gpu.json" if args.gpu else "simulator_accuracy.json")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    device = "test bed"
+    if args.gpu:
+        import tensorflow as tf
+
+        gpus = tf.config.list_physical_devices("GPU")
+        if not gpus:
+            parser.error("--gpu: TensorFlow sees no GPU on this machine (leave --gpu out for the test bed)")
+        device = f"GPU 0 ({tf.config.experimental.get_device_details(gpus[0]).get('device_name', 'unknown')})"
     rows = []
     print(f"{'model':12} {'batch':>5} {'step':>6} {'steady MiB (per run)':>28} {'predicted MiB':>14}")
     for case in args.cases:
@@ -134,17 +153,19 @@ def main(argv: list[str] | None = None) -> int:
         modes = ["lms"] + [FLAG_MODES[f] for f in FLAG_MODES if f in flags] + ["plain"]
         memory_optimizer = next((f for f in flags if f in LEVELS), "auto")
         size_or_none = int(size) if size else None
-        case_rows = run_case(model, int(batch), modes, args.runs, args.steps, size_or_none, memory_optimizer)
+        case_rows = run_case(model, int(batch), modes, args.runs, args.steps, size_or_none, memory_optimizer, args.gpu)
         for row in sorted(case_rows, key=lambda r: r["mode"] != "plain"):  # the plain row first in tables
             rows.append(row)
             runs = " ".join(f"{p / 2**20:.0f}" for p in row["runs"]) or "failed"
             predicted = f"{row['predicted'] / 2**20:14.0f}" if "predicted" in row else ""
             print(f"{model:12} {batch:>5} {row['mode'][:6]:>6} {runs:>28} {predicted}", flush=True)
-    save_result(
-        args.json, "simulator_accuracy", rows, steps=args.steps, warmup=1,
-        source="tflms test bed (BFC allocator on the CPU as the device, a second TF process as the host), "
-        "oneDNN kernels (TF_ENABLE_ONEDNN_OPTS=1)",
-    )  # fmt: skip
+    source = (
+        f"{device}: TensorFlow's GPU allocator, the host its CPU"
+        if args.gpu
+        else "tflms test bed (BFC allocator on the CPU as the device, a second TF process as the host), "
+        "oneDNN kernels (TF_ENABLE_ONEDNN_OPTS=1)"
+    )
+    save_result(args.json, "simulator_accuracy", rows, steps=args.steps, warmup=1, device=device, source=source)
     return 0
 
 
