@@ -70,14 +70,9 @@ def _gpu_setup(cap: int | None, max_pending: int = 0) -> None:
         config = tf.compat.v1.ConfigProto()
         config.gpu_options.experimental.kernel_tracker_max_pending = max_pending
         ops.enable_eager_execution_internal(config=config)
-    gpus = tf.config.list_physical_devices("GPU")
-    if not gpus:
-        raise SystemExit("no GPU visible to TensorFlow")
-    if cap:
-        limit = tf.config.LogicalDeviceConfiguration(memory_limit=cap // MIB)
-        tf.config.set_logical_device_configuration(gpus[0], [limit])
-    else:
-        tf.config.experimental.set_memory_growth(gpus[0], True)
+    from tflms.testbed import setup_gpu
+
+    setup_gpu(cap or None)
 
 
 #: Modes of a probe; a variant adds modifiers: ``tflms/w2/p8`` is ``tflms`` with ``swapout_window=2``

@@ -120,7 +120,7 @@ def test_a_measured_gpu_process_measures_gpu_0_or_says_it_sees_none(monkeypatch)
     if tf.config.list_physical_devices("GPU"):  # a GPU: measured on it (tests/test_gpu.py's CNN), under the cap
         assert r.ok and 0 < r.value["lms"]["peak"] < r.value["plain"]["peak"] <= 2**30, r
     else:
-        assert r.status == "error" and "TensorFlow sees no GPU in the measured process" in r.error, r
+        assert r.status == "error" and "TensorFlow sees no GPU in this process" in r.error, r
 
 
 def test_run_measured_reports_errors_without_raising():

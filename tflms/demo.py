@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import time
 
-__all__ = ["run_demo", "oom_message", "CAP_FRACTION", "BUDGET_FRACTION", "DEMO_OPTIONS"]
+__all__ = ["run_demo", "CAP_FRACTION", "BUDGET_FRACTION", "DEMO_OPTIONS"]
 
 #: Default cap on the test bed, as a fraction of the plain step's measured peak.
 CAP_FRACTION = 0.75
@@ -58,27 +58,6 @@ def _has_gpu() -> bool:
     return bool(tf.config.list_physical_devices("GPU"))
 
 
-def oom_message(error: str) -> str | None:
-    """The line of a failed process's ``error`` output that says what ran out of memory, and
-    the node it names, or None.
-
-    >>> oom_message("No algorithm worked!\\n  eng1{}: RESOURCE_EXHAUSTED: Out of memory while trying to "
-    ...     "allocate 16.00MiB. [tf-allocator-allocation-error='']\\n\\t [[{{node m/conv}}]] [Op:__inference_f_7]")
-    'eng1{}: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 16.00MiB (node m/conv)'
-    >>> oom_message("ValueError: bad shape") is None
-    True
-    """
-    import re
-
-    lines = error.splitlines()
-    for i, line in enumerate(lines):
-        if re.search(r"out of memory|OOM when allocating", line, re.IGNORECASE):
-            said = re.sub(r"\s*\[tf-allocator-allocation-error=[^\]]*\]", "", line.strip()).rstrip(".")
-            node = next((m.group(1) for rest in lines[i:] if (m := re.search(r"\{\{node (\S+?)\}\}", rest))), None)
-            return f"{said[:300]} (node {node})" if node else said[:300]
-    return None
-
-
 def _seconds(s: float) -> str:
     return f"{s:.1f} s" if s >= 1 else f"{1000 * s:.0f} ms"
 
@@ -101,7 +80,7 @@ def _measured_demo(args: argparse.Namespace, gpu: bool) -> int:
 
     from .config import parse_bytes
     from .measure import measure
-    from .testbed import MeasuredResult
+    from .testbed import MeasuredResult, oom_message
 
     batch = args.batch or 32
     size = args.image_size

@@ -73,8 +73,10 @@ __all__ = [
     "devices",
     "is_measured_process",
     "memory",
+    "oom_message",
     "reset_peak",
     "run_measured",
+    "setup_gpu",
 ]
 
 #: The measured process's device (its CPU, through the BFC allocator).
@@ -431,6 +433,27 @@ def allocator_oom_report(log: str) -> dict[str, Any] | None:
     return report
 
 
+def oom_message(error: str) -> str | None:
+    """The line of a failed process's output that says what ran out of memory, and the node it
+    names, or None. Where the allocator logged no report (:func:`allocator_oom_report`), e.g.
+    when cuDNN's search for a convolution algorithm found no workspace on a capped GPU, this
+    is what TensorFlow said.
+
+    >>> oom_message("No algorithm worked!\\n  eng1{}: RESOURCE_EXHAUSTED: Out of memory while trying to "
+    ...     "allocate 16.00MiB. [tf-allocator-allocation-error='']\\n\\t [[{{node m/conv}}]] [Op:__inference_f_7]")
+    'eng1{}: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 16.00MiB (node m/conv)'
+    >>> oom_message("ValueError: bad shape") is None
+    True
+    """
+    lines = error.splitlines()
+    for i, line in enumerate(lines):
+        if re.search(r"out of memory|OOM when allocating", line, re.IGNORECASE):
+            said = re.sub(r"\s*\[tf-allocator-allocation-error=[^\]]*\]", "", line.strip()).rstrip(".")
+            node = next((m.group(1) for rest in lines[i:] if (m := re.search(r"\{\{node (\S+?)\}\}", rest))), None)
+            return f"{said[:300]} (node {node})" if node else said[:300]
+    return None
+
+
 _OOM_MARKS = ("ResourceExhaustedError", "OOM when allocating", "Out of memory", "out of memory")
 
 
@@ -501,7 +524,8 @@ def _run_child() -> None:
     module_name, _, attr = request["target"].partition(":")
     sys.path.insert(0, os.getcwd())
     if _is_gpu_process():
-        _setup_gpu(int(os.environ[_GPU]))
+        mib = int(os.environ[_GPU])
+        setup_gpu(mib * 2**20 if mib else None)
         value = getattr(importlib.import_module(module_name), attr)(**request["kwargs"])
         print(_RESULT_MARK + json.dumps(value), flush=True)
         return
@@ -518,16 +542,18 @@ def _run_child() -> None:
     os._exit(0)  # skip TensorFlow's teardown of the remote context
 
 
-def _setup_gpu(cap_mib: int) -> None:
-    """Give TensorFlow's allocator on GPU 0 ``cap_mib`` MiB and no more (a logical device with
-    ``memory_limit``), or let it grow when 0; before TensorFlow creates its context."""
+def setup_gpu(cap: int | str | None = None) -> None:
+    """Give TensorFlow's allocator on GPU 0 ``cap`` (bytes or a size string, rounded down to whole
+    MiB) and no more: a logical device with ``memory_limit``; without ``cap`` its memory grows as
+    needed. Call it before TensorFlow creates its context (the measured GPU process of
+    :func:`run_measured` does). Raises :class:`TestBedError` when TensorFlow sees no GPU."""
     import tensorflow as tf
 
     gpus = tf.config.list_physical_devices("GPU")
     if not gpus:
-        raise TestBedError("run_measured(gpu=True): TensorFlow sees no GPU in the measured process")
-    if cap_mib:
-        limit = tf.config.LogicalDeviceConfiguration(memory_limit=cap_mib)
+        raise TestBedError("TensorFlow sees no GPU in this process (setup_gpu, run_measured(gpu=True))")
+    if cap is not None:
+        limit = tf.config.LogicalDeviceConfiguration(memory_limit=parse_bytes(cap, "cap") // 2**20)
         tf.config.set_logical_device_configuration(gpus[0], [limit])
     else:
         tf.config.experimental.set_memory_growth(gpus[0], True)
