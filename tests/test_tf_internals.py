@@ -205,3 +205,64 @@ def test_grappler_rewrites_a_large_addn_into_an_accumulation_unless_the_memory_o
     expected = (tf.sin(x) + tf.cos(x) + tf.tanh(x)).numpy()
     np.testing.assert_array_equal(out[1], expected)  # the AddN sums left to right
     np.testing.assert_allclose(out[0], expected, rtol=1e-6)
+
+
+def _terms(xs, names):
+    return [tf.math.multiply(x, 1.0 + i, name=name) for i, (x, name) in enumerate(zip(xs, names))]
+
+
+def _chain(terms, tag=True):
+    """The sum of ``terms`` as tflms.sums builds it: AddV2 ops in the AddN kernel's groups."""
+    from tflms.sums import ADD_OPS_TAG, kernel_groups
+
+    def add(a, b):
+        out = tf.raw_ops.AddV2(x=a, y=b)
+        if tag:
+            tfi.set_attr(out.op, ADD_OPS_TAG, True)
+        return out
+
+    total = None
+    for group in kernel_groups(len(terms)):
+        part = terms[group[0]]
+        for i in group[1:]:
+            part = add(part, terms[i])
+        total = part if total is None else add(total, part)
+    return total
+
+
+def test_an_addn_sums_like_tflms_chain_over_its_inputs_sorted_by_name():
+    """What split_sums relies on for bit-identity (tflms.sums): Grappler sorts an AddN's inputs
+    by name, and the AddN kernel adds them in kernel_groups' association. The chain over the
+    terms in graph order rounds differently."""
+    from tflms.sums import term_order
+
+    rng = np.random.default_rng(1)
+    names = ["zeta", "alpha", "mid", "beta", "omega", "gamma", "aa", "zz", "k", "b2", "b10", "q"]
+    for n in (4, 11):
+        xs = [
+            tf.constant(rng.standard_normal((256, 1024)).astype(np.float32) * 10 ** rng.uniform(-4, 4))
+            for _ in range(n)
+        ]
+        sorted_names = [t[:-2] for t in term_order([f"{name}:0" for name in names[:n]])]
+
+        def by_name(ts, order=tuple(sorted_names)):
+            return [dict(zip(names, ts))[name] for name in order]
+
+        plain = tf.function(lambda *xs: tf.math.add_n(_terms(xs, names)))(*xs).numpy()
+        chain = tf.function(lambda *xs: _chain(by_name(_terms(xs, names))))(*xs).numpy()
+        graph_order = tf.function(lambda *xs: _chain(_terms(xs, names)))(*xs).numpy()
+        np.testing.assert_array_equal(chain, plain)
+        assert not np.array_equal(graph_order, plain)
+
+
+def test_grappler_folds_an_add_chain_into_one_addn_unless_its_ops_carry_the_tag():
+    """Grappler's AddOpsRewrite turns a chain of AddV2 into one AddN, and leaves alone the ops
+    that carry tflms.sums.ADD_OPS_TAG (the mark it puts on what it has rewritten)."""
+
+    def ran(tag):
+        fn = tf.function(lambda *xs: tf.reduce_sum(_chain([tf.exp(x) for x in xs], tag=tag)))
+        x = [tf.ones((100, 100))] * 4
+        return sorted(n.op for g in tfi.ran_graphs(lambda: fn(*x)) for n in g.node if n.op in ("AddN", "AddV2"))
+
+    assert ran(tag=False) == ["AddN"]
+    assert ran(tag=True) == ["AddV2"] * 3

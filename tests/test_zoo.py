@@ -376,3 +376,33 @@ def test_recompute_is_bit_identical_and_structured(name):
     assert plan.swapped_bytes < swap_only.swapped_bytes
     assert plan.link_seconds < swap_only.link_seconds
     assert plan.step_seconds < swap_only.step_seconds
+
+
+@pytest.mark.parametrize("name", ["transformer", "resnet50", pytest.param("nasnet", marks=pytest.mark.slow)])
+def test_split_sums_keep_training_bit_identical_and_survive_grappler(name):
+    """``split_sums=True``: every AddN of the backward pass with 3+ terms becomes a chain of
+    AddV2 in Grappler's order of its inputs and the AddN kernel's association; the step trains
+    to the plain step's numbers, and Grappler keeps the chains (it would fold them back into one
+    AddN without the tag they carry)."""
+    from tflms.sums import ADD_OPS_TAG, chain_ops
+
+    shared = zoo.shared(name)
+    lms, plan = tflms.optimize(shared.cf, device=DEVICE, split_sums=True, **SMALL)
+    traced = tflms.GraphModel.from_func_graph(shared.cf.graph)
+    big = [op for op in traced.dag if traced.dag.nodes[op]["type"] == "AddN" and len(traced.inputs_of[op]) >= 3]
+    assert plan.sums and {s.op for s in plan.sums} <= set(big), plan.summary()
+    graph = lms.graph
+    for s in plan.sums:
+        ops = [graph.get_operation_by_name(n) for n in chain_ops(s)]
+        assert all(op.type == "AddV2" and op.get_attr(ADD_OPS_TAG) for op in ops)
+        assert not graph.get_operation_by_name(s.op).outputs[0].consumers()
+        assert sorted(t.name for op in ops for t in op.inputs if not t.op.name.startswith(s.op + "/")) == sorted(
+            t.name for t in graph.get_operation_by_name(s.op).inputs
+        )
+    optimized = {n.name: n for n in tfi.grappler_optimize(lms, DEVICE).node}
+    kept = [n for s in plan.sums for n in chain_ops(s) if n in optimized and optimized[n].op == "AddV2"]
+    assert len(kept) == sum(len(chain_ops(s)) for s in plan.sums)
+    again, replan = tflms.optimize(lms, device=DEVICE, split_sums=True, **SMALL)
+    # Rewriting twice changes nothing: the step comes back with its own plan, or an empty one.
+    assert again is lms and (replan is plan or "already rewritten" in replan.reason)
+    _assert_trains_bit_identically(shared, lms)

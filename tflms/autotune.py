@@ -364,6 +364,11 @@ def max_batch_size(
     if not isinstance(bound, bool):
         raise ValueError(f"bound must be True or False. Received: bound={bound!r}")
     graph_of = _graph_source(step)
+    planned_of = graph_of  # the step the plans are made on (and the bound searched on)
+    if cfg.split_sums:
+        from .sums import with_split_sums
+
+        planned_of = lambda batch: with_split_sums(graph_of(batch))[0]  # noqa: E731
     cache: dict[int, tuple[bool, bool]] = {}
 
     def fits(batch: int) -> tuple[bool, bool]:
@@ -373,6 +378,9 @@ def max_batch_size(
                 model = graph_of(batch)
                 sim = Simulator(model, cfg.host)
                 plain = sim.peak() <= budget
+                if not plain and cfg.split_sums:
+                    model = with_split_sums(model)[0]
+                    sim = Simulator(model, cfg.host)
                 if not plain and cfg.recompute:
                     from .recompute import with_planned_recomputes
 
@@ -388,7 +396,7 @@ def max_batch_size(
         without_lms=without,
         with_lms=with_lms,
         limit=limit,
-        bound=_bound(graph_of, budget, cfg.host, limit, with_lms) if bound else None,
+        bound=_bound(planned_of, budget, cfg.host, limit, with_lms) if bound else None,
     )
 
 

@@ -226,7 +226,7 @@ def _optimize(
     device = resolve_device(config)
     check_host(config)
     plan = make_plan(model, resolve_swapout_window(config, device))
-    if not plan.swaps and not plan.recomputes and not plan.orders:
+    if not plan.swaps and not plan.recomputes and not plan.orders and not plan.sums:
         return concrete_function, plan, None
     if device is None:
         warnings.warn(_no_device_message(), LMSWarning, stacklevel=stacklevel)
@@ -237,7 +237,7 @@ def _optimize(
     new_cf = tfi.rebuild(concrete_function, new_graph)
     _REWRITTEN[new_cf] = plan
     log.info(
-        "tflms: %s: Identity +%d (swap-out %d, swap-in %d) on %s/%s, %d recompute clones",
+        "tflms: %s: Identity +%d (swap-out %d, swap-in %d) on %s/%s, %d recompute clones, %d sum ops",
         graph.name,
         counts["swap_out"] + counts["swap_in"],
         counts["swap_out"],
@@ -245,6 +245,7 @@ def _optimize(
         device,
         config.host,
         counts["recompute"],
+        counts["sum"],
     )
     return new_cf, plan, device
 

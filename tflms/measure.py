@@ -141,6 +141,7 @@ def build(name: str, batch: int, size: int | None = None, seed: int = 0) -> tupl
 #: The modes :func:`measure_step` measures.
 MEASURE_MODES = (
     "plain", "lms", "lms_device_gated", "lms_recompute", "lms_fenced", "lms_serialized", "lms_unordered",
+    "lms_split_sums",
 )  # fmt: skip
 
 
@@ -181,7 +182,8 @@ def measure_step(
     ``'lms_fenced'`` is ``'lms'`` with ``swapout_window=``:data:`FENCE_WINDOW` (the same swaps,
     plus fences). ``'lms_serialized'`` is ``'lms'`` with ``serialize=True`` (the same swaps, plus
     the memory-aware schedule's orders, counted in ``n_orders``; the default since 2026-11-25),
-    ``'lms_unordered'`` with ``serialize=False`` (the swaps alone). ``'lms_recompute'`` is ``'lms'``
+    ``'lms_unordered'`` with ``serialize=False`` (the swaps alone), ``'lms_split_sums'`` with
+    ``split_sums=True`` (:mod:`tflms.sums`; its entry's ``n_sums`` counts them). ``'lms_recompute'`` is ``'lms'``
     with ``recompute=True`` (:mod:`tflms.recompute`); its entry also has ``n_recomputes`` and
     ``recomputed_bytes``. Every ``lms`` mode's entry
     has the plan's predicted ``link_seconds`` and ``recompute_seconds``.
@@ -243,6 +245,7 @@ def measure_step(
                 "lms_fenced": {"swapout_window": FENCE_WINDOW},
                 "lms_serialized": {"serialize": True},
                 "lms_unordered": {"serialize": False},
+                "lms_split_sums": {"split_sums": True},
             }.get(mode, {})
             key = json.dumps({**(options or {}), **extra}, sort_keys=True, default=repr)
             if mode == "lms_device_gated" and key in plans:  # the plan of an earlier 'lms' mode: not made twice
@@ -263,6 +266,7 @@ def measure_step(
                 swapped_bytes=plan.swapped_bytes,
                 n_recomputes=len(plan.recomputes),
                 recomputed_bytes=plan.recomputed_bytes,
+                n_sums=len(plan.sums),
                 link_seconds=plan.link_seconds,
                 recompute_seconds=plan.recompute_seconds,
                 options=dict(plan.options),
@@ -514,6 +518,7 @@ def anatomy_step(
     from .graph import GraphModel, with_orders, with_recomputes
     from .rewrite import is_landing
     from .simulator import Simulator
+    from .sums import with_split_sums
 
     if mode not in ("plain", "lms"):
         raise ValueError(f"mode must be 'plain' or 'lms'. Received: mode={mode!r}")
@@ -526,6 +531,7 @@ def anatomy_step(
         step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **(options or {}))
         swaps, host, serialize = plan.swaps, testbed.HOST, plan.options["serialize"]
         # The step as planned and simulated: with its recompute clones (backward ops).
+        graph_model = with_split_sums(graph_model, plan.sums)[0]
         graph_model = with_orders(with_recomputes(graph_model, plan.recomputes), plan.orders)
     sim = Simulator(graph_model, host)
 

@@ -5,10 +5,11 @@ The planner and the rewriter meet only here. A plan can be printed
 :meth:`SwapPlan.from_json`), edited by hand, compared against a golden, and
 broadcast so that every Horovod rank applies the same plan.
 
-JSON format (``format_version`` 4; version 1, without ``recomputes``, version 2,
-without ``fences``, and version 3, without ``orders``, are still read), a top-level object::
+JSON format (``format_version`` 5; version 1, without ``recomputes``, version 2,
+without ``fences``, version 3, without ``orders``, and version 4, without ``sums``, are still
+read), a top-level object::
 
-    {"format_version": 4, "function": "...", "options": {...LMSConfig...},
+    {"format_version": 5, "function": "...", "options": {...LMSConfig...},
      "n_ops": 1234, "peak_bytes_before": ..., "peak_bytes_after": ...,
      "variable_bytes": ..., "reason": "",
      "swaps": [{"tensor": "conv1/Relu:0", "producer": "conv1/Relu",
@@ -24,10 +25,16 @@ without ``fences``, and version 3, without ``orders``, are still read), a top-le
                                  "trigger": "gradient_tape/conv3/...", "level": 70,
                                  "trigger_level": 69}]}],
      "fences": [{"tensor": "conv1/Relu:0", "op": "conv3/Conv2D"}],
-     "orders": [{"op": "gradient_tape/bn0/mul", "after": "gradient_tape/bn3/Sum"}]}
+     "orders": [{"op": "gradient_tape/bn0/mul", "after": "gradient_tape/bn3/Sum"}],
+     "sums": [{"op": "AddN_12", "terms": ["gradient_tape/a/mul", "gradient_tape/b/mul",
+                                          "gradient_tape/c/Sum"]}]}
 
 A swap's consumer may be a recompute's clone (``tflms_recompute/<producer>/<group>/<op>``):
 the recompute reads a swapped tensor. The rewrite applies the recomputes first.
+
+A sum (``split_sums``) is an ``AddN`` of the backward pass that the rewrite replaces by a chain
+of ``AddV2`` ops over ``terms`` (in Grappler's order), which adds each term as it arrives
+(:mod:`tflms.sums`). The rewrite applies the sums first; the other decisions name the chain's ops.
 
 A fence (``swapout_window``) is an ordering edge: ``op``, a forward op, starts only after
 ``tensor``'s swap-out has reached the host. An order (``serialize``) is an ordering edge
@@ -44,6 +51,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ._util import format_bytes, format_sizes
+from .sums import Sum
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -56,6 +64,7 @@ __all__ = [
     "Recompute",
     "Fence",
     "Order",
+    "Sum",
     "SwapPlan",
     "FORMAT_VERSION",
     "RECOMPUTE_SCOPE",
@@ -66,10 +75,10 @@ __all__ = [
     "recompute_seconds",
 ]
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 #: Plan format versions :meth:`SwapPlan.from_dict` reads (1: before recompute existed; 2: before fences;
-#: 3: before orders).
-READ_VERSIONS = (1, 2, 3, 4)
+#: 3: before orders; 4: before sums).
+READ_VERSIONS = (1, 2, 3, 4, 5)
 #: Name scope of the ops a recompute adds (clones of forward ops).
 RECOMPUTE_SCOPE = "tflms_recompute"
 #: Fixed cost of one recomputed op in seconds (a kernel launch), in the recompute cost model.
@@ -211,6 +220,7 @@ class SwapPlan:
     recomputes: tuple[Recompute, ...] = ()
     fences: tuple[Fence, ...] = ()
     orders: tuple[Order, ...] = ()
+    sums: tuple[Sum, ...] = ()
 
     def __post_init__(self) -> None:
         # Frozen means frozen: the options are a read-only view of a private copy.
@@ -326,6 +336,7 @@ class SwapPlan:
         d["recomputes"] = [dataclasses.asdict(r) for r in self.recomputes]
         d["fences"] = [dataclasses.asdict(f) for f in self.fences]
         d["orders"] = [dataclasses.asdict(o) for o in self.orders]
+        d["sums"] = [dataclasses.asdict(x) for x in self.sums]
         d["options"] = dict(self.options)
         return _jsonable(d)
 
@@ -387,6 +398,7 @@ class SwapPlan:
             recomputes=recomputes,
             fences=tuple(Fence(tensor=f["tensor"], op=f["op"]) for f in d.get("fences", ())),
             orders=tuple(Order(op=o["op"], after=o["after"]) for o in d.get("orders", ())),
+            sums=tuple(Sum(op=x["op"], terms=tuple(x["terms"])) for x in d.get("sums", ())),
         )
 
     @classmethod
@@ -433,6 +445,11 @@ class SwapPlan:
                 f"memory-aware schedule: {len(self.orders)} ordering edge{'s' * (len(self.orders) != 1)} "
                 "(a backward op waits for another, "
                 "so that two branches do not hold their buffers at once)"
+            )
+        if self.sums:
+            terms = sum(len(x.terms) for x in self.sums)
+            lines.append(
+                f"sums added as their terms arrive: {len(self.sums)} AddN ops ({terms} terms) split into AddV2 chains"
             )
         if self.reason:
             lines.append(f"note: {self.reason}")

@@ -36,6 +36,8 @@ Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`
   swaps, tuning included, on that model: a recompute's clones are backward consumers
   like any other, and its sources may be swapped. The predicted peak after is the
   simulator's on that model.
+* ``split_sums=True`` first splits the backward pass's ``AddN`` sums of three or more terms
+  into chains of ``AddV2`` (:mod:`tflms.sums`) and plans everything else on that model.
 * ``serialize=True`` then adds ordering edges (:class:`tflms.Order`) within the backward
   pass, chosen by :func:`tflms.schedule.memory_orders` on the model with the swaps
   applied; the predicted peak after, and the fences, are the simulator's with them.
@@ -98,6 +100,13 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
             "without swapping",
             dataclasses.replace(config, n_tensors=0),
         )
+    sums: list = []
+    if config.split_sums:
+        from .sums import with_split_sums
+
+        model, sums = with_split_sums(model)
+        if sums:
+            sim = Simulator(model, config.host)
     recomputes: list = []
     if config.recompute:
         from .recompute import with_planned_recomputes
@@ -121,7 +130,7 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         more, ordered_sim = _memory_orders(sim, swaps)  # sim: of ``model`` (with the budget's orders)
         if more:
             orders, sim = orders + more, ordered_sim
-    if not swaps and not recomputes and not orders:
+    if not swaps and not recomputes and not orders and not sums:
         return empty(
             f"no tensor qualifies (forward output >= min_bytes={config.min_bytes} with a backward "
             f"consumer more than swapout_threshold={config.swapout_threshold} levels later)"
@@ -138,6 +147,7 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         recomputes=tuple(recomputes),
         fences=fences_for(sim.pos, swaps, config.swapout_window) if config.swapout_window else (),
         orders=orders,
+        sums=tuple(sums),
     ).with_model(original)
 
 

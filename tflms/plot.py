@@ -39,6 +39,7 @@ from ._util import format_bytes
 from .errors import LMSWarning
 from .graph import ALIAS_OP_TYPES, GraphModel, with_orders, with_recomputes
 from .simulator import Simulator
+from .sums import chain_ops, with_split_sums
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -174,7 +175,7 @@ def memory_plot_data(model: GraphModel, plan: SwapPlan) -> MemoryPlotData:
     """
     _check_matches(model, plan)
     plain = Simulator(model, plan.options.get("host")).profile()
-    planned_model = with_orders(with_recomputes(model, plan.recomputes), plan.orders)
+    planned_model = with_orders(with_recomputes(with_split_sums(model, plan.sums)[0], plan.recomputes), plan.orders)
     planned = Simulator(planned_model, plan.options.get("host")).profile(plan.swaps)
     planned = _on_schedule(planned, plain.schedule)
     if plain.peak_bytes != plan.peak_bytes_before:
@@ -272,6 +273,7 @@ def _stages(model: GraphModel) -> dict[str, str]:
 def _check_matches(model: GraphModel, plan: SwapPlan) -> None:
     nodes = model.dag.nodes
     clones = {rc.clone(op, k) for rc in plan.recomputes for k in range(len(rc.groups)) for op in rc.ops}
+    clones.update(name for s in plan.sums for name in chain_ops(s))
     decisions = [(s.producer, (), s.swap_ins) for s in plan.swaps]
     decisions += [(r.producer, r.ops, r.groups) for r in plan.recomputes]
     names = [

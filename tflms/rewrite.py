@@ -21,7 +21,10 @@ trigger to the group's last consumer. Each swap-in is its own host tensor, so
 each group gets its own transfer (TensorFlow makes one send/receive pair per
 tensor and destination device).
 
-Recomputes (:class:`~tflms.plan.Recompute`) are applied first: for each consumer group
+Sums (:class:`~tflms.plan.Sum`, ``split_sums``) are applied first: each ``AddN`` becomes a
+chain of ``AddV2`` ops (:func:`tflms.sums.apply_sums`), which the other decisions name.
+
+Recomputes (:class:`~tflms.plan.Recompute`) are applied next: for each consumer group
 a clone of each op of the chain, on the device (or the original op's device), named
 ``tflms_recompute/<producer>/<group>/<op>``, reading the clones before it and the
 original tensors otherwise, with a control input from the group's trigger on every
@@ -57,6 +60,7 @@ import tensorflow as tf
 
 from . import _tf_internal as tfi
 from .plan import RECOMPUTE_SCOPE, SwapPlan
+from .sums import apply_sums
 
 __all__ = [
     "apply_plan",
@@ -92,11 +96,12 @@ def is_landing(name: str) -> bool:
 
 
 def is_rewritten(graph: Any) -> bool:
-    """True if ``graph`` already holds tflms swap ops, recompute clones or ordering edges."""
+    """True if ``graph`` already holds tflms swap ops, recompute clones, split sums or ordering edges."""
     scopes = (SWAP_OUT_SCOPE + "/", SWAP_IN_SCOPE + "/", RECOMPUTE_SCOPE + "/")
     ops = graph.get_operations()
     return any(op.name.startswith(scopes) for op in ops) or any(
-        op.control_inputs and _swap_attr(op) == b"order" for op in ops
+        (op.control_inputs and _swap_attr(op) == b"order") or (op.type == "AddV2" and _swap_attr(op) == b"sum")
+        for op in ops
     )
 
 
@@ -116,7 +121,7 @@ def _plan_error(plan: SwapPlan, what: str) -> ValueError:
 
 def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on: str = "host") -> dict[str, int]:
     """Edit ``graph`` in place; return op-count changes, e.g.
-    ``{'swap_out': 3, 'swap_in': 4, 'landing': 4, 'recompute': 0, 'fence': 0, 'order': 0}``.
+    ``{'swap_out': 3, 'swap_in': 4, 'landing': 4, 'recompute': 0, 'fence': 0, 'order': 0, 'sum': 0}``.
 
     ``device`` is where the step runs (its unplaced ops and the consumers of swap-ins);
     every swap op is placed on ``host``. ``swap_in_on='device'`` instead places the
@@ -137,6 +142,7 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
     for fence in plan.fences:
         if fence.tensor not in swapped:
             raise _plan_error(plan, f"fence on {fence.tensor!r}, which the plan does not swap")
+    n_sums = apply_sums(graph, plan.sums, device, lookup)  # the other decisions name the chains' ops
     _check_acyclic(graph, plan)
     n_clones = _apply_recomputes(graph, plan, device, lookup)
     tensors = [lookup("tensor", graph.get_tensor_by_name, s.tensor) for s in plan.swaps]
@@ -194,11 +200,12 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
         "recompute": n_clones,
         "fence": len(plan.fences),
         "order": len(plan.orders),
+        "sum": n_sums,
     }
 
 
 def _check_acyclic(graph: Any, plan: SwapPlan) -> None:
-    """Refuse, before any edit, a plan whose ordering edges would make a cycle.
+    """Refuse, before any edit but the sums', a plan whose ordering edges would make a cycle.
 
     Each trigger runs before its group's consumers (through the swap-in or the clones),
     each fence's op after the producer of its tensor (through the swap-out), and each

@@ -142,15 +142,15 @@ def test_plan_json_is_deterministic_and_roundtrips():
     p2 = make_plan(chain_model(n_fwd=6), cfg)
     assert p1.to_json() == p2.to_json() and p1.fingerprint() == p2.fingerprint()
     data = json.loads(p1.to_json())
-    assert data["format_version"] == 4 and data["recomputes"] == data["fences"] == data["orders"] == []
+    assert data["format_version"] == 5 and data["recomputes"] == data["fences"] == data["orders"] == data["sums"] == []
     assert {"swaps", "peak_bytes_before", "peak_bytes_after", "options"} <= set(data)
     assert data["options"]["swapout_threshold"] == 4
     assert SwapPlan.from_json(p1.to_json()) == p1
     with pytest.raises(ValueError, match="format_version"):
         SwapPlan.from_json(json.dumps({**data, "format_version": 99}))
-    # Versions 1 (before recompute), 2 (before fences) and 3 (before orders) are still read.
-    old = {k: v for k, v in data.items() if k not in ("recomputes", "fences", "orders")}
-    for version in (1, 2, 3):
+    # Versions 1 (before recompute), 2 (before fences), 3 (before orders) and 4 (before sums) are still read.
+    old = {k: v for k, v in data.items() if k not in ("recomputes", "fences", "orders", "sums")}
+    for version in (1, 2, 3, 4):
         assert SwapPlan.from_json(json.dumps({**old, "format_version": version})) == p1
 
 
