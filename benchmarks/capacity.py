@@ -18,6 +18,7 @@ Usage::
     python benchmarks/capacity.py --models resnet50 --budgets 16GiB
     python benchmarks/capacity.py --models resnet50 --no-serialize   # LMS with serialize=False
     python benchmarks/capacity.py --models resnet152 --swap-gradients  # backward tensors swapped too
+    python benchmarks/capacity.py --models densenet121 --swap-gradients --split-sums  # sums as terms arrive
 
 The JSON keeps the rows of the models not run. BERT-base is traced per batch with static
 shapes (``tflms.autotune.keras_step_source``): traced with an unknown batch, its ``Dense``
@@ -39,6 +40,7 @@ from report import save_result
 import tflms
 from tflms.autotune import keras_step_source, keras_train_step
 from tflms.config import parse_bytes
+from tflms.sums import with_split_sums
 
 
 def _compile(model: keras.Model) -> keras.Model:
@@ -118,6 +120,7 @@ def largest_side(
     rel_tol: float = 0.02,
     serialize: bool = True,
     swap_gradients: bool = False,
+    split_sums: bool = False,
 ) -> int:
     """Largest multiple of ``step`` for the 3D U-Net side that fits ``budget`` at batch 1."""
     from tflms.autotune import _serialized_search, largest_fitting
@@ -128,7 +131,10 @@ def largest_side(
         sim = tflms.Simulator(model, "/device:CPU:0")
         if sim.peak() <= budget:
             return True
-        config = tflms.LMSConfig(serialize=serialize, swap_gradients=swap_gradients)
+        config = tflms.LMSConfig(serialize=serialize, swap_gradients=swap_gradients, split_sums=split_sums)
+        if lms and split_sums:
+            model = with_split_sums(model)[0]
+            sim = tflms.Simulator(model, "/device:CPU:0")
         return lms and _serialized_search(model, config, sim, budget)[0] is not None
 
     return step * largest_fitting(fits, limit // step, rel_tol)
@@ -166,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         "tflms); rows of their own",
     )
     parser.add_argument(
+        "--split-sums",
+        action="store_true",
+        help="LMS plans on the step whose gradient AddN sums of 3+ terms are chains of AddV2 (split_sums=True; "
+        "off by default in tflms); rows of their own",
+    )
+    parser.add_argument(
         "--bound-only",
         action="store_true",
         help="only search each row's bound (the largest size whose Simulator.floor fits) and add it to "
@@ -197,15 +209,20 @@ def main(argv: list[str] | None = None) -> int:
                 base, lms = (
                     largest_side(budget, False, rel_tol=args.rel_tol),
                     largest_side(
-                        budget, True, rel_tol=args.rel_tol, serialize=args.serialize, swap_gradients=args.swap_gradients
-                    ),
+                        budget,
+                        True,
+                        rel_tol=args.rel_tol,
+                        serialize=args.serialize,
+                        swap_gradients=args.swap_gradients,
+                        split_sums=args.split_sums,
+                    ),  # fmt: skip
                 )
                 bound = side_bound(budget, lms)
             else:
                 what = "batch"
                 result = tflms.max_batch_size(
                     step, budget, rel_tol=args.rel_tol, limit=1 << 15, serialize=args.serialize, bound=True,
-                    swap_gradients=args.swap_gradients,
+                    swap_gradients=args.swap_gradients, split_sums=args.split_sums,
                 )  # fmt: skip
                 base, lms, bound = result.without_lms, result.with_lms, result.bound
             seconds = time.perf_counter() - t0
@@ -222,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                     "bound": bound,
                     "serialize": args.serialize,
                     **({"swap_gradients": True} if args.swap_gradients else {}),
+                    **({"split_sums": True} if args.split_sums else {}),
                     "seconds": round(seconds, 1),
                     "planned": time.strftime("%Y-%m-%d"),  # rows of other models keep their own date
                 }
@@ -234,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json.exists():  # keep the rows of the models (and settings) not run this time
 
         def setting(r: dict) -> tuple:
-            return r["model"], r.get("serialize", False), r.get("swap_gradients", False)
+            return r["model"], r.get("serialize", False), r.get("swap_gradients", False), r.get("split_sums", False)
 
         done = {setting(r) for r in rows}
         old = json.loads(args.json.read_text())["rows"]

@@ -75,9 +75,10 @@ def pass_speed(data: dict) -> str:
 
 def _plan_options(row: dict) -> str:
     """The plan options a capacity row was run with, as its label says them (rows without
-    ``serialize`` predate the option; ``swap_gradients`` is named only when on)."""
+    ``serialize`` predate the option; ``swap_gradients`` and ``split_sums`` are named only when on)."""
     swapped = ", `swap_gradients=True`" if row.get("swap_gradients") else ""
-    return f", `serialize={bool(row.get('serialize'))}`{swapped}"
+    split = ", `split_sums=True`" if row.get("split_sums") else ""
+    return f", `serialize={bool(row.get('serialize'))}`{swapped}{split}"
 
 
 def capacity(data: dict) -> str:

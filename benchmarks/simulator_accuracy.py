@@ -57,11 +57,12 @@ from tflms.measure import measure
 DEFAULT_CASES = ("cnn:32", "transformer:8", "transformer:16", "resnet50:16:gated", "resnet50:32", "resnet50:48")
 #: What an LMS step's row records of its plan.
 PLAN_FIELDS = (
-    "n_swaps", "swapped_bytes", "n_recomputes", "recomputed_bytes", "n_orders", "link_seconds", "recompute_seconds",
+    "n_swaps", "swapped_bytes", "n_recomputes", "recomputed_bytes", "n_orders", "n_sums", "link_seconds",
+    "recompute_seconds",
 )  # fmt: skip
 #: Case flags and the :func:`tflms.measure.measure_step` mode each adds.
 FLAG_MODES = {"gated": "lms_device_gated", "recompute": "lms_recompute", "fenced": "lms_fenced",
-              "serialized": "lms_serialized", "unordered": "lms_unordered"}  # fmt: skip
+              "serialized": "lms_serialized", "unordered": "lms_unordered", "sums": "lms_split_sums"}  # fmt: skip
 #: Case flags that set :func:`tflms.measure.measure_step`'s ``memory_optimizer`` for every step.
 LEVELS = ("manual", "default")
 
@@ -109,11 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         "--cases",
         nargs="+",
         default=list(DEFAULT_CASES),
-        help="MODEL[@SIZE]:BATCH[:gated][:recompute][:fenced][:serialized][:unordered][:manual|:default] (SIZE: "
+        help="MODEL[@SIZE]:BATCH[:gated][:recompute][:fenced][:serialized][:unordered][:sums][:manual|:default] (SIZE: "
         "input size other than the model's default; gated: also the swap-ins-on-the-device control; recompute: "
         "also the plan with recompute=True; fenced: also the plan with swapout_window; serialized: also with "
-        "serialize=True; unordered: also with serialize=False; manual: every step within "
-        "tflms.manual_memory_optimizer(); default: every step at "
+        "serialize=True; unordered: also with serialize=False; sums: also with split_sums=True; manual: every "
+        "step within tflms.manual_memory_optimizer(); default: every step at "
         "TensorFlow's default memory-optimizer level; neither: plain steps at the default, tflms steps at MANUAL "
         "as tflms calls them)",
     )

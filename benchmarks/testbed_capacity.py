@@ -15,11 +15,13 @@ Usage::
     python benchmarks/testbed_capacity.py --models encoder --cap 800MiB --start 8 --swapout-window 4
     python benchmarks/testbed_capacity.py --models resnet50 --cap 600MiB --start 16 --no-serialize
     python benchmarks/testbed_capacity.py --models resnet50 --cap 600MiB --start 16 --swap-gradients
+    python benchmarks/testbed_capacity.py --models densenet121 --cap 400MiB --start 28 --split-sums
     python benchmarks/testbed_capacity.py --models resnet50 --predicted-only  # the predicted columns only
 
 Rows of earlier runs for other models are kept in the JSON (each row has its own cap); a
 run with ``--swapout-window`` (the tflms probes plan with fences), ``--no-serialize`` (without
-ordering edges) or ``--swap-gradients`` (backward tensors swapped too) has rows of its own.
+ordering edges), ``--swap-gradients`` (backward tensors swapped too) or ``--split-sums`` (gradient
+sums added as their terms arrive) has rows of its own.
 """
 
 from __future__ import annotations
@@ -38,7 +40,13 @@ from tflms.testbed import DEVICE_NICE
 
 
 def predicted(
-    model: str, size: int | None, cap: int, limit: int, serialize: bool = True, swap_gradients: bool = False
+    model: str,
+    size: int | None,
+    cap: int,
+    limit: int,
+    serialize: bool = True,
+    swap_gradients: bool = False,
+    split_sums: bool = False,
 ) -> tuple[int, int, int]:
     """(plain, with LMS, bound) largest batch whose *predicted* peak fits ``cap`` (simulator); the bound:
     the largest batch whose ``Simulator.floor`` (variables and one op's working set) fits, past which no
@@ -67,8 +75,9 @@ def predicted(
         )
 
     r = tflms.max_batch_size(
-        at, cap, limit=limit, rel_tol=0.05, serialize=serialize, bound=True, swap_gradients=swap_gradients
-    )
+        at, cap, limit=limit, rel_tol=0.05, serialize=serialize, bound=True, swap_gradients=swap_gradients,
+        split_sums=split_sums,
+    )  # fmt: skip
     return r.without_lms, r.with_lms, r.bound
 
 
@@ -97,6 +106,11 @@ def main() -> None:
         help="tflms probes plan with swap_gradients=True (tensors of the backward pass swapped too); rows of their own",
     )
     parser.add_argument(
+        "--split-sums",
+        action="store_true",
+        help="tflms probes plan with split_sums=True (gradient AddN sums as chains of AddV2); rows of their own",
+    )
+    parser.add_argument(
         "--predicted-only",
         action="store_true",
         help="recompute only the predicted columns of the JSON's rows of --models (at each row's cap and size)",
@@ -110,7 +124,7 @@ def main() -> None:
             if r["model"] in args.models:
                 r["predicted_plain"], r["predicted_lms"], r["predicted_bound"] = predicted(
                     r["model"], r["size"], r["cap"], args.limit, r.get("serialize", False),
-                    r.get("swap_gradients", False),
+                    r.get("swap_gradients", False), r.get("split_sums", False),
                 )  # fmt: skip
                 r["predicted_on"] = time.strftime("%Y-%m-%d")
                 print(
@@ -131,6 +145,7 @@ def main() -> None:
                 "swapout_window": args.swapout_window,
                 "serialize": args.serialize,
                 "swap_gradients": args.swap_gradients,
+                "split_sums": args.split_sums,
             }
             kw = {"modes": ["lms"], "options": options} if lms else {"modes": ["plain"]}
             r = measure(name, batch, size=args.size, steps=args.steps, cap=cap, timeout=1800, **kw)
@@ -159,7 +174,7 @@ def main() -> None:
         plain = largest_fitting(lambda b: fits(b, False), args.limit, args.rel_tol, start=args.start)
         with_lms = largest_fitting(lambda b: fits(b, True), args.limit, args.rel_tol, start=max(plain, 1) * 2)
         pred_plain, pred_lms, pred_bound = predicted(
-            name, args.size, cap, args.limit, args.serialize, args.swap_gradients
+            name, args.size, cap, args.limit, args.serialize, args.swap_gradients, args.split_sums
         )
         rows.append(
             {
@@ -170,6 +185,7 @@ def main() -> None:
                 "swapout_window": args.swapout_window,
                 "serialize": args.serialize,
                 **({"swap_gradients": True} if args.swap_gradients else {}),
+                **({"split_sums": True} if args.split_sums else {}),
                 "plain": plain,
                 "lms": with_lms,
                 "ratio": round(with_lms / plain, 2) if plain else None,
@@ -186,7 +202,10 @@ def main() -> None:
     if path.exists():  # keep the other models' rows: each model may have its own cap
 
         def setting(r: dict) -> tuple:
-            return r["model"], r.get("swapout_window"), r.get("serialize", False), r.get("swap_gradients", False)
+            return (
+                r["model"], r.get("swapout_window"), r.get("serialize", False), r.get("swap_gradients", False),
+                r.get("split_sums", False),
+            )  # fmt: skip
 
         done = {setting(r) for r in rows}
         old = json.loads(path.read_text())
