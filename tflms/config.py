@@ -250,7 +250,8 @@ class LMSConfig:
             kernel and Grappler's order of its inputs, so the numbers are bit-identical
             (:mod:`tflms.sums`). The terms already added are freed instead of waiting on the
             device for the last one. Default ``False``: lower predicted peaks on DenseNet121
-            and ResNet50, a few more ops and memory traffic per sum (README, "Sums").
+            and ResNet50, no measured capacity gain yet, a few more ops and memory traffic per sum
+            (README, "Sums added as their terms arrive").
         manual_memory_optimizer: when ``True`` (default), ``tflms.function`` and
             ``tflms.LMSCallback`` call the step within :func:`tflms.manual_memory_optimizer`
             (Grappler's memory optimizer at ``MANUAL``): Grappler's default level may rewrite

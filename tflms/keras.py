@@ -500,7 +500,8 @@ def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
         f"{format_bytes(plan.swapped_bytes)} out and {format_bytes(back)} back in per step "
         f"({plan.n_swap_ins} swap-ins)"
         + (f"; {_count(len(plan.recomputes), 'tensor')} recomputed ({clones} op clones)" if plan.recomputes else "")
-        + (f"; {_count(len(plan.orders), 'ordering edge')}" if plan.orders else ""),
+        + (f"; {_count(len(plan.orders), 'ordering edge')}" if plan.orders else "")
+        + (f"; {_count(len(plan.sums), 'sum')} added as the terms arrive" if plan.sums else ""),
         f"predicted device peak (simulator): {format_bytes(before)} -> {format_bytes(after)} "
         f"({abs(less):.0f}% {'less' if less >= 0 else 'more'})"
         + (f"; measured peak of the first step: {format_bytes(measured_peak)}" if measured_peak else "")

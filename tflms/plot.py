@@ -276,6 +276,7 @@ def _check_matches(model: GraphModel, plan: SwapPlan) -> None:
     clones.update(name for s in plan.sums for name in chain_ops(s))
     decisions = [(s.producer, (), s.swap_ins) for s in plan.swaps]
     decisions += [(r.producer, r.ops, r.groups) for r in plan.recomputes]
+    decisions += [(x.op, (), ()) for x in plan.sums]
     names = [
         name
         for producer, ops, groups in decisions

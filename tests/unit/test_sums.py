@@ -129,3 +129,13 @@ def test_a_sum_that_does_not_fit_the_model_is_refused():
         with_split_sums(sum_model(), [Sum("AddN_9", ("a:0", "b:0", "c:0"))])
     with pytest.raises(ValueError, match="split_sums must be True or False. Received: split_sums='yes'"):
         LMSConfig(split_sums="yes")
+
+
+def test_the_memory_plot_of_a_plan_with_sums_shows_the_chains():
+    from tflms.plot import memory_plot_data
+
+    model = sum_model()
+    plan = make_plan(model, LMSConfig(split_sums=True, min_bytes=0, swapout_threshold=2, serialize=False))
+    data = memory_plot_data(model, plan)
+    assert int(data.before.max()) == plan.peak_bytes_before
+    assert int(data.after.max()) == plan.peak_bytes_after < plan.peak_bytes_before
