@@ -107,6 +107,20 @@ def test_plan_serializes_by_default_and_writes_its_orders(tmp_path):
     assert f"memory-aware schedule: {n} ordering edge{'s' * (n != 1)} (" in r.stdout
 
 
+def test_plan_splits_sums_and_swaps_gradients_when_asked(tmp_path):
+    from tflms.sums import term_order
+
+    path = tmp_path / "plan.json"
+    args = ("--batch", "32", "--input-shape", "64,64,3", "--classes", "10", "--no-serialize", "--json", str(path))
+    r = tflms("plan", "MobileNetV3Small", *args, "--split-sums", "--swap-gradients")
+    assert r.returncode == 0, r.stderr[-2000:]
+    plan = json.loads(path.read_text())
+    assert plan["options"]["split_sums"] is True and plan["options"]["swap_gradients"] is True
+    n = len(plan["sums"])
+    assert n >= 1 and all(len(x["terms"]) >= 3 and x["terms"] == term_order(x["terms"]) for x in plan["sums"])
+    assert f"sums added as their terms arrive: {n} AddN ops" in r.stdout
+
+
 @pytest.mark.parametrize(
     "args, code, message",
     [

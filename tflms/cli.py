@@ -204,6 +204,8 @@ def _plan(args: argparse.Namespace) -> int:
         config = tflms.LMSConfig(
             budget=None if args.budget is None else int(args.budget),
             recompute=args.recompute,
+            swap_gradients=args.swap_gradients,
+            split_sums=args.split_sums,
             **schedule,
             **({} if args.swapout_window is None else {"swapout_window": _window_option(args.swapout_window)}),
         )
@@ -243,7 +245,10 @@ def _plan(args: argparse.Namespace) -> int:
         plot_memory(gm, plan, args.plot)
         print(f"wrote {args.plot}")
     if args.max_batch:
-        result = tflms.max_batch_size(source, int(args.budget), recompute=args.recompute, bound=True, **schedule)
+        result = tflms.max_batch_size(
+            source, int(args.budget), recompute=args.recompute, swap_gradients=args.swap_gradients,
+            split_sums=args.split_sums, bound=True, **schedule,
+        )  # fmt: skip
         print(result)
     return 0
 
@@ -330,6 +335,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         action=argparse.BooleanOptionalAction,
         help="memory-aware schedule: order backward branches where the simulator predicts a lower peak "
         "(default: on; --no-serialize: the swaps alone, faster planning)",
+    )
+    p.add_argument(
+        "--swap-gradients",
+        action="store_true",
+        help="tensors of the backward pass are swap candidates too (swap_gradients=True)",
+    )
+    p.add_argument(
+        "--split-sums",
+        action="store_true",
+        help="gradient AddN sums of 3+ terms become AddV2 chains that add each term as it arrives, "
+        "bit-identically (split_sums=True)",
     )
     p.add_argument("--json", help="write the plan JSON here")
     p.add_argument("--plot", help="write the memory timeline PNG here")
