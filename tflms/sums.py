@@ -166,6 +166,7 @@ def with_split_sums(model: GraphModel, sums: Sequence[Sum] | None = None) -> tup
         return model, []
     records = _records(model)
     replaced: dict[str, str] = {}  # a split sum's output -> its chain's last output
+    chains: list[str] = []  # the chain ops made so far
     for s in sums:
         rec = records.pop(s.op, None)
         if rec is None or rec["type"] != "AddN" or sorted(rec["inputs"]) != sorted(replaced.get(t, t) for t in s.terms):
@@ -179,8 +180,11 @@ def with_split_sums(model: GraphModel, sums: Sequence[Sum] | None = None) -> tup
             records[chain_name(s.op, k)] = {**rec, "name": chain_name(s.op, k), "type": "AddV2", "inputs": ins}
         last = f"{chain_name(s.op, len(steps) - 1)}:0"
         replaced[f"{s.op}:0"] = last
-        for r in records.values():
-            r["inputs"] = [last if t == f"{s.op}:0" else t for t in r["inputs"]]
+        # Its readers: the model's (a reader split later sums `replaced`), and chains made before.
+        readers = [r for r, _ in model.tensors[f"{s.op}:0"].consumers if r in records] + chains
+        for reader in readers:
+            records[reader]["inputs"] = [last if t == f"{s.op}:0" else t for t in records[reader]["inputs"]]
+        chains += [chain_name(s.op, k) for k in range(len(steps))]
     split = GraphModel.from_ops(
         records.values(), variable_bytes=model.variable_bytes, name=model.name, variables=model.variables
     )

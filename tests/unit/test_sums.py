@@ -97,6 +97,9 @@ def test_a_sum_read_by_a_split_sum_is_split_and_the_reader_sums_its_chain():
     assert [s.op for s in sums] == ["AddN", "AddN_1"]
     assert sums[1].terms == ("AddN:0", "gradient_tape/r0:0", "gradient_tape/r1:0")  # the original names
     assert split.inputs_of[chain_ops(sums[1])[0]] == ["AddN/tflms_sum_2:0", "gradient_tape/r0:0"]
+    # The reader's split given first: its chain is rewired to the chain of the sum it reads.
+    reversed_split, _ = with_split_sums(model, sums[::-1])
+    assert reversed_split.inputs_of == split.inputs_of
 
 
 def test_a_forward_sum_is_not_split():
