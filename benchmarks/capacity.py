@@ -121,9 +121,11 @@ def largest_side(
     serialize: bool = True,
     swap_gradients: bool = False,
     split_sums: bool = False,
+    order_updates: bool = False,
 ) -> int:
     """Largest multiple of ``step`` for the 3D U-Net side that fits ``budget`` at batch 1."""
     from tflms.autotune import _serialized_search, largest_fitting
+    from tflms.schedule import _with_update_orders
 
     def fits(k: int) -> bool:
         cf, _keep = unet_side_step(k * step)
@@ -131,10 +133,14 @@ def largest_side(
         sim = tflms.Simulator(model, "/device:CPU:0")
         if sim.peak() <= budget:
             return True
-        config = tflms.LMSConfig(serialize=serialize, swap_gradients=swap_gradients, split_sums=split_sums)
+        config = tflms.LMSConfig(
+            serialize=serialize, swap_gradients=swap_gradients, split_sums=split_sums, order_updates=order_updates
+        )
         if lms and split_sums:
             model = with_split_sums(model)[0]
             sim = tflms.Simulator(model, "/device:CPU:0")
+        if lms and order_updates:
+            model, _, sim = _with_update_orders(model, sim)
         return lms and _serialized_search(model, config, sim, budget)[0] is not None
 
     return step * largest_fitting(fits, limit // step, rel_tol)
@@ -178,6 +184,12 @@ def main(argv: list[str] | None = None) -> int:
         "off by default in tflms); rows of their own",
     )
     parser.add_argument(
+        "--order-updates",
+        action="store_true",
+        help="LMS plans whose variable updates wait for the reads of their variable (order_updates=True; off "
+        "by default in tflms); rows of their own",
+    )
+    parser.add_argument(
         "--bound-only",
         action="store_true",
         help="only search each row's bound (the largest size whose Simulator.floor fits) and add it to "
@@ -215,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                         serialize=args.serialize,
                         swap_gradients=args.swap_gradients,
                         split_sums=args.split_sums,
+                        order_updates=args.order_updates,
                     ),  # fmt: skip
                 )
                 bound = side_bound(budget, lms)
@@ -222,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                 what = "batch"
                 result = tflms.max_batch_size(
                     step, budget, rel_tol=args.rel_tol, limit=1 << 15, serialize=args.serialize, bound=True,
-                    swap_gradients=args.swap_gradients, split_sums=args.split_sums,
+                    swap_gradients=args.swap_gradients, split_sums=args.split_sums, order_updates=args.order_updates,
                 )  # fmt: skip
                 base, lms, bound = result.without_lms, result.with_lms, result.bound
             seconds = time.perf_counter() - t0
@@ -240,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
                     "serialize": args.serialize,
                     **({"swap_gradients": True} if args.swap_gradients else {}),
                     **({"split_sums": True} if args.split_sums else {}),
+                    **({"order_updates": True} if args.order_updates else {}),
                     "seconds": round(seconds, 1),
                     "planned": time.strftime("%Y-%m-%d"),  # rows of other models keep their own date
                 }
@@ -252,7 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json.exists():  # keep the rows of the models (and settings) not run this time
 
         def setting(r: dict) -> tuple:
-            return r["model"], r.get("serialize", False), r.get("swap_gradients", False), r.get("split_sums", False)
+            return (
+                r["model"], r.get("serialize", False), r.get("swap_gradients", False), r.get("split_sums", False),
+                r.get("order_updates", False),
+            )  # fmt: skip
 
         done = {setting(r) for r in rows}
         old = json.loads(args.json.read_text())["rows"]

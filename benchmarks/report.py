@@ -75,10 +75,12 @@ def pass_speed(data: dict) -> str:
 
 def _plan_options(row: dict) -> str:
     """The plan options a capacity row was run with, as its label says them (rows without
-    ``serialize`` predate the option; ``swap_gradients`` and ``split_sums`` are named only when on)."""
+    ``serialize`` predate the option; ``swap_gradients``, ``split_sums`` and ``order_updates`` are
+    named only when on)."""
     swapped = ", `swap_gradients=True`" if row.get("swap_gradients") else ""
     split = ", `split_sums=True`" if row.get("split_sums") else ""
-    return f", `serialize={bool(row.get('serialize'))}`{swapped}{split}"
+    ordered = ", `order_updates=True`" if row.get("order_updates") else ""
+    return f", `serialize={bool(row.get('serialize'))}`{swapped}{split}{ordered}"
 
 
 def capacity(data: dict) -> str:
@@ -148,8 +150,11 @@ def _step(row: dict) -> str:
             "lms_fenced": f"tflms, fenced (`swapout_window={FENCE_WINDOW}`)",
             "lms_serialized": "tflms, serialized (`serialize=True`)",
             "lms_unordered": "tflms",
+            "lms_split_sums": "tflms, `split_sums=True`",
+            "lms_ordered_updates": "tflms",
         }[row["mode"]]
         + (", `serialize=False`" if unordered else "")
+        + (", `order_updates=True`" if row.get("order_updates") else "")
         + manual
     )
 
@@ -567,6 +572,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "serialize96": simulator_accuracy,
     "default_schedule": simulator_accuracy,
     "memory_optimizer": simulator_accuracy,
+    "update_orders": simulator_accuracy,
     "peak_anatomy": peak_anatomy,
     "gpu": gpu,
     "gpu_fences": gpu_fences,

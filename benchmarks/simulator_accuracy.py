@@ -6,10 +6,11 @@ on the CPU is the device, a second TensorFlow process is the host), plain and
 with the default LMS plan (and, for ``MODEL:BATCH:gated`` cases, the same plan with
 its swap-ins on the device: tflms 0.1's rewrite, the negative control; for ``:fenced``,
 the same swaps with ``swapout_window=tflms.measure.FENCE_WINDOW``; for ``:serialized``, the
-same swaps with ``serialize=True``; for ``:unordered``, with ``serialize=False``), from the
-same weights, and repeats that in ``--runs`` fresh processes. The tflms steps run first in
-each process and the plain step last (since 2026-11-25; before, the plain step ran first and
-the tflms steps inherited its allocator's layout). The plain step is called as
+same swaps with ``serialize=True``; for ``:unordered``, with ``serialize=False``; for
+``:ordered``, with ``order_updates=True``), from the same weights, and repeats that in
+``--runs`` fresh processes. The tflms steps run first in each process and the plain step last
+(since 2026-11-25; before, the plain step ran first and the tflms steps inherited its
+allocator's layout). The plain step is called as
 TensorFlow calls it and the tflms steps as ``tflms.function`` calls them (Grappler's memory
 optimizer at ``MANUAL``); ``:manual`` calls every step of the case within
 ``tflms.manual_memory_optimizer()``, ``:default`` every step at TensorFlow's default level.
@@ -33,6 +34,9 @@ Usage::
     # the memory-aware schedule: the README's serialize table (MODEL@SIZE: another input size)
     python benchmarks/simulator_accuracy.py --cases resnet50@224:32:serialized --runs 3 \
         --json benchmarks/results/serialize.json
+    # order_updates=True for every tflms step (--order-updates): the README's table of the test models with it
+    python benchmarks/simulator_accuracy.py --cases cnn:32 transformer:8 transformer:16 resnet50:16 \
+        resnet50:32 resnet50:48 --runs 3 --steps 8 --order-updates --json benchmarks/results/update_orders.json
     # Grappler's memory optimizer at MANUAL (no AddN accumulation rewrite): the README's table
     python benchmarks/simulator_accuracy.py --cases resnet50@224:32:default resnet50@224:32:manual \
         resnet50:32:default resnet50:32:manual --runs 2 --json benchmarks/results/memory_optimizer.json
@@ -62,7 +66,8 @@ PLAN_FIELDS = (
 )  # fmt: skip
 #: Case flags and the :func:`tflms.measure.measure_step` mode each adds.
 FLAG_MODES = {"gated": "lms_device_gated", "recompute": "lms_recompute", "fenced": "lms_fenced",
-              "serialized": "lms_serialized", "unordered": "lms_unordered", "sums": "lms_split_sums"}  # fmt: skip
+              "serialized": "lms_serialized", "unordered": "lms_unordered", "sums": "lms_split_sums",
+              "ordered": "lms_ordered_updates"}  # fmt: skip
 #: Case flags that set :func:`tflms.measure.measure_step`'s ``memory_optimizer`` for every step.
 LEVELS = ("manual", "default")
 
@@ -76,16 +81,21 @@ def run_case(
     size: int | None = None,
     memory_optimizer: str = "auto",
     gpu: bool = False,
+    options: dict | None = None,
 ) -> list[dict]:
     """One row per mode: the steady and first-step peaks of every run, and the prediction
-    (measured on GPU 0 with ``gpu=True``, else on the test bed)."""
+    (measured on GPU 0 with ``gpu=True``, else on the test bed); ``options``: of every tflms step's plan."""
     first = {"model": model, "batch": batch, "memory_optimizer": memory_optimizer}
     rows = {m: {**first, "mode": m, "runs": [], "first_peaks": []} for m in modes}
     for m in modes:  # what the plans are made with, also for a row whose every run failed
         if m != "plain":
             rows[m]["serialize"] = {"lms_serialized": True, "lms_unordered": False}.get(m, LMSConfig().serialize)
+            rows[m]["order_updates"] = m == "lms_ordered_updates" or bool((options or {}).get("order_updates"))
     for _ in range(runs):
-        r = measure(model, batch, size=size, modes=modes, steps=steps, memory_optimizer=memory_optimizer, gpu=gpu)
+        r = measure(
+            model, batch, size=size, modes=modes, steps=steps, memory_optimizer=memory_optimizer, gpu=gpu,
+            options=options,
+        )  # fmt: skip
         if not r.ok:
             for row in rows.values():
                 row.setdefault("errors", []).append(f"{r.status}: {r.error[-300:]}")
@@ -100,7 +110,11 @@ def run_case(
             row["losses"] = v["losses"]
             row["predicted"] = v["predicted"]
             if m != "plain":
-                row.update({k: v[k] for k in PLAN_FIELDS}, serialize=v["options"]["serialize"])
+                row.update(
+                    {k: v[k] for k in PLAN_FIELDS},
+                    serialize=v["options"]["serialize"],
+                    order_updates=v["options"].get("order_updates", False),
+                )
     return list(rows.values())
 
 
@@ -110,13 +124,18 @@ def main(argv: list[str] | None = None) -> int:
         "--cases",
         nargs="+",
         default=list(DEFAULT_CASES),
-        help="MODEL[@SIZE]:BATCH[:gated][:recompute][:fenced][:serialized][:unordered][:sums][:manual|:default] (SIZE: "
-        "input size other than the model's default; gated: also the swap-ins-on-the-device control; recompute: "
-        "also the plan with recompute=True; fenced: also the plan with swapout_window; serialized: also with "
-        "serialize=True; unordered: also with serialize=False; sums: also with split_sums=True; manual: every "
-        "step within tflms.manual_memory_optimizer(); default: every step at "
-        "TensorFlow's default memory-optimizer level; neither: plain steps at the default, tflms steps at MANUAL "
-        "as tflms calls them)",
+        help="MODEL[@SIZE]:BATCH[:gated][:recompute][:fenced][:serialized][:unordered][:sums][:ordered]"
+        "[:manual|:default] (SIZE: input size other than the model's default; gated: also the "
+        "swap-ins-on-the-device control; recompute: also the plan with recompute=True; fenced: also the plan with "
+        "swapout_window; serialized: also with serialize=True; unordered: also with serialize=False; sums: also "
+        "with split_sums=True; ordered: also with order_updates=True; manual: every step within "
+        "tflms.manual_memory_optimizer(); default: every step at TensorFlow's default memory-optimizer level; "
+        "neither: plain steps at the default, tflms steps at MANUAL as tflms calls them)",
+    )
+    parser.add_argument(
+        "--order-updates",
+        action="store_true",
+        help="every tflms step planned with order_updates=True (off by default in tflms); the rows say so",
     )
     parser.add_argument("--runs", type=int, default=3, help="fresh measured processes per case")
     parser.add_argument("--steps", type=int, default=4, help="measured steps per run, after one warm-up step")
@@ -154,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         modes = ["lms"] + [FLAG_MODES[f] for f in FLAG_MODES if f in flags] + ["plain"]
         memory_optimizer = next((f for f in flags if f in LEVELS), "auto")
         size_or_none = int(size) if size else None
-        case_rows = run_case(model, int(batch), modes, args.runs, args.steps, size_or_none, memory_optimizer, args.gpu)
+        case_rows = run_case(
+            model, int(batch), modes, args.runs, args.steps, size_or_none, memory_optimizer, args.gpu,
+            {"order_updates": True} if args.order_updates else None,
+        )  # fmt: skip
         for row in sorted(case_rows, key=lambda r: r["mode"] != "plain"):  # the plain row first in tables
             rows.append(row)
             runs = " ".join(f"{p / 2**20:.0f}" for p in row["runs"]) or "failed"

@@ -36,7 +36,7 @@ from report import save_result
 from tflms.autotune import largest_fitting
 from tflms.config import LMSConfig, parse_bytes
 from tflms.measure import MODELS, measure
-from tflms.testbed import DEVICE_NICE
+from tflms.testbed import DEVICE_NICE, oom_message
 
 
 def predicted(
@@ -47,6 +47,7 @@ def predicted(
     serialize: bool = True,
     swap_gradients: bool = False,
     split_sums: bool = False,
+    order_updates: bool = False,
 ) -> tuple[int, int, int]:
     """(plain, with LMS, bound) largest batch whose *predicted* peak fits ``cap`` (simulator); the bound:
     the largest batch whose ``Simulator.floor`` (variables and one op's working set) fits, past which no
@@ -76,7 +77,7 @@ def predicted(
 
     r = tflms.max_batch_size(
         at, cap, limit=limit, rel_tol=0.05, serialize=serialize, bound=True, swap_gradients=swap_gradients,
-        split_sums=split_sums,
+        split_sums=split_sums, order_updates=order_updates,
     )  # fmt: skip
     return r.without_lms, r.with_lms, r.bound
 
@@ -99,6 +100,12 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=LMSConfig().serialize,
         help="tflms probes plan with ordering edges (serialize=True, the default) or without (--no-serialize)",
+    )
+    parser.add_argument(
+        "--order-updates",
+        action="store_true",
+        help="tflms probes plan with order_updates=True (each variable update waits for the reads of that "
+        "variable still held; off by default in tflms); rows of their own",
     )
     parser.add_argument(
         "--swap-gradients",
@@ -124,7 +131,7 @@ def main() -> None:
             if r["model"] in args.models:
                 r["predicted_plain"], r["predicted_lms"], r["predicted_bound"] = predicted(
                     r["model"], r["size"], r["cap"], args.limit, r.get("serialize", False),
-                    r.get("swap_gradients", False), r.get("split_sums", False),
+                    r.get("swap_gradients", False), r.get("split_sums", False), r.get("order_updates", False),
                 )  # fmt: skip
                 r["predicted_on"] = time.strftime("%Y-%m-%d")
                 print(
@@ -146,6 +153,7 @@ def main() -> None:
                 "serialize": args.serialize,
                 "swap_gradients": args.swap_gradients,
                 "split_sums": args.split_sums,
+                "order_updates": args.order_updates,
             }
             kw = {"modes": ["lms"], "options": options} if lms else {"modes": ["plain"]}
             r = measure(name, batch, size=args.size, steps=args.steps, cap=cap, timeout=1800, **kw)
@@ -157,6 +165,9 @@ def main() -> None:
                 held = ", {in_use} MiB in use, {largest_free} MiB largest free chunk for {requested} MiB".format(
                     **probe["oom"]
                 )
+            elif r.status == "oom" and (said := oom_message(r.error or "")):  # no allocator dump: what TF said
+                probe["oom_message"] = said
+                held = f": {said}"
             if ok:  # what trained: its measured peak, and the plan's prediction and size
                 v = r.value["lms" if lms else "plain"]
                 probe.update(peak_mib=round(v["peak"] / 2**20, 1), predicted_mib=round(v["predicted"] / 2**20, 1))
@@ -174,7 +185,7 @@ def main() -> None:
         plain = largest_fitting(lambda b: fits(b, False), args.limit, args.rel_tol, start=args.start)
         with_lms = largest_fitting(lambda b: fits(b, True), args.limit, args.rel_tol, start=max(plain, 1) * 2)
         pred_plain, pred_lms, pred_bound = predicted(
-            name, args.size, cap, args.limit, args.serialize, args.swap_gradients, args.split_sums
+            name, args.size, cap, args.limit, args.serialize, args.swap_gradients, args.split_sums, args.order_updates
         )
         rows.append(
             {
@@ -186,6 +197,7 @@ def main() -> None:
                 "serialize": args.serialize,
                 **({"swap_gradients": True} if args.swap_gradients else {}),
                 **({"split_sums": True} if args.split_sums else {}),
+                **({"order_updates": True} if args.order_updates else {}),
                 "plain": plain,
                 "lms": with_lms,
                 "ratio": round(with_lms / plain, 2) if plain else None,
@@ -204,7 +216,7 @@ def main() -> None:
         def setting(r: dict) -> tuple:
             return (
                 r["model"], r.get("swapout_window"), r.get("serialize", False), r.get("swap_gradients", False),
-                r.get("split_sums", False),
+                r.get("split_sums", False), r.get("order_updates", False),
             )  # fmt: skip
 
         done = {setting(r) for r in rows}

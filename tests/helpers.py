@@ -3,7 +3,15 @@
 import networkx as nx
 
 from tflms import _tf_internal as tfi
-from tflms.rewrite import RECOMPUTE_SCOPE, SWAP_ATTR, SWAP_IN_SCOPE, SWAP_OUT_SCOPE, is_landing, landing_name
+from tflms.rewrite import (
+    ORDER_SCOPE,
+    RECOMPUTE_SCOPE,
+    SWAP_ATTR,
+    SWAP_IN_SCOPE,
+    SWAP_OUT_SCOPE,
+    is_landing,
+    landing_name,
+)
 
 from conftest import DEVICE
 
@@ -48,10 +56,21 @@ def check_structure(cf, plan, device, host):
     for fence in plan.fences:
         op = graph.get_operation_by_name(fence.op)
         assert by_tensor[fence.tensor] in op.control_inputs and op.device != host
-    # Orders: one backward op waits for another (a control input on the device).
-    for order in plan.orders:
+    # Orders: an op waits for another: a control input on the device, or (an update whose ``after``
+    # reaches it through the optimizer's IdentityN) on an Identity gate in front of that IdentityN.
+    for i, order in enumerate(plan.orders):
         op = graph.get_operation_by_name(order.op)
-        assert graph.get_operation_by_name(order.after) in op.control_inputs and op.device != host
+        after = graph.get_operation_by_name(order.after)
+        base = f"{ORDER_SCOPE}/{order.op}/{i}"
+        gates = [g for g in graph.get_operations() if g.name == base or g.name.startswith(base + "_")]
+        if not gates:
+            assert after in op.control_inputs and op.device != host
+            continue
+        assert after not in op.control_inputs
+        for gate in gates:
+            assert gate.type == "Identity" and gate.device != host and after in gate.control_inputs
+            assert gate.get_attr("_grappler_do_not_remove") is True
+            assert [c.type for c in gate.outputs[0].consumers()] == ["IdentityN"]
     return len(outs), len(ins)
 
 

@@ -189,6 +189,25 @@ def test_resnet50_host_gated_swaps_free_real_memory_device_gated_do_not():
     assert gated["peak"] >= 0.9 * plain["peak"], (gated["peak"], plain["peak"])
 
 
+def test_updates_ordered_after_the_reads_of_their_variable_copy_nothing():
+    """``order_updates=True`` against ``False`` on the CNN's plan, one profiled step each: with the
+    orders no Adam update allocates (TensorFlow copies a variable only while a value read from it is
+    held); without them some do, which pins that TensorFlow fact. Measured here (2026-11-27, four
+    processes): no copy with the orders; 2-4 copies (5 KiB-116 KiB) without, which ones varying from
+    step to step. Before the orders went on a gate in front of the optimizer's IdentityN (Grappler's
+    dependency optimizer drops a control edge on the update as redundant, then removes the IdentityN),
+    the ordered steps copied as much."""
+    r = testbed.run_measured(
+        "testbed_jobs:update_copies", {"model": "cnn", "batch": 32}, timeout=900, pythonpath=[os.path.dirname(__file__)]
+    )
+    assert r.ok, r.error
+    ordered, copying = r.value["ordered"], r.value["copying"]
+    assert ordered["losses"] == copying["losses"]
+    assert ordered["n_orders"] > copying["n_orders"]
+    assert ordered["copies"] == [], ordered["copies"]
+    assert copying["copies"], "no update copied its variable without the orders: has TensorFlow changed?"
+
+
 # Steady-state peaks (largest per-step peak after one warm-up step), tflms / plain, oneDNN, 2-CPU
 # AMD EPYC, 2026-11-23: transformer 0.48-0.69 over six runs; the CNN 0.75-0.88, because its peak is
 # in the first block's backward (64x64x32 gradients) where swapping forward activations saves

@@ -194,6 +194,48 @@ def test_memory_aware_schedule_keeps_training_bit_identical():
     _assert_trains_bit_identically(shared, ordered)
 
 
+def test_updates_wait_for_the_reads_of_their_variable_and_training_stays_bit_identical():
+    """``order_updates=True``: each Adam update of a kernel or BatchNorm scale waits
+    for the backward op that still holds the value read from it (a ``Conv2DBackpropInput``, a
+    BatchNorm gradient's product), so the simulator sees no variable copied (its rule 6), and
+    predicts a lower peak; the plan's other decisions are those of ``order_updates=False``, and
+    the step trains to the plain step's numbers."""
+    from tflms.schedule import update_orders
+    from tflms.simulator import VARIABLE_WRITE_TYPES, Simulator
+
+    shared = zoo.shared("resnet50")
+    ordered, plan = tflms.optimize(shared.cf, device=DEVICE, order_updates=True, **SMALL)
+    _, copying = tflms.optimize(shared.cf, device=DEVICE, **SMALL)  # order_updates=False, the default
+    traced = tflms.GraphModel.from_func_graph(shared.cf.graph)
+    updates = update_orders(traced)
+    types = dict(traced.dag.nodes(data="type"))
+    assert updates and plan.orders[: len(updates)] == updates
+    assert {types[o.op] for o in updates} == {"AssignSubVariableOp"}
+    assert {types[o.after] for o in updates} >= {"Conv2DBackpropInput", "Mul"}
+    # Only readers whose results are used: the input gradient of the first convolution is not.
+    assert not any(o.after.endswith("conv1_conv_1/convolution/Conv2DBackpropInput") for o in updates)
+    assert plan.swaps == copying.swaps and set(copying.orders).isdisjoint(updates)
+    sim, ordered_sim = Simulator(traced), Simulator(tflms.graph.with_orders(traced, updates))
+    copied = {c[3] for c in sim._run(()).copies}  # noqa: SLF001 (the writes rule 6 copies)
+    still = {c[3] for c in ordered_sim._run(()).copies}  # noqa: SLF001
+    assert {types[op] for op in copied} <= VARIABLE_WRITE_TYPES
+    # Copied still: only the first kernel's update, whose read's other reader nobody uses.
+    assert still == copied - {o.op for o in updates} and len(still) <= 1, (still, len(copied))
+    assert plan.peak_bytes_after < copying.peak_bytes_after, (plan.peak_bytes_after, copying.peak_bytes_after)
+    check_structure(ordered, plan, DEVICE, HOST)
+    # In the graphs TensorFlow ran (after Grappler, which removes the IdentityN): each update's
+    # gradient reaches Adam through its gate, and the gate waits for the reader.
+    shared.setup.reset()
+    with tf.device(DEVICE):
+        ran = {n.name: n for g in tfi.ran_graphs(lambda: ordered(shared.setup.x, shared.setup.y)) for n in g.node}
+    assert not any(n.op == "IdentityN" for n in ran.values())
+    for i, order in enumerate(updates):
+        gate = ran[f"tflms_order/{order.op}/{i}"]
+        assert gate.op == "Identity" and f"^{order.after}" in gate.input
+        assert any(gate.name in n.input for n in ran.values())  # the optimizer's ops read it
+    _assert_trains_bit_identically(shared, ordered)
+
+
 @pytest.mark.parametrize("name", ["transformer", "resnet50"])
 def test_swapped_gradients_keep_training_bit_identical(name):
     """``swap_gradients=True``: tensors of the backward pass are swapped too, on top of the

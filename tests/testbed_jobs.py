@@ -87,3 +87,42 @@ def priorities() -> dict[str, Any]:
         if ppid == os.getpid() and b"tflms.testbed" in cmdline and b"--port" in cmdline:
             workers.append(os.getpriority(os.PRIO_PROCESS, int(pid)))
     return {"threads": threads, "new_thread": seen[0], "workers": workers}
+
+
+def update_copies(model: str = "cnn", batch: int = 32, warmup: int = 2) -> dict[str, Any]:
+    """The variable copies of one profiled step of ``model``'s rewritten step, with ``order_updates``
+    on and off, and the losses of every step.
+
+    An in-place update (``AssignSubVariableOp``) allocates only when TensorFlow copies the variable
+    first, because a tensor read from it is still held (``PrepareToUpdateVariable``); the test bed's
+    BFC allocator records the op behind every allocation while the profiler runs.
+    """
+    import tensorflow as tf
+
+    import tflms
+    from tflms import _tf_internal as tfi
+    from tflms import testbed
+    from tflms.measure import build
+
+    tf.config.experimental.enable_op_determinism()
+    keras_model, x, y, step = build(model, batch)
+    state = list(keras_model.variables) + list(step.optimizer.variables)
+    initial = [v.numpy() for v in state]
+    cf = tf.function(step).get_concrete_function(x, y)
+    out: dict[str, Any] = {}
+    for name, order_updates in (("ordered", True), ("copying", False)):
+        for v, value in zip(state, initial):
+            v.assign(value)
+        lms, plan = tflms.optimize(cf, device=testbed.DEVICE, host=testbed.HOST, order_updates=order_updates)
+        losses: list[float] = []
+        with tf.device(testbed.DEVICE), tflms.manual_memory_optimizer():
+            for _ in range(warmup):
+                losses.append(float(lms(x, y)))
+            records, _ = tfi.profile_step(lambda lms=lms, losses=losses: losses.append(float(lms(x, y))))
+        copies = [
+            (r["op"], r["requested"])
+            for r in records
+            if r["kind"] == "alloc" and "AssignSubVariableOp" in (r["op"] or "")
+        ]
+        out[name] = {"losses": losses, "copies": copies, "n_orders": len(plan.orders)}
+    return out

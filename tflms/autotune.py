@@ -386,6 +386,10 @@ def max_batch_size(
 
                     model, recomputes = with_planned_recomputes(model, cfg)
                     sim = Simulator(model, cfg.host) if recomputes else sim
+                if not plain and cfg.order_updates:
+                    from .schedule import _with_update_orders
+
+                    model, _, sim = _with_update_orders(model, sim)
                 cache[batch] = (plain, plain or _serialized_search(model, cfg, sim, budget)[0] is not None)
         return cache[batch]
 

@@ -200,6 +200,8 @@ def _plan(args: argparse.Namespace) -> int:
 
     # The options first: a bad one fails before the model is built and traced.
     schedule = {} if args.serialize is None else {"serialize": args.serialize}  # None: LMSConfig's default
+    if args.order_updates is not None:
+        schedule["order_updates"] = args.order_updates
     try:
         config = tflms.LMSConfig(
             budget=None if args.budget is None else int(args.budget),
@@ -335,6 +337,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action=argparse.BooleanOptionalAction,
         help="memory-aware schedule: order backward branches where the simulator predicts a lower peak "
         "(default: on; --no-serialize: the swaps alone, faster planning)",
+    )
+    p.add_argument(
+        "--order-updates",
+        action=argparse.BooleanOptionalAction,
+        help="each variable update waits for the ops still holding a value read from that variable, so "
+        "TensorFlow does not copy it (order_updates=True; default: off)",
     )
     p.add_argument(
         "--swap-gradients",

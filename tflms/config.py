@@ -252,6 +252,17 @@ class LMSConfig:
             device for the last one. Default ``False``: lower predicted peaks on DenseNet121
             and ResNet50, no measured capacity gain yet, a few more ops and memory traffic per sum
             (README, "Sums added as their terms arrive").
+        order_updates: when ``True``, each in-place update of a variable
+            (``AssignSubVariableOp``, ``AssignAddVariableOp``: the optimizer's) waits for the
+            ops that still hold a value read from that variable earlier in the step (a
+            kernel's ``Conv2DBackpropInput``), through ordering edges (:class:`tflms.Order`,
+            :func:`tflms.schedule.update_orders`). Otherwise TensorFlow copies the variable
+            before updating it (``PrepareToUpdateVariable``) and the copy becomes the variable,
+            in the middle of the memory the activations need. Kept only where the simulator
+            predicts no higher plain peak with them. Default ``False``: measured on the test bed
+            the updates copy nothing with them, but the peaks fell only for some models and
+            batches, and the simulator predicts too large a fall (README, "Variable updates
+            wait for their reads").
         manual_memory_optimizer: when ``True`` (default), ``tflms.function`` and
             ``tflms.LMSCallback`` call the step within :func:`tflms.manual_memory_optimizer`
             (Grappler's memory optimizer at ``MANUAL``): Grappler's default level may rewrite
@@ -282,6 +293,7 @@ class LMSConfig:
     serialize: bool = True
     swap_gradients: bool = False
     split_sums: bool = False
+    order_updates: bool = False
     manual_memory_optimizer: bool = True
 
     def __post_init__(self) -> None:
@@ -312,7 +324,14 @@ class LMSConfig:
             set_(self, "budget", parse_bytes(self.budget, "budget"))
         set_(self, "link_bandwidth", _check_bandwidth("link_bandwidth", self.link_bandwidth))
         set_(self, "link_latency", _check_seconds("link_latency", self.link_latency))
-        for name in ("recompute", "serialize", "swap_gradients", "split_sums", "manual_memory_optimizer"):
+        for name in (
+            "recompute",
+            "serialize",
+            "swap_gradients",
+            "split_sums",
+            "order_updates",
+            "manual_memory_optimizer",
+        ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False. {_received(name, getattr(self, name))}")
         set_(self, "device_bandwidth", _check_bandwidth("device_bandwidth", self.device_bandwidth))

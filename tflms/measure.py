@@ -141,7 +141,7 @@ def build(name: str, batch: int, size: int | None = None, seed: int = 0) -> tupl
 #: The modes :func:`measure_step` measures.
 MEASURE_MODES = (
     "plain", "lms", "lms_device_gated", "lms_recompute", "lms_fenced", "lms_serialized", "lms_unordered",
-    "lms_split_sums",
+    "lms_split_sums", "lms_ordered_updates",
 )  # fmt: skip
 
 
@@ -183,7 +183,9 @@ def measure_step(
     plus fences). ``'lms_serialized'`` is ``'lms'`` with ``serialize=True`` (the same swaps, plus
     the memory-aware schedule's orders, counted in ``n_orders``; the default since 2026-11-25),
     ``'lms_unordered'`` with ``serialize=False`` (the swaps alone), ``'lms_split_sums'`` with
-    ``split_sums=True`` (:mod:`tflms.sums`; its entry's ``n_sums`` counts them). ``'lms_recompute'`` is ``'lms'``
+    ``split_sums=True`` (:mod:`tflms.sums`; its entry's ``n_sums`` counts them), ``'lms_ordered_updates'``
+    with ``order_updates=True`` (each variable update waits for the reads of its variable, so that
+    TensorFlow does not copy the variable first). ``'lms_recompute'`` is ``'lms'``
     with ``recompute=True`` (:mod:`tflms.recompute`); its entry also has ``n_recomputes`` and
     ``recomputed_bytes``. Every ``lms`` mode's entry
     has the plan's predicted ``link_seconds`` and ``recompute_seconds``.
@@ -246,6 +248,7 @@ def measure_step(
                 "lms_serialized": {"serialize": True},
                 "lms_unordered": {"serialize": False},
                 "lms_split_sums": {"split_sums": True},
+                "lms_ordered_updates": {"order_updates": True},
             }.get(mode, {})
             key = json.dumps({**(options or {}), **extra}, sort_keys=True, default=repr)
             if mode == "lms_device_gated" and key in plans:  # the plan of an earlier 'lms' mode: not made twice

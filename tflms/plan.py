@@ -37,8 +37,9 @@ of ``AddV2`` ops over ``terms`` (in Grappler's order), which adds each term as i
 (:mod:`tflms.sums`). The rewrite applies the sums first; the other decisions name the chain's ops.
 
 A fence (``swapout_window``) is an ordering edge: ``op``, a forward op, starts only after
-``tensor``'s swap-out has reached the host. An order (``serialize``) is an ordering edge
-within the backward pass: ``op`` starts only after ``after`` has run.
+``tensor``'s swap-out has reached the host. An order is an ordering edge: ``op`` starts only
+after ``after`` has run; ``serialize`` adds them within the backward pass, ``order_updates``
+from the ops still reading a variable to that variable's in-place update (listed first).
 """
 
 from __future__ import annotations
@@ -162,9 +163,11 @@ class Fence:
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Order:
-    """An ordering edge the memory-aware schedule adds (``LMSConfig.serialize``): the
-    backward op ``op`` starts only after the backward op ``after`` has run, so that two
-    branches of the backward pass do not hold their buffers at the same time."""
+    """An ordering edge: ``op`` starts only after ``after`` has run. The memory-aware schedule
+    (``LMSConfig.serialize``) makes a backward op wait for another, so that two branches of the
+    backward pass do not hold their buffers at the same time; ``LMSConfig.order_updates`` makes
+    a variable's in-place update wait for an op still reading the variable, so that TensorFlow
+    does not copy it (:func:`tflms.schedule.update_orders`)."""
 
     op: str
     after: str
@@ -443,8 +446,9 @@ class SwapPlan:
         if self.orders:
             lines.append(
                 f"memory-aware schedule: {len(self.orders)} ordering edge{'s' * (len(self.orders) != 1)} "
-                "(a backward op waits for another, "
-                "so that two branches do not hold their buffers at once)"
+                "(an op waits for another: a backward op for another branch's, so that two branches do not "
+                "hold their buffers at once, or a variable's update for the ops still reading the variable, so "
+                "that it is not copied)"
             )
         if self.sums:
             terms = sum(len(x.terms) for x in self.sums)

@@ -38,6 +38,10 @@ Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`
   simulator's on that model.
 * ``split_sums=True`` first splits the backward pass's ``AddN`` sums of three or more terms
   into chains of ``AddV2`` (:mod:`tflms.sums`) and plans everything else on that model.
+* ``order_updates=True`` then makes each in-place variable update wait for the
+  ops still holding a value read from that variable (:func:`tflms.schedule.update_orders`),
+  so that TensorFlow does not copy the variable, where the simulator predicts no higher
+  plain peak with them; the plan's ``orders`` list these edges first.
 * ``serialize=True`` then adds ordering edges (:class:`tflms.Order`) within the backward
   pass, chosen by :func:`tflms.schedule.memory_orders` on the model with the swaps
   applied; the predicted peak after, and the fences, are the simulator's with them.
@@ -115,11 +119,15 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         if recomputes:
             sim = Simulator(model, config.host)
     orders: tuple = ()
+    if config.order_updates:  # every variable update waits for the reads of it still held
+        from .schedule import _with_update_orders
+
+        model, orders, sim = _with_update_orders(model, sim)
     if config.budget is not None:
         from .autotune import tune_ordered
 
-        config, orders, sim = tune_ordered(model, config, sim)
-        model = sim.model  # with the orders, if the budget needed them
+        config, more, sim = tune_ordered(model, config, sim)
+        model, orders = sim.model, orders + more  # with the orders, if the budget needed them
     swaps = candidate_swaps(model, config)
     if config.n_tensors is not None:
         swaps = swaps[: config.n_tensors]

@@ -69,6 +69,7 @@ __all__ = [
     "LANDING_SCOPE",
     "RECOMPUTE_SCOPE",
     "SWAP_ATTR",
+    "ORDER_SCOPE",
     "is_rewritten",
 ]
 
@@ -76,6 +77,7 @@ SWAP_OUT_SCOPE = "tflms_swapout"
 SWAP_IN_SCOPE = "tflms_swapin"
 LANDING_SCOPE = "tflms_landing"
 SWAP_ATTR = "_tflms_swap"
+ORDER_SCOPE = "tflms_order"
 
 
 def landing_name(tensor: str, k: int) -> str:
@@ -97,7 +99,7 @@ def is_landing(name: str) -> bool:
 
 def is_rewritten(graph: Any) -> bool:
     """True if ``graph`` already holds tflms swap ops, recompute clones, split sums or ordering edges."""
-    scopes = (SWAP_OUT_SCOPE + "/", SWAP_IN_SCOPE + "/", RECOMPUTE_SCOPE + "/")
+    scopes = (SWAP_OUT_SCOPE + "/", SWAP_IN_SCOPE + "/", RECOMPUTE_SCOPE + "/", ORDER_SCOPE + "/")
     ops = graph.get_operations()
     return any(op.name.startswith(scopes) for op in ops) or any(
         (op.control_inputs and _swap_attr(op) == b"order") or (op.type == "AddV2" and _swap_attr(op) == b"sum")
@@ -143,7 +145,8 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
         if fence.tensor not in swapped:
             raise _plan_error(plan, f"fence on {fence.tensor!r}, which the plan does not swap")
     n_sums = apply_sums(graph, plan.sums, device, lookup)  # the other decisions name the chains' ops
-    _check_acyclic(graph, plan)
+    gates = _order_gates(graph, plan, lookup)
+    _check_acyclic(graph, plan, gates)
     n_clones = _apply_recomputes(graph, plan, device, lookup)
     tensors = [lookup("tensor", graph.get_tensor_by_name, s.tensor) for s in plan.swaps]
     with graph.as_default(), tf.control_dependencies(None):
@@ -187,11 +190,21 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
     swapped_out = {s.tensor: out for s, out in zip(plan.swaps, outs)}
     for fence in plan.fences:
         tfi.add_control_input(lookup("fence op", graph.get_operation_by_name, fence.op), swapped_out[fence.tensor].op)
-    for order in plan.orders:
+    for i, order in enumerate(plan.orders):
         get = graph.get_operation_by_name
         ordered = lookup("ordered op", get, order.op)
-        tfi.add_control_input(ordered, lookup("ordered op", get, order.after))
-        tfi.set_attr(ordered, SWAP_ATTR, "order")  # marks the step as rewritten (a plan may be orders only)
+        after = lookup("ordered op", get, order.after)
+        if i not in gates:
+            tfi.add_control_input(ordered, after)
+            tfi.set_attr(ordered, SWAP_ATTR, "order")  # marks the step as rewritten (a plan may be orders only)
+        for identity_n, index in gates.get(i, ()):
+            source = identity_n.inputs[index]
+            with graph.as_default(), tf.control_dependencies(None), tf.device(identity_n.device or device):
+                gate = tf.identity(source, name=f"{ORDER_SCOPE}/{order.op}/{i}")
+            tfi.add_control_input(gate.op, after)
+            tfi.set_attr(gate.op, "_grappler_do_not_remove", True)
+            tfi.set_attr(gate.op, SWAP_ATTR, "order")
+            tfi.update_input(identity_n, index, gate)
     n_in = sum(len(g) for g in backs)
     return {
         "swap_out": len(outs),
@@ -204,12 +217,57 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
     }
 
 
-def _check_acyclic(graph: Any, plan: SwapPlan) -> None:
+def _order_gates(graph: Any, plan: SwapPlan, lookup: Any) -> dict[int, list[tuple[Any, int]]]:
+    """Per order (its index in ``plan.orders``) whose op updates a variable and depends on an
+    ``IdentityN``: the ``(IdentityN op, input index)`` pairs to gate instead of a control edge on it.
+
+    Keras's optimizer passes every gradient through one ``IdentityN``, so the order's ``after`` (a
+    backward op) already reaches the update through it; Grappler's dependency optimizer drops a
+    control edge between them as redundant, then removes the ``IdentityN``, and nothing orders them
+    any more (measured: the updates still copied their variables). The edge goes on an ``Identity``
+    in front of the ``IdentityN`` input the update depends on (the variable's gradient), which
+    ``after`` does not reach.
+    """
+    from .simulator import VARIABLE_WRITE_TYPES
+
+    if not any(op.type == "IdentityN" for op in graph.get_operations()):
+        return {}
+    gates = {}
+    for i, order in enumerate(plan.orders):
+        op = lookup("ordered op", graph.get_operation_by_name, order.op)
+        if op.type in VARIABLE_WRITE_TYPES and (found := _identity_n_inputs(op)):
+            gates[i] = found
+    return gates
+
+
+def _identity_n_inputs(op: Any) -> list[tuple[Any, int]]:
+    """``(IdentityN op, input index)`` of each ``IdentityN`` output that ``op`` depends on, through
+    data and control inputs (the walk stops at an ``IdentityN``; Adam reads its slots after
+    updating them, which TensorFlow orders with control edges)."""
+    found, seen, stack = [], {op.name}, [op]
+    while stack:
+        current = stack.pop()
+        for t in current.inputs:
+            if t.op.type == "IdentityN":
+                if (t.op.name, t.value_index) not in seen:
+                    seen.add((t.op.name, t.value_index))
+                    found.append((t.op, t.value_index))
+            elif t.op.name not in seen:
+                seen.add(t.op.name)
+                stack.append(t.op)
+        for c in current.control_inputs:
+            if c.type != "IdentityN" and c.name not in seen:
+                seen.add(c.name)
+                stack.append(c)
+    return found
+
+
+def _check_acyclic(graph: Any, plan: SwapPlan, gates: dict[int, list[tuple[Any, int]]] | None = None) -> None:
     """Refuse, before any edit but the sums', a plan whose ordering edges would make a cycle.
 
     Each trigger runs before its group's consumers (through the swap-in or the clones),
     each fence's op after the producer of its tensor (through the swap-out), and each
-    order's op after its ``after``. A
+    order's op after its ``after`` (a gated order's ``IdentityN``: see :func:`_order_gates`). A
     hand-edited plan can break that (a fence op upstream of its tensor, a trigger after
     a consumer); TensorFlow would only refuse the graph when the step first runs. Names
     the graph does not have are left to the lookups that report them.
@@ -230,8 +288,10 @@ def _check_acyclic(graph: Any, plan: SwapPlan) -> None:
                 added.setdefault((group.trigger, consumer), f"recompute trigger {group.trigger!r} of {rc.tensor!r}")
     for fence in plan.fences:
         added.setdefault((fence.tensor.rpartition(":")[0], fence.op), f"fence on {fence.tensor!r} at {fence.op!r}")
-    for order in plan.orders:
-        added.setdefault((order.after, order.op), f"order of {order.op!r} after {order.after!r}")
+    for i, order in enumerate(plan.orders):
+        # A gated order (see _order_gates): its op's IdentityN input waits for ``after``.
+        for target in [n.name for n, _ in (gates or {}).get(i, ())] or [order.op]:
+            added.setdefault((order.after, target), f"order of {order.op!r} after {order.after!r}")
     dag.add_edges_from(edge for edge in added if edge[0] in dag and edge[1] in dag)
     if nx.is_directed_acyclic_graph(dag):  # linear; nx.find_cycle on a whole step takes minutes
         return

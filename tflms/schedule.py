@@ -32,6 +32,10 @@ a rule from when the simulator held every weight gradient until the optimizer's
 now starts each variable's update as soon as its gradient exists, as the executor does; the
 rule is kept (README, "Memory-aware schedule").
 Deterministic: candidates are tried in sorted order and ties keep the first.
+
+:func:`update_orders` (``LMSConfig.order_updates``) makes another kind of ordering edge: each
+in-place variable update waits for the ops still holding a value read from that variable, so
+that TensorFlow does not copy the variable before updating it.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ from .simulator import Simulator
 if TYPE_CHECKING:
     from .plan import Swap
 
-__all__ = ["memory_orders", "TOP", "MAX_ROUNDS", "MIN_GAIN", "LOOKAHEAD"]
+__all__ = ["memory_orders", "update_orders", "TOP", "MAX_ROUNDS", "MIN_GAIN", "LOOKAHEAD"]
 
 #: Live buffers at the peak that the greedy pairs up (the largest).
 TOP = 8
@@ -91,6 +95,73 @@ def memory_orders(
     """
     kept, _ = _memory_orders(Simulator(model, host), swaps)
     return kept, with_orders(model, kept)  # levels recomputed: the planner reads them
+
+
+def update_orders(model: GraphModel, host: str | None = None) -> tuple[Order, ...]:
+    """Ordering edges that make each in-place variable update wait for the ops still holding a
+    value read from that variable (``LMSConfig.order_updates``).
+
+    TensorFlow copies a variable before updating it in place while a tensor read from it is
+    still held (``PrepareToUpdateVariable``): Adam updates a kernel as soon as its filter
+    gradient exists, while the kernel's ``Conv2DBackpropInput`` may still wait to run. The copy
+    is the variable from then on, in a new chunk amid the activations' memory (the simulator's
+    rule 6). With an order ``Order(op=<update>, after=<reader>)`` the update runs after the
+    reader, when the read is no longer held, and nothing is copied. Only readers whose results
+    lead to some variable update are ordered (an op whose output nobody uses, such as the input
+    gradient of a model's first convolution, is pruned by Grappler; an order would keep it).
+
+    >>> from tflms.graph import GraphModel
+    >>> f32 = lambda n: ("float32", (n,), 4 * n, False)
+    >>> res = ("resource", (), 0, False)
+    >>> ops = [
+    ...     {"name": "w", "type": "Placeholder", "inputs": [], "outputs": [res]},
+    ...     {"name": "x", "type": "Placeholder", "inputs": [], "outputs": [f32(10)]},
+    ...     {"name": "read", "type": "ReadVariableOp", "inputs": ["w:0"], "outputs": [f32(1000)]},
+    ...     {"name": "y", "type": "MatMul", "inputs": ["x:0", "read:0"], "outputs": [f32(10)]},
+    ...     {"name": "gradient_tape/dw", "type": "Mul", "inputs": ["y:0", "x:0"], "outputs": [f32(1000)]},
+    ...     {"name": "gradient_tape/dx", "type": "MatMul", "inputs": ["y:0", "read:0"], "outputs": [f32(10)]},
+    ...     {"name": "adam/update", "type": "AssignSubVariableOp", "inputs": ["w:0", "gradient_tape/dw:0"],
+    ...      "outputs": []},
+    ...     {"name": "x_var", "type": "Placeholder", "inputs": [], "outputs": [res]},
+    ...     {"name": "adam/update_x", "type": "AssignAddVariableOp", "inputs": ["x_var:0", "gradient_tape/dx:0"],
+    ...      "outputs": []},
+    ... ]
+    >>> update_orders(GraphModel.from_ops(ops))
+    (Order(op='adam/update', after='gradient_tape/dx'),)
+    """
+    from .simulator import VARIABLE_WRITE_TYPES, _static, device_key
+
+    static = _static(model, device_key(host) if host else None)
+    dag = model.dag
+    # The ops whose results lead to a variable update (a reverse search from every update).
+    useful = {op for op in dag if dag.nodes[op].get("type") in VARIABLE_WRITE_TYPES}
+    stack = list(useful)
+    while stack:
+        for p in dag.predecessors(stack.pop()):
+            if p not in useful:
+                useful.add(p)
+                stack.append(p)
+    orders = []
+    for op, _nbytes, _handle, reads in static.writes:
+        after = nx.descendants(dag, op)  # what runs after the update (later reads of the new value)
+        for read, readers in reads:
+            if read in after:
+                continue
+            orders.extend(Order(op=op, after=r) for r in readers if r not in after and r in useful)
+    return tuple(sorted(set(orders)))
+
+
+def _with_update_orders(model: GraphModel, sim: Simulator) -> tuple[GraphModel, tuple[Order, ...], Simulator]:
+    """``(model with its update orders, the orders, a simulator of it)``, or ``(model, (), sim)``
+    when there are none or the simulator predicts a higher peak with them (``sim``: of ``model``)."""
+    orders = update_orders(model, sim.host)
+    if not orders:
+        return model, (), sim
+    ordered = with_orders(model, orders)
+    ordered_sim = Simulator(ordered, sim.host)
+    if ordered_sim.peak() > sim.peak():
+        return model, (), sim
+    return ordered, orders, ordered_sim
 
 
 def _memory_orders(sim: Simulator, swaps: Sequence[Swap] = ()) -> tuple[tuple[Order, ...], Simulator]:

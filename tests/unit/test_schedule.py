@@ -113,7 +113,7 @@ def test_make_plan_with_serialize_adds_orders_to_the_same_swaps():
     assert plain.orders == () and plain.swaps and plan.swaps == plain.swaps
     assert plan.orders == (Order(op=G + "b1", after=G + "a2"),)
     assert plan.peak_bytes_after < plain.peak_bytes_after
-    assert "memory-aware schedule: 1 ordering edge (a backward op waits" in plan.summary()
+    assert "memory-aware schedule: 1 ordering edge (an op waits for another" in plan.summary()
     data = json.loads(plan.to_json())
     assert data["orders"] == [{"op": G + "b1", "after": G + "a2"}]
     assert SwapPlan.from_json(plan.to_json()) == plan
