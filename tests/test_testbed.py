@@ -192,11 +192,11 @@ def test_resnet50_host_gated_swaps_free_real_memory_device_gated_do_not():
 def test_updates_ordered_after_the_reads_of_their_variable_copy_nothing():
     """``order_updates=True`` against ``False`` on the CNN's plan, one profiled step each: with the
     orders no Adam update allocates (TensorFlow copies a variable only while a value read from it is
-    held); without them some do, which pins that TensorFlow fact. Measured here (2026-11-27, four
-    processes): no copy with the orders; 2-4 copies (5 KiB-116 KiB) without, which ones varying from
-    step to step. Before the orders went on a gate in front of the optimizer's IdentityN (Grappler's
-    dependency optimizer drops a control edge on the update as redundant, then removes the IdentityN),
-    the ordered steps copied as much."""
+    held); without them some do, which pins that TensorFlow fact. Measured here (2026-11-27): no
+    copy with the orders in 3 processes; 2-4 copies (5-509 KiB) per profiled step without, in every
+    one of 9, which ones varying from process to process. Before the orders went on a gate in front
+    of the optimizer's IdentityN (Grappler's dependency optimizer drops a control edge on the update
+    as redundant, then removes the IdentityN), the ordered steps copied 1-3 variables too."""
     r = testbed.run_measured(
         "testbed_jobs:update_copies", {"model": "cnn", "batch": 32}, timeout=900, pythonpath=[os.path.dirname(__file__)]
     )
