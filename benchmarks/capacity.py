@@ -40,7 +40,6 @@ from report import save_result
 import tflms
 from tflms.autotune import keras_step_source, keras_train_step
 from tflms.config import parse_bytes
-from tflms.sums import with_split_sums
 
 
 def _compile(model: keras.Model) -> keras.Model:
@@ -124,8 +123,7 @@ def largest_side(
     order_updates: bool = False,
 ) -> int:
     """Largest multiple of ``step`` for the 3D U-Net side that fits ``budget`` at batch 1."""
-    from tflms.autotune import _serialized_search, largest_fitting
-    from tflms.schedule import _with_update_orders
+    from tflms.autotune import _serialized_search, largest_fitting, prepare
 
     def fits(k: int) -> bool:
         cf, _keep = unet_side_step(k * step)
@@ -136,11 +134,8 @@ def largest_side(
         config = tflms.LMSConfig(
             serialize=serialize, swap_gradients=swap_gradients, split_sums=split_sums, order_updates=order_updates
         )
-        if lms and split_sums:
-            model = with_split_sums(model)[0]
-            sim = tflms.Simulator(model, "/device:CPU:0")
-        if lms and order_updates:
-            model, _, sim = _with_update_orders(model, sim)
+        if lms:  # the step make_plan plans on
+            model, sim, *_ = prepare(model, config, sim)
         return lms and _serialized_search(model, config, sim, budget)[0] is not None
 
     return step * largest_fitting(fits, limit // step, rel_tol)

@@ -51,6 +51,7 @@ from .simulator import Simulator
 __all__ = [
     "tune",
     "tune_ordered",
+    "prepare",
     "max_batch_size",
     "keras_train_step",
     "keras_step_source",
@@ -163,6 +164,34 @@ def _search(
         config, budget=budget, swapout_threshold=threshold, swapin_ahead=ahead, swapin_groupby=groupby, n_tensors=n
     )
     return tuned, lowest, []
+
+
+def prepare(model: GraphModel, config: LMSConfig, sim: Simulator) -> tuple[GraphModel, Simulator, list, list, tuple]:
+    """The step that swaps are planned on: ``model`` with ``config``'s split sums, planned
+    recomputes and update orders applied, in that order (see :mod:`tflms.planner`). Returns
+    ``(model, a simulator of it, sums, recomputes, orders)``; ``sim`` is ``model``'s and is
+    returned when nothing changed. :func:`tflms.make_plan`, :func:`max_batch_size` and the
+    capacity benchmark plan on it."""
+    sums: list = []
+    if config.split_sums:
+        from .sums import with_split_sums
+
+        model, sums = with_split_sums(model)
+        if sums:
+            sim = Simulator(model, config.host)
+    recomputes: list = []
+    if config.recompute:
+        from .recompute import with_planned_recomputes
+
+        model, recomputes = with_planned_recomputes(model, config)
+        if recomputes:
+            sim = Simulator(model, config.host)
+    orders: tuple = ()
+    if config.order_updates:  # every variable update waits for the reads of it still held
+        from .schedule import _with_update_orders
+
+        model, orders, sim = _with_update_orders(model, sim)
+    return model, sim, sums, recomputes, orders
 
 
 def _fits(sim: Simulator, swaps: list[Swap], budget: int) -> bool:
@@ -378,18 +407,8 @@ def max_batch_size(
                 model = graph_of(batch)
                 sim = Simulator(model, cfg.host)
                 plain = sim.peak() <= budget
-                if not plain and cfg.split_sums:
-                    model = with_split_sums(model)[0]
-                    sim = Simulator(model, cfg.host)
-                if not plain and cfg.recompute:
-                    from .recompute import with_planned_recomputes
-
-                    model, recomputes = with_planned_recomputes(model, cfg)
-                    sim = Simulator(model, cfg.host) if recomputes else sim
-                if not plain and cfg.order_updates:
-                    from .schedule import _with_update_orders
-
-                    model, _, sim = _with_update_orders(model, sim)
+                if not plain:  # the step make_plan plans on
+                    model, sim, *_ = prepare(model, cfg, sim)
                 cache[batch] = (plain, plain or _serialized_search(model, cfg, sim, budget)[0] is not None)
         return cache[batch]
 

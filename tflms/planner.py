@@ -104,28 +104,10 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
             "without swapping",
             dataclasses.replace(config, n_tensors=0),
         )
-    sums: list = []
-    if config.split_sums:
-        from .sums import with_split_sums
+    from .autotune import prepare, tune_ordered
 
-        model, sums = with_split_sums(model)
-        if sums:
-            sim = Simulator(model, config.host)
-    recomputes: list = []
-    if config.recompute:
-        from .recompute import with_planned_recomputes
-
-        model, recomputes = with_planned_recomputes(model, config)
-        if recomputes:
-            sim = Simulator(model, config.host)
-    orders: tuple = ()
-    if config.order_updates:  # every variable update waits for the reads of it still held
-        from .schedule import _with_update_orders
-
-        model, orders, sim = _with_update_orders(model, sim)
+    model, sim, sums, recomputes, orders = prepare(model, config, sim)
     if config.budget is not None:
-        from .autotune import tune_ordered
-
         config, more, sim = tune_ordered(model, config, sim)
         model, orders = sim.model, orders + more  # with the orders, if the budget needed them
     swaps = candidate_swaps(model, config)
