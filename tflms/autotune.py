@@ -25,11 +25,15 @@
    :func:`max_batch_size` use), when nothing fits: ordering edges for the lowest plan
    of step 2 (:func:`tflms.schedule.memory_orders`), then steps 1-3 again on the step
    with those orders.
+5. Still with ``serialize=True``, when nothing fits after step 4: the lowest plan as
+   ``make_plan`` finishes it (its own ordering edges, then later triggers for the swap-ins
+   that arrive by the peak and are read after it: :func:`tflms.schedule.late_triggers`); its
+   knobs are the tuned ones if that fits.
 
 Every number is a simulator prediction (:mod:`tflms.simulator`). The chosen
 values are recorded in the plan's options, so ``make_plan`` with them (and no
-budget) reproduces the plan, except one that needed step 4: its JSON (orders and
-swaps) reproduces it.
+budget) reproduces the plan, except one that needed step 4 or 5: its JSON (orders and
+swaps) reproduces it, and so do its options with the budget.
 """
 
 from __future__ import annotations
@@ -105,9 +109,9 @@ def _grid(model: GraphModel, config: LMSConfig, eligible: list[TensorInfo]) -> l
 
 def _search(
     model: GraphModel, config: LMSConfig, sim: Simulator, budget: int
-) -> tuple[LMSConfig | None, int, list[Swap]]:
+) -> tuple[LMSConfig | None, int, list[Swap], LMSConfig | None]:
     """(tuned config or None when nothing fits, lowest predicted peak the search saw, the swaps
-    of that lowest plan when nothing fits, else ``[]``).
+    of that lowest plan when nothing fits, else ``[]``, and the knobs of those swaps then, else None).
 
     The grid is searched with the fast requested-bytes peaks (:meth:`Simulator.prefix_peaks`,
     a lower bound of :meth:`Simulator.peak`); the candidates it finds are then checked
@@ -115,7 +119,7 @@ def _search(
     """
     lowest = sim.peak()
     if lowest <= budget:
-        return dataclasses.replace(config, budget=budget, n_tensors=0), lowest, []
+        return dataclasses.replace(config, budget=budget, n_tensors=0), lowest, [], None
     candidates: set[tuple[tuple[float, int, int, int, int], tuple[int, int, int], int]] = set()
     deepest: list[tuple[int, tuple[int, int, int], int]] = []  # (fast peak, knobs, n): the lowest prefixes
     grid = {}
@@ -146,6 +150,7 @@ def _search(
         # The lowest accurate peak among the deepest prefixes of each grid entry (best fast peaks
         # first); the one-step emulation is a lower bound of it, cheaper to compute.
         lowest_swaps: list[Swap] = []
+        lowest_knobs = None
         for fast, knobs, n in sorted(deepest):
             if fast >= lowest:
                 break
@@ -153,17 +158,20 @@ def _search(
                 continue
             peak = sim.peak(grid[knobs][:n], above=lowest)
             if peak < lowest:
-                lowest, lowest_swaps = peak, grid[knobs][:n]
-        return None, lowest, lowest_swaps
+                lowest, lowest_swaps, lowest_knobs = peak, grid[knobs][:n], _tuned(config, budget, *knobs, n)
+        return None, lowest, lowest_swaps, lowest_knobs
     (threshold, fitted, groupby), n = best
     # Earliest prefetch first; the last one tried is the one that fitted above.
     for ahead in sorted({a for a in AHEADS if a > fitted} | {fitted}, reverse=True):
         if _fits(sim, _swaps(model, _knobs(config, threshold, ahead, groupby), eligible)[:n], budget):
             break
-    tuned = dataclasses.replace(
+    return _tuned(config, budget, threshold, ahead, groupby, n), lowest, [], None
+
+
+def _tuned(config: LMSConfig, budget: int, threshold: int, ahead: int, groupby: int, n: int) -> LMSConfig:
+    return dataclasses.replace(
         config, budget=budget, swapout_threshold=threshold, swapin_ahead=ahead, swapin_groupby=groupby, n_tensors=n
     )
-    return tuned, lowest, []
 
 
 def prepare(model: GraphModel, config: LMSConfig, sim: Simulator) -> tuple[GraphModel, Simulator, list, list, tuple]:
@@ -204,24 +212,46 @@ def _serialized_search(
     model: GraphModel, config: LMSConfig, sim: Simulator, budget: int
 ) -> tuple[LMSConfig | None, int, tuple[Order, ...], Simulator]:
     """:func:`_search`, and with ``config.serialize``, when no plan fits: ordering edges for the
-    lowest plan (:func:`tflms.schedule.memory_orders`), then the search again on the step with them.
+    lowest plan (:func:`tflms.schedule.memory_orders`), then the search again on the step with them
+    (step 4 of the module doc), then step 5: the lowest plan as ``make_plan`` finishes it
+    (:func:`tflms.schedule.finish`, with late triggers).
 
     Returns ``(tuned config or None, lowest predicted peak seen, orders, simulator)``: the
     orders are ``()`` and the simulator ``sim`` unless the search needed them (then it is the
-    ordered step's).
+    ordered step's). The orders and triggers of step 5 are not among them: ``make_plan`` makes
+    them again from the tuned config.
     """
-    tuned, lowest, lowest_swaps = _search(model, config, sim, budget)
+    tuned, lowest, lowest_swaps, lowest_knobs = _search(model, config, sim, budget)
     if tuned is not None or not config.serialize or not lowest_swaps:
         return tuned, lowest, (), sim
     from .schedule import _memory_orders
 
     orders, ordered_sim = _memory_orders(sim, lowest_swaps)
-    if not orders:
-        return tuned, lowest, (), sim
-    ordered = with_orders(model, orders)  # levels recomputed: the search's candidates read them
-    ordered_sim = ordered_sim._of(ordered)  # noqa: SLF001 (the search's simulator, of the same step)
-    tuned, ordered_lowest, _ = _search(ordered, config, ordered_sim, budget)
-    return tuned, min(lowest, ordered_lowest), orders, ordered_sim
+    if orders:
+        ordered = with_orders(model, orders)  # levels recomputed: the search's candidates read them
+        ordered_sim = ordered_sim._of(ordered)  # noqa: SLF001 (the search's simulator, of the same step)
+        tuned, ordered_lowest, ordered_swaps, ordered_knobs = _search(ordered, config, ordered_sim, budget)
+        if tuned is not None:
+            return tuned, min(lowest, ordered_lowest), orders, ordered_sim
+        if ordered_swaps:
+            lowest_knobs = ordered_knobs
+        lowest = min(lowest, ordered_lowest)
+    else:
+        ordered_sim = sim
+    finished = _finished_peak(ordered_sim, lowest_knobs) if lowest_knobs is not None else None
+    if finished is not None and finished <= budget:
+        return lowest_knobs, min(lowest, finished), orders, ordered_sim
+    return None, lowest if finished is None else min(lowest, finished), orders, ordered_sim
+
+
+def _finished_peak(sim: Simulator, config: LMSConfig) -> int:
+    """The predicted peak of the plan ``make_plan`` makes with the tuned ``config`` on ``sim``'s step."""
+    from .candidates import candidate_swaps
+    from .schedule import finish
+
+    swaps = sorted(candidate_swaps(sim.model, config)[: config.n_tensors], key=lambda s: (s.level, s.tensor))
+    swaps, _, finished = finish(sim, swaps, config)
+    return finished.peak(swaps)
 
 
 def tune(model: GraphModel, config: LMSConfig, sim: Simulator | None = None) -> LMSConfig:
@@ -234,7 +264,7 @@ def tune(model: GraphModel, config: LMSConfig, sim: Simulator | None = None) -> 
     if config.budget is None:
         raise ValueError("tune needs a budget. Received: budget=None")
     sim = sim or Simulator(model, config.host)
-    tuned, lowest, _ = _search(model, config, sim, config.budget)
+    tuned, lowest, *_ = _search(model, config, sim, config.budget)
     if tuned is None:
         raise BudgetError(config.budget, lowest, sim.peak())
     return tuned
@@ -247,9 +277,11 @@ def tune_ordered(
 
     When the search finds no plan within the budget, ``serialize=True`` orders the backward
     pass for the lowest plan it saw (:func:`tflms.schedule.memory_orders`) and searches again
-    on the step with those orders. Returns ``(tuned config, orders, simulator of the step with
-    the orders)`` (its ``.model``); ``orders`` is ``()`` (and the simulator ``sim``, or a new
-    one of ``model``) when the budget was met without them.
+    on the step with those orders; if that fails too, the tuned config may be the lowest plan's,
+    which fits once ``make_plan`` has triggered some of its swap-ins later
+    (:func:`tflms.schedule.late_triggers`; step 5 of the module doc). Returns ``(tuned config,
+    orders, simulator of the step with the orders)`` (its ``.model``); ``orders`` is ``()`` (and
+    the simulator ``sim``, or a new one of ``model``) when the budget was met without them.
     Raises :class:`BudgetError` as :func:`tune` does.
     """
     if config.budget is None:

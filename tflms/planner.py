@@ -115,11 +115,10 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         swaps = swaps[: config.n_tensors]
     swaps.sort(key=lambda s: (s.level, s.tensor))
     if config.serialize:  # also where no tensor qualifies: the orders alone can be the plan
-        from .schedule import _memory_orders
+        from .schedule import finish
 
-        more, ordered_sim = _memory_orders(sim, swaps)  # sim: of ``model`` (with the budget's orders)
-        if more:
-            orders, sim = orders + more, ordered_sim
+        swaps, more, sim = finish(sim, swaps, config)  # sim: of ``model`` (with the budget's orders)
+        orders += more
     if not swaps and not recomputes and not orders and not sums:
         return empty(
             f"no tensor qualifies (forward output >= min_bytes={config.min_bytes} with a backward "

@@ -40,19 +40,22 @@ that TensorFlow does not copy the variable before updating it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import networkx as nx
 
+from .devices import device_key
 from .graph import GraphModel, with_orders
 from .plan import Order
 from .simulator import Simulator
 
 if TYPE_CHECKING:
+    from .config import LMSConfig
     from .plan import Swap
 
-__all__ = ["memory_orders", "update_orders", "TOP", "MAX_ROUNDS", "MIN_GAIN", "LOOKAHEAD"]
+__all__ = ["memory_orders", "update_orders", "late_triggers", "finish", "TOP", "MAX_ROUNDS", "MIN_GAIN", "LOOKAHEAD"]
 
 #: Live buffers at the peak that the greedy pairs up (the largest).
 TOP = 8
@@ -255,3 +258,88 @@ def _orderable(model: GraphModel, op: str) -> bool:
                 elif kind != "IdentityN" and model.phase(c) == "backward":
                     return True
     return False
+
+
+def late_triggers(
+    sim: Simulator, swaps: Sequence[Swap], budget: int | None = None
+) -> tuple[list[Swap], tuple[Order, ...], Simulator]:
+    """Swap-ins that arrive by the predicted peak but are read only after it, triggered later.
+
+    A swap-in's trigger is an op on a path into its consumers, ``swapin_ahead`` levels before
+    them: at the latest, the op that produces one of the consumer's other inputs. Where the
+    consumer's other inputs are all ready well before it runs (the stem of DenseNet121:
+    ``batchnorm/mul_1/Mul_1`` reads the stem convolution's output, swapped in when
+    ``ReluGrad`` runs, and ``ReluGrad``'s output, while ``MaxPoolGrad``'s output is still
+    held), the swap-in is on the device at the peak without being read there. Per round, at the
+    position of the predicted peak (requested bytes), each such swap-in gets as trigger the
+    last backward op (on the device, not a constant or a shape op) that the schedule runs
+    before its first consumer, and each of its consumers an :class:`~tflms.plan.Order` after
+    that op, so that the simulator's schedule waits for it as the executor will (through the
+    swap-in). A round is kept if it lowers the allocator-chunk peak; rounds stop at ``budget``
+    (when given), when no swap-in moves, or after ``MAX_ROUNDS``.
+
+    Returns ``(swaps, orders, simulator of the model with the orders)``: ``(list(swaps), (),
+    sim)`` when no round pays off. The plan's other triggers are kept.
+    """
+    host_key = device_key(sim.host) if sim.host else None
+    best_swaps, orders, best_sim = list(swaps), [], sim
+    best = sim.peak(best_swaps)
+    for _ in range(MAX_ROUNDS):
+        if budget is not None and best <= budget:
+            break
+        model = best_sim.model
+        position, schedule = best_sim.requested_peak_position(best_swaps)
+        pos = {op: i for i, op in enumerate(schedule)}
+
+        moved, more = [], []
+        for s in best_swaps:
+            ins = []
+            for si in s.swap_ins:
+                start = max(pos.get(si.trigger, -1), pos.get(s.producer, -1)) if si.trigger else pos.get(s.producer, -1)
+                firsts = [pos.get(c) for c, _ in si.consumers]
+                first = min(firsts) if None not in firsts else None
+                trigger = None
+                if first is not None and 0 <= start <= position < first:
+                    later = reversed(schedule[position + 1 : first])
+                    trigger = next((op for op in later if _can_trigger(model, op, host_key)), None)
+                if trigger is None or any(nx.has_path(model.dag, c, trigger) for c, _ in si.consumers):
+                    ins.append(si)
+                    continue
+                ins.append(dataclasses.replace(si, trigger=trigger, trigger_level=model.level(trigger)))
+                more += [Order(op=c, after=trigger) for c, _ in si.consumers if not model.dag.has_edge(trigger, c)]
+            moved.append(dataclasses.replace(s, swap_ins=tuple(ins)) if ins != list(s.swap_ins) else s)
+        if moved == best_swaps:
+            break
+        more = sorted(set(more) - set(orders))
+        candidate = best_sim._ordered(more) if more else best_sim  # noqa: SLF001 (within the package)
+        peak = candidate.peak(moved, above=best)
+        if peak >= best:
+            break
+        best_swaps, orders, best_sim, best = moved, orders + more, candidate, peak
+    return best_swaps, tuple(orders), best_sim
+
+
+def _can_trigger(model: GraphModel, op: str, host_key: object) -> bool:
+    """A backward op on the device that computes data (not a constant or a shape op)."""
+    node = model.dag.nodes.get(op)
+    return (
+        node is not None
+        and model.phase(op) == "backward"
+        and node["type"] not in _UNORDERED_TYPES
+        and (host_key is None or device_key(node.get("device", "")) != host_key)
+    )
+
+
+def finish(sim: Simulator, swaps: list[Swap], config: LMSConfig) -> tuple[list[Swap], tuple[Order, ...], Simulator]:
+    """What :func:`tflms.make_plan` does with a plan's swaps, with ``config.serialize``: ordering
+    edges for them (:func:`memory_orders`), then, where ``config.budget`` is still not met,
+    later triggers (:func:`late_triggers`). Returns ``(swaps, the orders added, simulator of
+    the step with them)``; without ``serialize``, ``(swaps, (), sim)``. The autotuner predicts
+    a plan's peak with it (step 5 of :mod:`tflms.autotune`)."""
+    if not config.serialize:
+        return swaps, (), sim
+    orders, sim = _memory_orders(sim, swaps)
+    if config.budget is not None and sim.peak(swaps) > config.budget:
+        swaps, late, sim = late_triggers(sim, swaps, config.budget)
+        orders += late
+    return swaps, orders, sim

@@ -196,3 +196,74 @@ def test_a_plateau_is_crossed_by_tentative_rounds(monkeypatch):
     # Without look-ahead (one tentative round and no more) the first round pays nothing: no orders.
     monkeypatch.setattr("tflms.schedule.LOOKAHEAD", 1)
     assert memory_orders(model) == ((), model)
+
+
+def _stem_ops():
+    """DenseNet121's stem in miniature: the forward ``c`` (the stem convolution) is read again by
+    ``m1`` (a BatchNorm scale gradient) together with ``g`` (the ReLU gradient). The trigger rule
+    (an op on a path into the consumer, ``swapin_ahead`` levels before it) can only pick ``g``,
+    so ``c`` arrives while ``p`` (MaxPoolGrad's output, read by ``s``, the padding's gradient) is
+    still held; ``m``, which the executor runs between ``g`` and ``m1``, frees ``p`` first. The
+    plain step's peak is at ``t``, a backward temporary made while ``c`` waits on the device."""
+    big, bigger, small = f32(64, 256), f32(128, 256), f32(8)
+    return [
+        op("x", "Placeholder", outputs=[small]),
+        op("c", "Relu", ["x:0"], [big]),
+        op("f", "Sum", ["c:0"], [small]),
+        op("loss", "Sum", ["f:0"], [small]),
+        op(G + "t", "Tile", ["loss:0"], [f32(224, 256)]),
+        op(G + "t1", "Sum", [G + "t:0"], [small]),
+        op(G + "t2", "Neg", [G + "t1:0"], [small]),
+        op(G + "p", "Tile", [G + "t2:0"], [bigger]),
+        op(G + "s", "Slice", [G + "p:0"], [big]),
+        op(G + "g", "Neg", [G + "s:0"], [big]),
+        op(G + "m", "Mul", [G + "g:0"], [big]),
+        op(G + "m1", "Sum", [G + "g:0", "c:0"], [small]),
+        op(G + "out", "AddV2", [G + "m:0", G + "m1:0"], [big]),
+        op("update", "AssignSubVariableOp", [G + "out:0"], []),
+    ]
+
+
+def test_late_triggers_wait_for_the_op_that_runs_before_the_consumer():
+    from tflms.schedule import late_triggers
+
+    model = GraphModel.from_ops(_stem_ops())
+    plan = make_plan(model, LMSConfig(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1))
+    [swap] = plan.swaps
+    assert swap.tensor == "c:0" and [si.trigger for si in swap.swap_ins] == [G + "g"]
+    sim = Simulator(model)
+    order = sim.order
+    assert order.index(G + "g") + 1 == order.index(G + "m") == order.index(G + "m1") - 1
+    kib = lambda swaps, s=sim: [int(b) // 1024 for b in s.profile(swaps).requested]  # noqa: E731 (32-byte sums left out)
+    at = {name: order.index(G + name) for name in ("t", "g", "m", "m1")}
+    assert kib(())[at["t"]] == 64 + 224  # plain: c waits on the device while t is made
+    # Swapped: at g, p (freed one position after its reader s), g (in place of s) and c's swap-in.
+    assert kib(plan.swaps)[at["t"]] == 224 and kib(plan.swaps)[at["g"]] == 128 + 64 + 64
+    swaps, orders, late = late_triggers(sim, plan.swaps)
+    assert [si.trigger for s in swaps for si in s.swap_ins] == [G + "m"]
+    assert orders == (Order(op=G + "m1", after=G + "m"),)
+    assert late.model.dag.has_edge(G + "m", G + "m1") and late.order == order
+    # c's swap-in now arrives at m, where p is gone: g, m's output and the swap-in.
+    assert [kib(swaps, late)[at[k]] for k in ("g", "m", "m1")] == [128 + 64, 3 * 64, 3 * 64]
+    assert late.peak(swaps) < sim.peak(plan.swaps) and late.requested_peak_position(swaps)[0] == at["t"]
+    assert late_triggers(late, swaps)[1] == ()  # nothing left to move
+    # A budget the plan meets already: nothing moves.
+    assert late_triggers(sim, plan.swaps, budget=sim.peak(plan.swaps)) == (list(plan.swaps), (), sim)
+
+
+def test_a_budget_met_only_with_late_triggers_gets_them_from_make_plan():
+    from tflms.errors import BudgetError
+
+    model = GraphModel.from_ops(_stem_ops())
+    early = make_plan(model, LMSConfig(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1))
+    budget = early.peak_bytes_after - 1
+    with pytest.raises(BudgetError):
+        make_plan(model, LMSConfig(min_bytes=0, budget=budget, serialize=False))
+    plan = make_plan(model, LMSConfig(min_bytes=0, budget=budget, serialize=True))
+    assert [s.tensor for s in plan.swaps] == ["c:0"]
+    assert [si.trigger for si in plan.swaps[0].swap_ins] == [G + "m"]
+    assert plan.orders == (Order(op=G + "m1", after=G + "m"),)
+    assert plan.peak_bytes_after <= budget < plan.peak_bytes_before
+    assert SwapPlan.from_json(plan.to_json()) == plan
+    # Without a budget (or one the plan meets) the triggers stay where the planner put them.
+    assert make_plan(model, LMSConfig(min_bytes=0, swapout_threshold=1, swapin_ahead=1)).swaps == early.swaps
