@@ -250,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
                     **({"split_sums": True} if args.split_sums else {}),
                     **({"order_updates": True} if args.order_updates else {}),
                     "seconds": round(seconds, 1),
+                    "rel_tol": args.rel_tol,
                     "planned": time.strftime("%Y-%m-%d"),  # rows of other models keep their own date
                 }
             )
@@ -267,13 +268,17 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
 
         done = {setting(r) for r in rows}
-        old = json.loads(args.json.read_text())["rows"]
+        previous = json.loads(args.json.read_text())
+        rel_tol = previous["rel_tol"]  # the file's precision; a row searched at another one says so
+        old = [{**r, "rel_tol": r.get("rel_tol", rel_tol)} for r in previous["rows"]]
         rows = [r for r in old if setting(r) not in done] + rows
         rank = {name: i for i, name in enumerate([*BATCH_MODELS, "unet3d"])}
         rows.sort(key=lambda r: (rank.get(r["model"], len(rank)), *setting(r)[1:]))
+    else:
+        rel_tol = args.rel_tol
     save_result(
         args.json, "capacity", rows,
-        source="tflms simulator (predicted device peak), not a GPU measurement", rel_tol=args.rel_tol,
+        source="tflms simulator (predicted device peak), not a GPU measurement", rel_tol=rel_tol,
     )  # fmt: skip
     return 0
 

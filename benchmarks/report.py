@@ -84,9 +84,12 @@ def _plan_options(row: dict) -> str:
 
 
 def capacity(data: dict) -> str:
+    precision = data["rel_tol"]
+    other = any(r.get("rel_tol", precision) != precision for r in data["rows"])
     lines = [
-        f"_{_header(data)}; **simulator predictions**, search precision {data['rel_tol']:.0%}; planned: the day "
-        "of the row's run, with the simulator of that day_",
+        f"_{_header(data)}; **simulator predictions**, search precision {precision:.0%}"
+        + (" (a row searched at another says so)" if other else "")
+        + "; planned: the day of the row's run, with the simulator of that day_",
         "",
         "| model | budget | largest | without LMS | with LMS | ratio | no plan past (one op's working set) | planned |",
         "|---|---:|---|---:|---:|---:|---:|---|",
@@ -100,9 +103,12 @@ def capacity(data: dict) -> str:
         else:
             bound_text = f"{bound} (x{bound / base:.1f})" if base else str(bound)
         model = r["model"] + _plan_options(r)
+        planned = r.get("planned", "-")  # the simulator of that day
+        if r.get("rel_tol", precision) != precision:
+            planned += f", precision {r['rel_tol']:.1%}"
         lines.append(
             f"| {model} | {r['budget']} | {r['measure']} | {base} | {r['with_lms']} | {ratio} | {bound_text} "
-            f"| {r.get('planned', '-')} |"  # the simulator of that day
+            f"| {planned} |"
         )
     return "\n".join(lines)
 
