@@ -248,7 +248,7 @@ def test_late_triggers_off_the_consumers_path_keep_training_bit_identical():
 
     from tflms.graph import with_orders
     from tflms.rewrite import apply_plan
-    from tflms.schedule import _can_trigger
+    from tflms.schedule import _later_trigger
     from tflms.simulator import Simulator
 
     shared = zoo.shared("resnet50")
@@ -261,10 +261,8 @@ def test_late_triggers_off_the_consumers_path_keep_training_bit_identical():
     for s in plan.swaps:
         ins = []
         for si in s.swap_ins:
-            first = min(pos[c] for c, _ in si.consumers)
-            trigger = next((op for op in reversed(order[:first]) if _can_trigger(model, op, None)), None)
-            off_path = trigger is not None and pos[trigger] > pos[si.trigger or s.producer]
-            if off_path and not any(nx.has_path(model.dag, trigger, c) for c, _ in si.consumers):
+            trigger = _later_trigger(model, order, pos, si, pos[si.trigger or s.producer], None)
+            if trigger is not None and not any(nx.has_path(model.dag, trigger, c) for c, _ in si.consumers):
                 si = dataclasses.replace(si, trigger=trigger, trigger_level=model.level(trigger))
                 orders += [tflms.Order(op=c, after=trigger) for c, _ in si.consumers]
             ins.append(si)

@@ -36,6 +36,11 @@ Deterministic: candidates are tried in sorted order and ties keep the first.
 :func:`update_orders` (``LMSConfig.order_updates``) makes another kind of ordering edge: each
 in-place variable update waits for the ops still holding a value read from that variable, so
 that TensorFlow does not copy the variable before updating it.
+
+:func:`late_triggers` (step 5 of :mod:`tflms.autotune`, only where a budget needs it) moves the
+trigger of a swap-in that arrives by the peak but is read after it to the op that runs right
+before its consumer, with an ordering edge; :func:`finish` is what ``make_plan`` does with a
+plan's swaps (these orders, then late triggers where the budget is still not met).
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from .simulator import Simulator
 
 if TYPE_CHECKING:
     from .config import LMSConfig
-    from .plan import Swap
+    from .plan import Swap, SwapIn
 
 __all__ = ["memory_orders", "update_orders", "late_triggers", "finish", "TOP", "MAX_ROUNDS", "MIN_GAIN", "LOOKAHEAD"]
 
@@ -272,11 +277,13 @@ def late_triggers(
     ``ReluGrad`` runs, and ``ReluGrad``'s output, while ``MaxPoolGrad``'s output is still
     held), the swap-in is on the device at the peak without being read there. Per round, at the
     position of the predicted peak (requested bytes), each such swap-in gets as trigger the
-    last backward op (on the device, not a constant or a shape op) that the schedule runs
+    last backward op (on the device, not a constant, a shape op or a sum) that the schedule runs
     before its first consumer, and each of its consumers an :class:`~tflms.plan.Order` after
     that op, so that the simulator's schedule waits for it as the executor will (through the
-    swap-in). A round is kept if it lowers the allocator-chunk peak; rounds stop at ``budget``
-    (when given), when no swap-in moves, or after ``MAX_ROUNDS``.
+    swap-in); a swap-in that feeds a sum keeps its trigger (a control edge on a sum can change
+    how Grappler associates it, see :data:`tflms.planner.UNFENCED_TYPES`). A round is kept if
+    it lowers the allocator-chunk peak; rounds stop at ``budget`` (when given), when no swap-in
+    moves, or after ``MAX_ROUNDS``.
 
     Returns ``(swaps, orders, simulator of the model with the orders)``: ``(list(swaps), (),
     sim)`` when no round pays off. The plan's other triggers are kept.
@@ -296,13 +303,8 @@ def late_triggers(
             ins = []
             for si in s.swap_ins:
                 start = max(pos.get(si.trigger, -1), pos.get(s.producer, -1)) if si.trigger else pos.get(s.producer, -1)
-                firsts = [pos.get(c) for c, _ in si.consumers]
-                first = min(firsts) if None not in firsts else None
-                trigger = None
-                if first is not None and 0 <= start <= position < first:
-                    later = reversed(schedule[position + 1 : first])
-                    trigger = next((op for op in later if _can_trigger(model, op, host_key)), None)
-                if trigger is None or any(nx.has_path(model.dag, c, trigger) for c, _ in si.consumers):
+                trigger = _later_trigger(model, schedule, pos, si, position, host_key) if start >= 0 else None
+                if trigger is None or start > position:
                     ins.append(si)
                     continue
                 ins.append(dataclasses.replace(si, trigger=trigger, trigger_level=model.level(trigger)))
@@ -319,15 +321,32 @@ def late_triggers(
     return best_swaps, tuple(orders), best_sim
 
 
-def _can_trigger(model: GraphModel, op: str, host_key: object) -> bool:
-    """A backward op on the device that computes data (not a constant or a shape op)."""
-    node = model.dag.nodes.get(op)
-    return (
-        node is not None
-        and model.phase(op) == "backward"
-        and node["type"] not in _UNORDERED_TYPES
-        and (host_key is None or device_key(node.get("device", "")) != host_key)
-    )
+#: Sums: Grappler's arithmetic optimizer folds a tree of them into one ``AddN`` only where no
+#: member has a control edge (``tflms.planner.UNFENCED_TYPES``), so a late trigger on one, or an
+#: order on one, could change how a sum associates: neither is made.
+_SUM_TYPES = frozenset({"Add", "AddV2", "AddN"})
+
+
+def _later_trigger(
+    model: GraphModel, schedule: Sequence[str], pos: dict[str, int], si: SwapIn, after: int, host_key: object
+) -> str | None:
+    """The op :func:`late_triggers` would trigger ``si`` on: the last backward op on the device
+    that computes data (not a constant, a shape op or a sum) that ``schedule`` runs after
+    position ``after`` and before ``si``'s first consumer, and that no consumer leads to; None if
+    there is none, or if a consumer is a sum or not in ``schedule``."""
+    firsts = [pos.get(c) for c, _ in si.consumers]
+    if None in firsts or any(model.dag.nodes[c]["type"] in _SUM_TYPES for c, _ in si.consumers):
+        return None
+    for op in reversed(schedule[after + 1 : min(firsts)]):
+        node = model.dag.nodes.get(op)
+        if (
+            node is not None
+            and model.phase(op) == "backward"
+            and node["type"] not in _UNORDERED_TYPES | _SUM_TYPES
+            and (host_key is None or device_key(node.get("device", "")) != host_key)
+        ):
+            return None if any(nx.has_path(model.dag, c, op) for c, _ in si.consumers) else op
+    return None
 
 
 def finish(sim: Simulator, swaps: list[Swap], config: LMSConfig) -> tuple[list[Swap], tuple[Order, ...], Simulator]:
