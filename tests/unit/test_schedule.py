@@ -198,7 +198,7 @@ def test_a_plateau_is_crossed_by_tentative_rounds(monkeypatch):
     assert memory_orders(model) == ((), model)
 
 
-def _stem_ops():
+def _stem_ops(m1_type="Sum"):
     """DenseNet121's stem in miniature: the forward ``c`` (the stem convolution) is read again by
     ``m1`` (a BatchNorm scale gradient) together with ``g`` (the ReLU gradient). The trigger rule
     (an op on a path into the consumer, ``swapin_ahead`` levels before it) can only pick ``g``,
@@ -218,7 +218,7 @@ def _stem_ops():
         op(G + "s", "Slice", [G + "p:0"], [big]),
         op(G + "g", "Neg", [G + "s:0"], [big]),
         op(G + "m", "Mul", [G + "g:0"], [big]),
-        op(G + "m1", "Sum", [G + "g:0", "c:0"], [small]),
+        op(G + "m1", m1_type, [G + "g:0", "c:0"], [small]),
         op(G + "out", "AddV2", [G + "m:0", G + "m1:0"], [big]),
         op("update", "AssignSubVariableOp", [G + "out:0"], []),
     ]
@@ -249,6 +249,11 @@ def test_late_triggers_wait_for_the_op_that_runs_before_the_consumer():
     assert late_triggers(late, swaps)[1] == ()  # nothing left to move
     # A budget the plan meets already: nothing moves.
     assert late_triggers(sim, plan.swaps, budget=sim.peak(plan.swaps)) == (list(plan.swaps), (), sim)
+    # A swap-in that feeds a sum keeps its trigger (an order there could change how Grappler adds).
+    summed = GraphModel.from_ops(_stem_ops(m1_type="AddN"))
+    summed_plan = make_plan(summed, LMSConfig(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1))
+    assert [si.trigger for s in summed_plan.swaps for si in s.swap_ins] == [G + "g"]
+    assert late_triggers(Simulator(summed), summed_plan.swaps)[1] == ()
 
 
 def test_a_budget_met_only_with_late_triggers_gets_them_from_make_plan():
