@@ -3,6 +3,7 @@
 import networkx as nx
 
 from tflms import _tf_internal as tfi
+from tflms.devices import same_device
 from tflms.rewrite import (
     ORDER_SCOPE,
     RECOMPUTE_SCOPE,
@@ -11,9 +12,18 @@ from tflms.rewrite import (
     SWAP_OUT_SCOPE,
     is_landing,
     landing_name,
+    order_gate_name,
 )
 
 from conftest import DEVICE
+
+
+def through_order_gates(tensor):
+    """``tensor``, or what the order gates in front of it read (:func:`tflms.rewrite.order_gate_name`)."""
+    while tensor.op.type == "Identity" and f"/{ORDER_SCOPE}_" in tensor.op.name:
+        assert tensor.op.get_attr(SWAP_ATTR) == b"order"
+        tensor = tensor.op.inputs[0]
+    return tensor
 
 
 def swap_ops(graph):
@@ -50,17 +60,33 @@ def check_structure(cf, plan, device, host):
             assert land.get_attr("_grappler_do_not_remove") is True
             for consumer, index in si.consumers:
                 op = graph.get_operation_by_name(consumer)
-                assert op.inputs[index] is land.outputs[0]
+                assert through_order_gates(op.inputs[index]) is land.outputs[0]
                 assert op.device != host
     # Fences: the forward op waits for the swap-out (a control input from the host Identity).
     for fence in plan.fences:
         op = graph.get_operation_by_name(fence.op)
         assert by_tensor[fence.tensor] in op.control_inputs and op.device != host
-    # Orders: an op waits for another: a control input on the device, or (an update whose ``after``
-    # reaches it through the optimizer's IdentityN) on an Identity gate in front of that IdentityN.
+    # Orders: an op waits for another: a control input on the device; or (an update whose ``after``
+    # reaches it through the optimizer's IdentityN) on an Identity gate in front of that IdentityN;
+    # or (an order ``after`` already reaches) on Identity gates in front of the inputs it does not.
+    dag = nx.DiGraph()
+    for op in graph.get_operations():
+        dag.add_edges_from((t.op.name, op.name) for t in op.inputs)
+        dag.add_edges_from((c.name, op.name) for c in op.control_inputs)
     for i, order in enumerate(plan.orders):
         op = graph.get_operation_by_name(order.op)
         after = graph.get_operation_by_name(order.after)
+        implied = [t.op for t in op.inputs if t.op.inputs and t.op.name == order_gate_name(t.op.inputs[0].name, i)]
+        if implied:
+            assert after not in op.control_inputs and op.device != host
+            for gate in implied:
+                assert gate.type == "Identity" and after in gate.control_inputs
+                assert same_device(gate.device, op.device or device), (gate.device, op.device)
+                assert gate.get_attr("_grappler_do_not_remove") is True and gate.get_attr(SWAP_ATTR) == b"order"
+                assert not nx.has_path(dag, after.name, gate.inputs[0].op.name)  # it waits only through the gate
+            others = [t.op for t in op.inputs if t.op not in implied] + list(op.control_inputs)
+            assert any(nx.has_path(dag, after.name, o.name) for o in others)  # the edge was redundant
+            continue
         base = f"{ORDER_SCOPE}/{order.op}/{i}"
         gates = [g for g in graph.get_operations() if g.name == base or g.name.startswith(base + "_")]
         if not gates:
@@ -111,7 +137,7 @@ def check_recomputes(cf, plan):
             for consumer, index in group.consumers:
                 op = graph.get_operation_by_name(consumer)
                 # Read through a landing when the consumer is also fed by a swap: never the original.
-                assert op.inputs[index] is out, (consumer, index)
+                assert through_order_gates(op.inputs[index]) is out, (consumer, index)
 
 
 def check_clones_survive_grappler(cf, plan, optimized=None):

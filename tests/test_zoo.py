@@ -429,6 +429,51 @@ def test_the_measured_transformer_trains_bit_identically_with_swaps_recompute_an
             np.testing.assert_array_equal(a, b)
 
 
+def test_an_order_grappler_would_drop_waits_through_a_gate_in_the_graph_tensorflow_runs():
+    """The measured transformer's default plan orders its attention gradient's scaled softmax
+    (``mul_1``) after that gradient's ``mul``. In the step as written ``mul`` reaches ``mul_1``
+    already (through ``sub``): Grappler's dependency optimizer drops such a control edge, and its
+    push-down then makes ``mul_1`` the constant times the softmax, which ran as soon as the
+    softmax's swap-in landed (test bed, batch 8, 2026-11-27: median step 96 MiB with the edge,
+    88 MiB with the gate, 87 predicted). The rewrite gates the input ``mul`` does not reach: in
+    the graphs TensorFlow ran, ``mul_1`` reads the gate and the gate waits for ``mul``. The
+    negative control pins the TensorFlow fact: the same plan with the plain control edge loses
+    it. (Bit-identity of this plan: the test above, default options.)"""
+    import networkx as nx
+
+    from tflms.measure import build
+
+    _, x, y, step = build("transformer", 8)
+    cf = tf.function(step).get_concrete_function(x, y)
+    traced = tflms.GraphModel.from_func_graph(cf.graph)
+    new_cf, plan = tflms.optimize(cf, device=DEVICE, host=HOST)
+    implied = [(i, o) for i, o in enumerate(plan.orders) if nx.has_path(traced.dag, o.after, o.op)]
+    assert [o.op.rpartition("/")[2] for _, o in implied] == ["mul_1"], plan.orders
+    check_structure(new_cf, plan, DEVICE, HOST)
+
+    def ran(fn):
+        with tf.device(DEVICE), tflms.manual_memory_optimizer():
+            return {n.name: n for g in tfi.ran_graphs(lambda: fn(x, y)) for n in g.node}
+
+    graph = ran(new_cf)
+    for i, order in implied:
+        gates = [graph[name] for name in graph[order.op].input if f"/tflms_order_{i}" in name]
+        assert len(gates) == 1, graph[order.op].input
+        assert gates[0].op == "Identity" and f"^{order.after}" in gates[0].input
+    # The same plan with a control edge on the op itself (tflms before 2026-11-27): Grappler drops it.
+    edited = tfi.copy_graph(new_cf)
+    for i, order in implied:
+        op = edited.get_operation_by_name(order.op)
+        for k, t in enumerate(op.inputs):
+            if f"/tflms_order_{i}" in t.op.name:
+                tfi.update_input(op, k, t.op.inputs[0])
+        tfi.add_control_input(op, edited.get_operation_by_name(order.after))
+    graph = ran(tfi.rebuild(cf, edited))
+    for _, order in implied:
+        assert f"^{order.after}" not in graph[order.op].input
+        assert not any("tflms_order" in name for name in graph[order.op].input)
+
+
 @pytest.mark.parametrize("name", ["cnn", "transformer", pytest.param("resnet50", marks=pytest.mark.slow)])
 def test_recompute_is_bit_identical_and_structured(name):
     """With ``recompute=True`` the step trains bit-identically to the plain step, holds the

@@ -39,7 +39,9 @@ consumer is a clone then rewires the clone's input, as for any consumer.
 Fences (:class:`~tflms.plan.Fence`) are control inputs from a swap-out (on the host) to a
 forward op on the device: TensorFlow's partitioner turns such an edge into a send of a
 control signal after the host's ``Identity`` has its copy, so the op waits for the transfer.
-Orders (:class:`~tflms.plan.Order`) are control inputs between two backward ops on the device.
+Orders (:class:`~tflms.plan.Order`) are control inputs between two backward ops on the device;
+where ``after`` already reaches an op that Grappler's constant push-down rewrites, on ``Identity``
+gates in front of the inputs the op reads after the push-down (see :func:`_implied_orders`).
 
 Why the landing: the consumers then read a tensor of their own device, as in the
 plain step. Grappler leaves alone some rewrites whose inputs sit on another device:
@@ -190,11 +192,20 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
     swapped_out = {s.tensor: out for s, out in zip(plan.swaps, outs)}
     for fence in plan.fences:
         tfi.add_control_input(lookup("fence op", graph.get_operation_by_name, fence.op), swapped_out[fence.tensor].op)
+    implied = _implied_orders(graph, plan, gates)
     for i, order in enumerate(plan.orders):
         get = graph.get_operation_by_name
         ordered = lookup("ordered op", get, order.op)
         after = lookup("ordered op", get, order.after)
-        if i not in gates:
+        for index in implied.get(i, ()):
+            source = ordered.inputs[index]
+            with graph.as_default(), tf.control_dependencies(None), tf.device(ordered.device or device):
+                gate = tf.identity(source, name=order_gate_name(source.name, i))
+            tfi.add_control_input(gate.op, after)
+            tfi.set_attr(gate.op, "_grappler_do_not_remove", True)
+            tfi.set_attr(gate.op, SWAP_ATTR, "order")
+            tfi.update_input(ordered, index, gate)
+        if i not in gates and not implied.get(i):
             tfi.add_control_input(ordered, after)
             tfi.set_attr(ordered, SWAP_ATTR, "order")  # marks the step as rewritten (a plan may be orders only)
         for identity_n, index in gates.get(i, ()):
@@ -215,6 +226,86 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
         "order": len(plan.orders),
         "sum": n_sums,
     }
+
+
+def order_gate_name(tensor: str, i: int) -> str:
+    """Name of the ``Identity`` that gates input ``tensor`` of order ``i``'s op (see
+    :func:`_implied_orders`): under the tensor's producer, as a landing is, so that Grappler's
+    name sort of a commutative op's inputs is the plain step's.
+
+    >>> order_gate_name("f/Softmax/tflms_landing_0_0:0", 3)
+    'f/Softmax/tflms_landing_0_0/tflms_order_3'
+    """
+    op, _, index = tensor.rpartition(":")
+    return f"{op}/{ORDER_SCOPE}_{i}" + (f"_{index}" if index not in ("", "0") else "")
+
+
+def _implied_orders(graph: Any, plan: SwapPlan, gates: dict[int, list[tuple[Any, int]]]) -> dict[int, list[int]]:
+    """Per order on an op that Grappler's constant push-down rewrites, whose ``after`` already
+    reaches that op as written: the indices of the op's inputs to gate instead of a control edge.
+
+    Such an edge is redundant as written, so Grappler's dependency optimizer drops it; the
+    push-down then leaves the op reading none of the inputs through which ``after`` reached it
+    (``Mul(c, Mul(sub, y))`` becomes ``Mul(sub, Mul(c, y))``, and ``Mul(c, y)`` runs as soon as
+    ``y`` exists). The schedule's orders are made on the step after the push-down
+    (:func:`tflms.graph.with_constant_pushdown`), where such an order is not redundant: measured on
+    the test bed, the transformer's attention gradient's scaled softmax, ordered after the
+    gradient's ``mul``, ran as soon as its swap-in landed. Gated are the inputs the op reads after
+    the push-down that ``after`` does not reach (not a ``Const``, a resource or a variant). Any
+    other order keeps its control edge: an op the push-down leaves alone still waits through its
+    inputs (an order made redundant by a swap-in's trigger, as late triggers make, for one).
+    """
+    todo = [i for i in range(len(plan.orders)) if i not in gates]
+    if not todo:
+        return {}
+    dag = nx.DiGraph()
+    for op in graph.get_operations():
+        dag.add_node(op.name)
+        dag.add_edges_from((t.op.name, op.name) for t in op.inputs)
+        dag.add_edges_from((c.name, op.name) for c in op.control_inputs)
+    rank = {n: k for k, n in enumerate(nx.topological_sort(dag))}
+
+    def reaches(source: str, target: str) -> bool:
+        if source == target:
+            return True
+        stack, seen = [target], {target}
+        while stack:
+            for p in dag.predecessors(stack.pop()):
+                if p == source:
+                    return True
+                if p not in seen and rank[p] > rank[source]:
+                    seen.add(p)
+                    stack.append(p)
+        return False
+
+    redundant = [
+        i
+        for i in todo
+        if {plan.orders[i].op, plan.orders[i].after} <= dag.nodes.keys()
+        and reaches(plan.orders[i].after, plan.orders[i].op)
+    ]
+    if not redundant:
+        return {}
+    from .graph import GraphModel, with_constant_pushdown
+
+    executed, pairs = with_constant_pushdown(GraphModel.from_func_graph(graph))
+    pushed = {op for pair in pairs for op in pair}
+    implied = {}
+    for i in redundant:
+        order = plan.orders[i]
+        if order.op not in pushed:  # its inputs stay: it still waits through them
+            continue
+        op = graph.get_operation_by_name(order.op)
+        reads = set(executed.inputs_of[order.op])  # what it reads after the push-down
+        implied[i] = [
+            k
+            for k, t in enumerate(op.inputs)
+            if t.name in reads
+            and t.op.type != "Const"
+            and t.dtype not in (tf.resource, tf.variant)
+            and not reaches(order.after, t.op.name)
+        ]
+    return implied
 
 
 def _order_gates(graph: Any, plan: SwapPlan, lookup: Any) -> dict[int, list[tuple[Any, int]]]:
