@@ -100,6 +100,18 @@ def check_structure(cf, plan, device, host):
     return len(outs), len(ins)
 
 
+def check_orders_hold_when_run(ran, plan):
+    """Assert every order of ``plan`` still holds in the graphs TensorFlow ran (``ran``: name ->
+    NodeDef of :func:`tflms._tf_internal.ran_graphs`): its ``after`` reaches its op through data and
+    control inputs. (Grappler drops an edge that another path implies: the path must be there.)
+    Paths through another partition (a send and a receive) are not followed."""
+    dag = nx.DiGraph()
+    for node in ran.values():
+        dag.add_edges_from((i.lstrip("^").split(":")[0], node.name) for i in node.input)
+    lost = [o for o in plan.orders if not (o.op in dag and o.after in dag and nx.has_path(dag, o.after, o.op))]
+    assert not lost, f"{len(lost)} of {len(plan.orders)} orders do not hold in the graphs TensorFlow ran: {lost[:3]}"
+
+
 def check_survives_grappler(cf, device, optimized=None):
     """Every swap op is still in the graph Grappler makes of the function (``optimized``, if
     already made: :func:`tflms._tf_internal.grappler_optimize`)."""

@@ -12,7 +12,14 @@ from tflms import _tf_internal as tfi
 
 import zoo
 from conftest import DEVICE, HOST, SMALL
-from helpers import check_clones_survive_grappler, check_recomputes, check_structure, check_survives_grappler, swap_ops
+from helpers import (
+    check_clones_survive_grappler,
+    check_orders_hold_when_run,
+    check_recomputes,
+    check_structure,
+    check_survives_grappler,
+    swap_ops,
+)
 
 #: Models whose rewritten step is not bit-identical, with the tolerance held and why: none.
 #: Two causes found so far (issue 10), both avoided by tflms:
@@ -181,8 +188,8 @@ def test_resnet50_plan_lowers_the_predicted_peak():
 def test_memory_aware_schedule_keeps_training_bit_identical():
     """``serialize=True`` (the default) on a ResNet50 whose predicted peak is two BatchNorm
     gradients side by side (a projection block's main and shortcut branches): the same swaps
-    as ``serialize=False`` plus orders, a lower predicted peak, every order a control input,
-    and the same numbers as the plain step."""
+    as ``serialize=False`` plus orders, a lower predicted peak, every order a control input
+    that still holds in the graphs TensorFlow ran, and the same numbers as the plain step."""
     shared = zoo.shared("resnet50", batch=16, size=128)
     ordered, plan = tflms.optimize(shared.cf, device=DEVICE, **SMALL)
     assert plan.options["serialize"] is True
@@ -191,6 +198,10 @@ def test_memory_aware_schedule_keeps_training_bit_identical():
     assert plan.orders and plan.peak_bytes_after < unordered.peak_bytes_after
     assert all("_bn_" in o.op for o in plan.orders)  # BatchNorm gradients wait
     check_structure(ordered, plan, DEVICE, HOST)
+    shared.setup.reset()
+    with tf.device(DEVICE):
+        ran = {n.name: n for g in tfi.ran_graphs(lambda: ordered(shared.setup.x, shared.setup.y)) for n in g.node}
+    check_orders_hold_when_run(ran, plan)
     _assert_trains_bit_identically(shared, ordered)
 
 
@@ -436,9 +447,9 @@ def test_an_order_grappler_would_drop_waits_through_a_gate_in_the_graph_tensorfl
     push-down then makes ``mul_1`` the constant times the softmax, which ran as soon as the
     softmax's swap-in landed (test bed, batch 8, 2026-11-27: median step 96 MiB with the edge,
     88 MiB with the gate, 87 predicted). The rewrite gates the input ``mul`` does not reach: in
-    the graphs TensorFlow ran, ``mul_1`` reads the gate and the gate waits for ``mul``. The
-    negative control pins the TensorFlow fact: the same plan with the plain control edge loses
-    it. (Bit-identity of this plan: the test above, default options.)"""
+    the graphs TensorFlow ran, ``mul_1`` reads the gate and the gate waits for ``mul``, and every
+    order holds. The negative control pins the TensorFlow fact: the same plan with the plain
+    control edge loses it. (Bit-identity of this plan: the test above, default options.)"""
     import networkx as nx
 
     from tflms.measure import build
@@ -456,6 +467,7 @@ def test_an_order_grappler_would_drop_waits_through_a_gate_in_the_graph_tensorfl
             return {n.name: n for g in tfi.ran_graphs(lambda: fn(x, y)) for n in g.node}
 
     graph = ran(new_cf)
+    check_orders_hold_when_run(graph, plan)
     for i, order in implied:
         gates = [graph[name] for name in graph[order.op].input if f"/tflms_order_{i}" in name]
         assert len(gates) == 1, graph[order.op].input
@@ -469,6 +481,8 @@ def test_an_order_grappler_would_drop_waits_through_a_gate_in_the_graph_tensorfl
                 tfi.update_input(op, k, t.op.inputs[0])
         tfi.add_control_input(op, edited.get_operation_by_name(order.after))
     graph = ran(tfi.rebuild(cf, edited))
+    with pytest.raises(AssertionError, match="1 of 5 orders do not hold"):
+        check_orders_hold_when_run(graph, plan)
     for _, order in implied:
         assert f"^{order.after}" not in graph[order.op].input
         assert not any("tflms_order" in name for name in graph[order.op].input)
