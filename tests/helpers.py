@@ -103,11 +103,17 @@ def check_structure(cf, plan, device, host):
 def check_orders_hold_when_run(ran, plan):
     """Assert every order of ``plan`` still holds in the graphs TensorFlow ran (``ran``: name ->
     NodeDef of :func:`tflms._tf_internal.ran_graphs`): its ``after`` reaches its op through data and
-    control inputs. (Grappler drops an edge that another path implies: the path must be there.)
-    Paths through another partition (a send and a receive) are not followed."""
+    control inputs, and from each send to the receive of the same transfer (another partition's).
+    (Grappler drops an edge that another path implies: the path must be there.)"""
     dag = nx.DiGraph()
+    sends: dict[bytes, list[str]] = {}
     for node in ran.values():
         dag.add_edges_from((i.lstrip("^").split(":")[0], node.name) for i in node.input)
+        if node.op in ("_Send", "_HostSend"):
+            sends.setdefault(node.attr["tensor_name"].s, []).append(node.name)
+    for node in ran.values():
+        if node.op in ("_Recv", "_HostRecv"):
+            dag.add_edges_from((send, node.name) for send in sends.get(node.attr["tensor_name"].s, ()))
     lost = [o for o in plan.orders if not (o.op in dag and o.after in dag and nx.has_path(dag, o.after, o.op))]
     assert not lost, f"{len(lost)} of {len(plan.orders)} orders do not hold in the graphs TensorFlow ran: {lost[:3]}"
 

@@ -285,6 +285,10 @@ def test_late_triggers_off_the_consumers_path_keep_training_bit_identical():
     step = tfi.rebuild(shared.cf, graph)
     check_structure(step, late, DEVICE, HOST)
     check_survives_grappler(step, DEVICE)
+    shared.setup.reset()
+    with tf.device(DEVICE):
+        ran = {n.name: n for g in tfi.ran_graphs(lambda: step(shared.setup.x, shared.setup.y)) for n in g.node}
+    check_orders_hold_when_run(ran, late)
     _assert_trains_bit_identically(shared, step)
 
 
