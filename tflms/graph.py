@@ -28,6 +28,7 @@ __all__ = [
     "BACKWARD_SCOPES",
     "UPDATE_OP_TYPES",
     "ALIAS_OP_TYPES",
+    "SUM_OP_TYPES",
     "with_recomputes",
     "with_orders",
     "with_constant_pushdown",
@@ -39,6 +40,11 @@ BACKWARD_SCOPES = ("gradient_tape", "gradients")
 
 #: Op types that write variables: the optimizer update.
 UPDATE_OP_TYPES = frozenset({"AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp"})
+
+#: Sums. Grappler's arithmetic optimizer folds a tree of them into one ``AddN`` (``AddOpsRewrite``)
+#: only where no member has a control edge, so a control edge on one (a fence, an order) can
+#: change how the sum associates, and the step's numbers.
+SUM_OP_TYPES = frozenset({"Add", "AddV2", "AddN"})
 
 #: Op types whose output shares its first input's buffer (no new allocation).
 ALIAS_OP_TYPES = frozenset(

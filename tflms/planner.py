@@ -61,7 +61,7 @@ from collections.abc import Mapping
 from ._util import format_bytes, format_sizes
 from .candidates import EXCLUDED_DTYPES, EXCLUDED_PRODUCER_TYPES, candidate_swaps, is_collective
 from .config import LMSConfig, resolve_swapout_window
-from .graph import GraphModel
+from .graph import SUM_OP_TYPES, GraphModel
 from .plan import Fence, Swap, SwapPlan
 from .simulator import Simulator
 
@@ -144,7 +144,7 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
 #: one ``AddN`` (``AddOpsRewrite``) only where no member has a control input, so a fence on
 #: one changes how the sum associates, and the step's numbers (one ULP in the second loss of
 #: ``tflms.measure``'s transformer, on a layer norm's ``AddV2``, 2026-11-25).
-UNFENCED_TYPES = frozenset({"Add", "AddV2", "AddN"})
+UNFENCED_TYPES = SUM_OP_TYPES
 
 
 def fences_for(pos: Mapping[str, int], swaps: list[Swap], window: int) -> tuple[Fence, ...]:

@@ -258,31 +258,12 @@ def _implied_orders(graph: Any, plan: SwapPlan, gates: dict[int, list[tuple[Any,
     todo = [i for i in range(len(plan.orders)) if i not in gates]
     if not todo:
         return {}
-    dag = nx.DiGraph()
-    for op in graph.get_operations():
-        dag.add_node(op.name)
-        dag.add_edges_from((t.op.name, op.name) for t in op.inputs)
-        dag.add_edges_from((c.name, op.name) for c in op.control_inputs)
-    rank = {n: k for k, n in enumerate(nx.topological_sort(dag))}
-
-    def reaches(source: str, target: str) -> bool:
-        if source == target:
-            return True
-        stack, seen = [target], {target}
-        while stack:
-            for p in dag.predecessors(stack.pop()):
-                if p == source:
-                    return True
-                if p not in seen and rank[p] > rank[source]:
-                    seen.add(p)
-                    stack.append(p)
-        return False
-
+    dag = _op_dag(graph)
     redundant = [
         i
         for i in todo
         if {plan.orders[i].op, plan.orders[i].after} <= dag.nodes.keys()
-        and reaches(plan.orders[i].after, plan.orders[i].op)
+        and nx.has_path(dag, plan.orders[i].after, plan.orders[i].op)
     ]
     if not redundant:
         return {}
@@ -303,7 +284,7 @@ def _implied_orders(graph: Any, plan: SwapPlan, gates: dict[int, list[tuple[Any,
             if t.name in reads
             and t.op.type != "Const"
             and t.dtype not in (tf.resource, tf.variant)
-            and not reaches(order.after, t.op.name)
+            and not nx.has_path(dag, order.after, t.op.name)
         ]
     return implied
 
@@ -353,6 +334,16 @@ def _identity_n_inputs(op: Any) -> list[tuple[Any, int]]:
     return found
 
 
+def _op_dag(graph: Any) -> nx.DiGraph:
+    """The ops of ``graph`` (by name) with their data and control edges."""
+    dag = nx.DiGraph()
+    for op in graph.get_operations():
+        dag.add_node(op.name)
+        dag.add_edges_from((t.op.name, op.name) for t in op.inputs)
+        dag.add_edges_from((c.name, op.name) for c in op.control_inputs)
+    return dag
+
+
 def _check_acyclic(graph: Any, plan: SwapPlan, gates: dict[int, list[tuple[Any, int]]] | None = None) -> None:
     """Refuse, before any edit but the sums', a plan whose ordering edges would make a cycle.
 
@@ -363,11 +354,7 @@ def _check_acyclic(graph: Any, plan: SwapPlan, gates: dict[int, list[tuple[Any, 
     a consumer); TensorFlow would only refuse the graph when the step first runs. Names
     the graph does not have are left to the lookups that report them.
     """
-    dag = nx.DiGraph()
-    for op in graph.get_operations():
-        dag.add_node(op.name)
-        dag.add_edges_from((t.op.name, op.name) for t in op.inputs)
-        dag.add_edges_from((c.name, op.name) for c in op.control_inputs)
+    dag = _op_dag(graph)
     added: dict[tuple[str, str], str] = {}
     for s in plan.swaps:
         for si in s.swap_ins:

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING
 import networkx as nx
 
 from .devices import device_key
-from .graph import GraphModel, with_orders
+from .graph import SUM_OP_TYPES, GraphModel, with_orders
 from .plan import Order
 from .simulator import Simulator
 
@@ -281,7 +281,7 @@ def late_triggers(
     before its first consumer, and each of its consumers an :class:`~tflms.plan.Order` after
     that op, so that the simulator's schedule waits for it as the executor will (through the
     swap-in); a swap-in that feeds a sum keeps its trigger (a control edge on a sum can change
-    how Grappler associates it, see :data:`tflms.planner.UNFENCED_TYPES`). A round is kept if
+    how Grappler associates it, see :data:`tflms.graph.SUM_OP_TYPES`). A round is kept if
     it lowers the allocator-chunk peak; rounds stop at ``budget`` (when given), when no swap-in
     moves, or after ``MAX_ROUNDS``.
 
@@ -321,12 +321,6 @@ def late_triggers(
     return best_swaps, tuple(orders), best_sim
 
 
-#: Sums: Grappler's arithmetic optimizer folds a tree of them into one ``AddN`` only where no
-#: member has a control edge (``tflms.planner.UNFENCED_TYPES``), so a late trigger on one, or an
-#: order on one, could change how a sum associates: neither is made.
-_SUM_TYPES = frozenset({"Add", "AddV2", "AddN"})
-
-
 def _later_trigger(
     model: GraphModel, schedule: Sequence[str], pos: dict[str, int], si: SwapIn, after: int, host_key: object
 ) -> str | None:
@@ -335,14 +329,15 @@ def _later_trigger(
     position ``after`` and before ``si``'s first consumer, and that no consumer leads to; None if
     there is none, or if a consumer is a sum or not in ``schedule``."""
     firsts = [pos.get(c) for c, _ in si.consumers]
-    if None in firsts or any(model.dag.nodes[c]["type"] in _SUM_TYPES for c, _ in si.consumers):
+    # Sums: a late trigger or an order on one could change how it associates (SUM_OP_TYPES).
+    if None in firsts or any(model.dag.nodes[c]["type"] in SUM_OP_TYPES for c, _ in si.consumers):
         return None
     for op in reversed(schedule[after + 1 : min(firsts)]):
         node = model.dag.nodes.get(op)
         if (
             node is not None
             and model.phase(op) == "backward"
-            and node["type"] not in _UNORDERED_TYPES | _SUM_TYPES
+            and node["type"] not in _UNORDERED_TYPES | SUM_OP_TYPES
             and (host_key is None or device_key(node.get("device", "")) != host_key)
         ):
             return None if any(nx.has_path(model.dag, c, op) for c, _ in si.consumers) else op
