@@ -133,7 +133,7 @@ def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig, checked: b
     swap_ins = []
     for group in group_by_level(far, config.swapin_groupby):
         first_level, first_op, _ = group[0]
-        trigger = _find_trigger(model, first_op, first_level - config.swapin_ahead, level, config)
+        trigger = _find_trigger(model, first_op, first_level - config.swapin_ahead, t.op, config)
         if trigger is None:
             return None  # nothing would hold the swap-in back: it would come back right after it left
         swap_ins.append(
@@ -179,31 +179,50 @@ def _waits_for_backward(model: GraphModel, op: str) -> bool:
     return any(nodes[a]["phase"] == "backward" for a in nx.ancestors(model.dag, op))
 
 
-def _find_trigger(
-    model: GraphModel, consumer: str, target_level: int, producer_level: int, config: LMSConfig
-) -> str | None:
+def _find_trigger(model: GraphModel, consumer: str, target_level: int, producer: str, config: LMSConfig) -> str | None:
     """The swap-in trigger for a group whose first consumer is ``consumer``.
 
     The lowest-level backward ancestor of ``consumer`` with level >= ``target_level``
     (and above the producer); when there is none in that window, the highest-level
     backward ancestor below it. Levels strictly grow along edges, so only
     ancestors above the relevant level are walked.
-    """
 
-    def eligible(data: dict) -> bool:
+    A tensor of the backward pass (``swap_gradients``) gets only a trigger that descends
+    from its producer: a sibling of the producer (both read the same gradient, e.g. a
+    BatchNorm gradient's ``moments/Mul`` next to its ``moments/sub``) may run before it,
+    and the swap-in would then come back as soon as it left, freeing nothing. A forward
+    tensor's trigger is not checked so: it is a backward op, which in the test models
+    always descends from the forward tensor through the loss
+    (``tests/test_useful_swaps.py``), and the check would walk most of the step per tensor.
+    """
+    nodes = model.dag.nodes
+    producer_level = nodes[producer]["level"]
+    low = max(target_level, producer_level + 1)
+    after = None
+    if nodes[producer]["phase"] == "backward":
+        # Every path from the producer to the consumer runs through ancestors of the consumer above the producer.
+        below = _ancestors_down_to(model, consumer, producer_level + 1)
+        after = nx.descendants(model.dag.subgraph([u for u, _ in below] + [producer]), producer)
+        window = [(u, lu) for u, lu in below if lu >= low]
+    else:
+        window = below = _ancestors_down_to(model, consumer, low)
+
+    def eligible(u: str) -> bool:
+        data = nodes[u]
         return (
             data["phase"] == "backward"
             and not is_collective(data["type"])
             and data["type"] not in CONTROL_FLOW_OP_TYPES
             and not same_device(data["device"], config.host)
+            and (after is None or u in after)
         )
 
-    window = _ancestors_down_to(model, consumer, max(target_level, producer_level + 1))
-    in_window = [(lu, u) for u, lu in window if eligible(model.dag.nodes[u])]
+    in_window = [(lu, u) for u, lu in window if eligible(u)]
     if in_window:
         return min(in_window)[1]
-    below = _ancestors_down_to(model, consumer, producer_level + 1)
-    earlier = [(-lu, u) for u, lu in below if lu < target_level and eligible(model.dag.nodes[u])]
+    if after is None:
+        below = _ancestors_down_to(model, consumer, producer_level + 1)
+    earlier = [(-lu, u) for u, lu in below if lu < target_level and eligible(u)]
     return min(earlier)[1] if earlier else None
 
 

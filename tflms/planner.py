@@ -22,7 +22,10 @@ Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`
   consumer, at level >= (first consumer's level - ``swapin_ahead``) and above the
   producer; the lowest such level wins, ties broken by name. When that window
   holds none, the highest-level backward ancestor below it is used; with no
-  backward ancestor at all, there is no trigger.
+  backward ancestor at all, there is no trigger. A tensor of the backward pass
+  (``swap_gradients``) takes only a trigger that descends from its producer: a sibling
+  (an op reading the same gradient) may run first, and the swap-in would then come back
+  as soon as it left. With no trigger, the tensor is not swapped.
 * ``n_tensors`` keeps the largest candidates (bytes, then distance, then name).
 * ``budget`` (bytes) hands the choice of ``swapout_threshold``, ``swapin_ahead``,
   ``swapin_groupby`` and ``n_tensors`` to :mod:`tflms.autotune`.

@@ -168,7 +168,7 @@ def _chain(
     groups = []
     for si in swap.swap_ins:
         first_op = min(si.consumers, key=lambda c: (nodes[c[0]]["level"], c))[0]
-        trigger = _find_trigger(model, first_op, si.level - 1, swap.level, config)
+        trigger = _find_trigger(model, first_op, si.level - 1, swap.producer, config)
         if trigger is None:
             return None
         groups.append(SwapIn(si.consumers, trigger, si.level, nodes[trigger]["level"]))
