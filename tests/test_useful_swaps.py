@@ -2,7 +2,8 @@
 
 Left out of every plan: tensors that are views of a buffer that stays on the device
 anyway (a weight, the step's input, a constant), swap-ins for readers that need only a
-shape, swap-ins with no trigger (they would come straight back), and tensors below
+shape, swap-ins with no trigger (they would come straight back) or, for a tensor of the
+backward pass, with a trigger that does not descend from its producer (the same), and tensors below
 ``min_bytes`` (by default 256 KiB, which leaves out ResNet50's ``[1, 1, 1, C]``
 BatchNorm tensors). Checked on the traced training steps of ResNet50, the test bed's
 transformer and a U-Net traced with an unknown batch size (whose gradient has Shape ops).
