@@ -106,8 +106,9 @@ def test_a_swapped_gradient_comes_back_only_after_a_trigger_that_follows_its_pro
 
     A sibling (a BatchNorm or LayerNorm gradient's ``moments/Mul`` next to its ``moments/sub``,
     or the ``moments/scalar`` constant that waits for the same gradient) may run before the
-    producer; its swap-in would then come back as soon as it left, freeing nothing and
-    costing two transfers. Such tensors are left out of the candidates.
+    producer; its swap-in would then come back as soon as it left, freeing the tensor only
+    for its round trip over the link (which the simulator cannot credit) at the cost of two
+    transfers. Such tensors are left out of the candidates.
     """
     cf, batch_size = CASES[name]()
     model = tflms.GraphModel.from_func_graph(cf.graph, batch_size=batch_size)

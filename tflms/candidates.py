@@ -190,9 +190,10 @@ def _find_trigger(model: GraphModel, consumer: str, target_level: int, producer:
     A tensor of the backward pass (``swap_gradients``) gets only a trigger that descends
     from its producer: a sibling of the producer (both read the same gradient, e.g. a
     BatchNorm gradient's ``moments/Mul`` next to its ``moments/sub``) may run before it,
-    and the swap-in would then come back as soon as it left, freeing nothing. A forward
-    tensor's trigger is not checked so: it is a backward op, which in the test models
-    always descends from the forward tensor through the loss
+    and the swap-in would then come back as soon as it left: it would free the tensor only
+    for its round trip over the link, which the simulator (it has no time) cannot credit.
+    A forward tensor's trigger is not checked so: it is a backward op, which in the test
+    models always descends from the forward tensor through the loss
     (``tests/test_useful_swaps.py``), and the check would walk most of the step per tensor.
     """
     nodes = model.dag.nodes
