@@ -17,7 +17,9 @@ with ``swapout_window=--window``) and ``budget`` (``tflms.function(budget=fracti
 autotuned to the cap). A *variant* adds modifiers to a mode (:func:`parse_variant`):
 ``tflms/w0`` has no fences (the default before 2026-11-26), ``tflms/w4`` four swap-outs in
 flight, ``tflms/p8`` bounds how many kernels the executor enqueues ahead of the GPU
-(``GPUOptions.experimental.kernel_tracker_max_pending``, set when TensorFlow starts).
+(``GPUOptions.experimental.kernel_tracker_max_pending``, set when TensorFlow starts), and the
+letters ``g``, ``s``, ``o``, ``r`` turn on the plan options that are off by default
+(``swap_gradients``, ``split_sums``, ``order_updates``, ``recompute``): ``budget/g/s``.
 
 Phases, each written to the JSON as it ends:
 
@@ -30,7 +32,7 @@ Phases, each written to the JSON as it ends:
    it, up to twice it, when every batch tried fit: :func:`next_batches`); the
    budget runs take ``--search-modifiers`` (``auto``: those of the compare run with the lowest
    measured / predicted peak);
-4. ``timed``: alone on the GPU (under ``--timed-cap``), plain, ``tflms/w0`` (no fences),
+4. ``timed`` (unless ``--skip-timed``): alone on the GPU (under ``--timed-cap``), plain, ``tflms/w0`` (no fences),
    tflms (default options) and tflms with the search's modifiers (unless the default has them) at the
    largest plain batch, and budget at its largest:
    step time, measured and predicted peak, bytes over the link per step and the rate that
@@ -79,26 +81,32 @@ def _gpu_setup(cap: int | None, max_pending: int = 0) -> None:
 #: and ``kernel_tracker_max_pending=8``; ``w0`` is ``swapout_window=None`` (no fences; without a
 #: ``w``, the default ``'auto'``: fences on a GPU). ``fenced`` is ``tflms/w<--window>``.
 MODES = ("plain", "tflms", "fenced", "budget")
+#: Modifiers of one letter: a plan option that is off by default, turned on.
+OPTION_FLAGS = {"g": "swap_gradients", "s": "split_sums", "o": "order_updates", "r": "recompute"}
 
 
-def parse_variant(spec: str) -> tuple[str, dict[str, int]]:
-    """``'budget/w2/p8'`` -> ``('budget', {'window': 2, 'max_pending': 8})``.
+def parse_variant(spec: str) -> tuple[str, dict]:
+    """``'budget/w2/p8/g'`` -> ``('budget', {'window': 2, 'max_pending': 8, 'flags': 'g'})``.
 
     >>> parse_variant("tflms/w4")
-    ('tflms', {'window': 4, 'max_pending': 0})
-    >>> parse_variant("budget")
-    ('budget', {'window': -1, 'max_pending': 0})
+    ('tflms', {'window': 4, 'max_pending': 0, 'flags': ''})
+    >>> parse_variant("budget/s/g")
+    ('budget', {'window': -1, 'max_pending': 0, 'flags': 'gs'})
     """
     mode, *mods = spec.split("/")
     if mode not in MODES:
         raise argparse.ArgumentTypeError(f"variant {spec!r}: mode {mode!r} is not one of {', '.join(MODES)}")
-    out = {"window": -1, "max_pending": 0}  # -1: swapout_window left at its default
+    out = {"window": -1, "max_pending": 0, "flags": ""}  # -1: swapout_window left at its default
     for m in mods:
+        if m in OPTION_FLAGS and mode != "plain" and m not in out["flags"]:
+            out["flags"] = "".join(sorted(out["flags"] + m))
+            continue
         key = {"w": "window", "p": "max_pending"}.get(m[:1])
         if key is None or not m[1:].isdigit() or mode == "plain" and key == "window":
             raise argparse.ArgumentTypeError(
-                f"variant {spec!r}: modifier {m!r} is not wN (swapout_window, w0: None; not for plain) or pN "
-                "(kernel_tracker_max_pending)"
+                f"variant {spec!r}: modifier {m!r} is not wN (swapout_window, w0: None; not for plain), pN "
+                "(kernel_tracker_max_pending) or, once each and not for plain, one of "
+                + ", ".join(f"{k} ({v})" for k, v in OPTION_FLAGS.items())
             )
         out[key] = int(m[1:])
     return mode, out
@@ -140,6 +148,7 @@ def probe(
     budget: int,
     window: int = -1,
     max_pending: int = 0,
+    flags: str = "",
 ) -> dict:
     """Train ``steps`` timed steps at ``batch`` in ``mode``; return measurements (in a subprocess)."""
     _gpu_setup(cap, max_pending)
@@ -173,6 +182,7 @@ def probe(
     else:
         options = {"budget": budget} if mode == "budget" else {}
         options |= {"swapout_window": window or None} if window >= 0 else {}  # -1: the default
+        options |= {OPTION_FLAGS[f]: True for f in flags}
         fn = tflms.function(step, **options)
         plan = fn.get_plan(x, y)
         predicted = plan.peak_bytes_after
@@ -199,6 +209,8 @@ def probe(
         "fences": len(plan.fences) if plan else 0,
         **({"swapout_window": plan.options["swapout_window"]} if plan else {}),
         **({"kernel_tracker_max_pending": max_pending} if max_pending else {}),
+        **({"options_on": [OPTION_FLAGS[f] for f in flags]} if flags else {}),
+        "recomputes": len(plan.recomputes) if plan else 0,
         **({"budget_bytes": budget} if mode == "budget" else {}),
         "cap_bytes": cap,
         "link_bytes_per_step": link,
@@ -232,7 +244,7 @@ def attempt(args: argparse.Namespace, batch: int, spec: str, steps: int | None =
     window = args.window if mode == "fenced" and mods["window"] < 0 else mods["window"]
     extra = ["--probe", "--batch", str(batch), "--mode", mode, "--steps", str(steps or args.steps),
              "--cap", str(cap or args.cap), "--budget-bytes", str(int(args.fraction * args.cap)),
-             "--window", str(window), "--max-pending", str(mods["max_pending"])]  # fmt: skip
+             "--window", str(window), "--max-pending", str(mods["max_pending"]), "--flags", mods["flags"]]  # fmt: skip
     t0 = time.perf_counter()
     r = _subprocess(args, extra, args.timeout)
     r.update(batch=batch, mode=mode, variant=spec, wall_s=round(time.perf_counter() - t0, 1))
@@ -310,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                         "'auto': those of the --compare run with the lowest measured / predicted peak")  # fmt: skip
     parser.add_argument("--steps", type=int, default=3, help="measured steps per search attempt")
     parser.add_argument("--timed-steps", type=int, default=10, help="measured steps per timed run")
+    parser.add_argument("--skip-timed", action="store_true", help="no timed phase: stop after the search")
     parser.add_argument("--timed-cap", type=parse_bytes, default=None,
                         help="cap of the timed runs (default --cap; above the peaks, none is clipped)")  # fmt: skip
     parser.add_argument("--jobs", type=int, default=8, help="search attempts side by side")
@@ -322,13 +335,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--budget-bytes", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--max-pending", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--flags", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.search_modifiers != "auto":
+        try:
+            parse_variant("budget" + args.search_modifiers)
+        except argparse.ArgumentTypeError as e:
+            parser.error(f"--search-modifiers {args.search_modifiers!r}: {e}")
     if args.bandwidth:
         print(json.dumps(bandwidth()), flush=True)
         return 0
     if args.probe:
-        r = probe(args.model, args.image_size, args.batch, args.mode, args.steps, args.cap,
-                  args.budget_bytes or int(args.fraction * args.cap), args.window, args.max_pending)  # fmt: skip
+        budget = args.budget_bytes or int(args.fraction * args.cap)
+        r = probe(args.model, args.image_size, args.batch, args.mode, args.steps, args.cap, budget,
+                  args.window, args.max_pending, args.flags)  # fmt: skip
         print(json.dumps(r), flush=True)
         return 0
 
@@ -393,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     result["max_batch_plain"], result["max_batch_budget"] = plain_max, budget_max
     save()
     print(f"largest batch under the cap: plain {plain_max}, tflms ({budget_spec}) {budget_max}", flush=True)
+    if args.skip_timed:
+        print(f"wrote {args.json}")
+        return 0
     timed_cap = args.timed_cap or args.cap
     print(f"timed, alone, each under a {timed_cap / MIB:,.0f} MiB cap:", flush=True)
     timed: list[dict] = []

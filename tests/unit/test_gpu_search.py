@@ -4,7 +4,10 @@ that did not, or above it when every batch tried trained)."""
 
 import doctest
 import importlib.util
+import re
 from pathlib import Path
+
+import pytest
 
 _spec = importlib.util.spec_from_file_location("gpu_bench", Path(__file__).parents[2] / "benchmarks" / "gpu.py")
 gpu = importlib.util.module_from_spec(_spec)
@@ -24,3 +27,12 @@ def test_second_round_grows_when_every_batch_trained_and_refines_after_a_failure
     runs.append({"variant": "budget", "batch": 192, "ok": False})
     assert gpu.next_batches(*gpu.largest_trained(runs, "budget"), 4) == [166, 172, 179, 185]
     assert gpu.next_batches(*gpu.largest_trained(runs, "plain"), 4) == []  # nothing trained
+
+
+def test_option_modifiers_turn_on_plan_options_once_each_and_not_for_plain():
+    assert gpu.parse_variant("budget/g/s/o") == ("budget", {"window": -1, "max_pending": 0, "flags": "gos"})
+    assert gpu.parse_variant("tflms/w2/r")[1] == {"window": 2, "max_pending": 0, "flags": "r"}
+    assert {gpu.OPTION_FLAGS[f] for f in "gsor"} == {"swap_gradients", "split_sums", "order_updates", "recompute"}
+    for bad in ("plain/g", "budget/g/g", "budget/x", "budget/g2"):
+        with pytest.raises(gpu.argparse.ArgumentTypeError, match=re.escape(repr(bad))):
+            gpu.parse_variant(bad)
