@@ -438,7 +438,13 @@ def _variant_label(r: dict) -> str:
             words.append(f"`swapout_window={m[1:]}`")
         elif m.startswith("p"):
             words.append(f"`kernel_tracker_max_pending={m[1:]}`")
+        elif m in _OPTION_FLAGS:
+            words.append(f"`{_OPTION_FLAGS[m]}`")
     return ", ".join(words)
+
+
+#: gpu.py's one-letter modifiers: a plan option that is off by default, turned on.
+_OPTION_FLAGS = {"g": "swap_gradients", "s": "split_sums", "o": "order_updates", "r": "recompute"}
 
 
 def gpu_fences(data: dict) -> str:
@@ -500,15 +506,25 @@ def gpu_runs(data: dict) -> str:
     first = runs[0]
     search = [r for run in runs for r in run["search"]]
 
-    def tried(mode: str) -> str:
+    # One row per variant searched: plain, budget, then the other budget variants as they first appear.
+    variants = sorted(dict.fromkeys(r["variant"] for r in search), key=lambda v: (v != "plain", v != "budget"))
+    order = {v: i for i, v in enumerate(variants)}
+
+    def tried(variant: str) -> str:
         cells = []
-        for r in sorted((r for r in search if r["mode"] == mode), key=lambda r: r["batch"]):
+        for r in sorted((r for r in search if r["variant"] == variant), key=lambda r: r["batch"]):
             note = "" if r["ok"] or r.get("oom") else f" ({_failure(r).removesuffix(' (planner)')})"
             cells.append(f"{r['batch']}" if r["ok"] else f"~~{r['batch']}~~{note}")
         return ", ".join(cells)
 
-    def largest(mode: str) -> int:
-        return max((r["batch"] for r in search if r["mode"] == mode and r["ok"]), default=0)
+    def largest(variant: str) -> int:
+        return max((r["batch"] for r in search if r["variant"] == variant and r["ok"]), default=0)
+
+    def row_label(variant: str) -> str:
+        if variant == "plain":
+            return "plain"
+        rest = _variant_label({"variant": variant}).removeprefix("tflms, `budget`")
+        return f"tflms, `budget` = {first['budget_fraction']:g} × cap{rest}"
 
     alone = [r for run in runs for r in run.get("timed", []) if r["ok"]]
     alone += [r for run in runs if len(run.get("compare", [])) == 1 for r in run["compare"] if r["ok"]]
@@ -521,15 +537,17 @@ def gpu_runs(data: dict) -> str:
         f"| under a real {first['cap_bytes'] / mb:,.0f} MiB cap | largest batch that trains "
         "| batches tried (~~failed~~: out of memory unless said) |",
         "|---|---:|---|",
-        f"| plain | {largest('plain')} | {tried('plain')} |",
-        f"| tflms, `budget` = {first['budget_fraction']:g} × cap | {largest('budget')} | {tried('budget')} |",
-        "",
-        f"Alone on the GPU, each under the {first['cap_bytes'] / mb:,.0f} MiB cap:",
-        "",
-        "| step | batch | fences | measured peak | predicted | measured / predicted | step time | images/s "
-        "| over the link per step | link rate over the step |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *(f"| {row_label(v)} | {largest(v)} | {tried(v)} |" for v in variants),
     ]
+    if alone:
+        lines += [
+            "",
+            f"Alone on the GPU, each under the {first['cap_bytes'] / mb:,.0f} MiB cap:",
+            "",
+            "| step | batch | fences | measured peak | predicted | measured / predicted | step time | images/s "
+            "| over the link per step | link rate over the step |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
     for r in alone:
         lines.append(
             f"| {_variant_label(r)} | {r['batch']} | {r.get('fences', 0)} | {_peak_cells(r)} | {r['step_ms']:.0f} ms "
@@ -543,7 +561,7 @@ def gpu_runs(data: dict) -> str:
         "| step time, shared | over the link per step |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in sorted((r for r in search if r["ok"]), key=lambda r: (r["mode"] != "plain", r["batch"])):
+    for r in sorted((r for r in search if r["ok"]), key=lambda r: (order[r["variant"]], r["batch"])):
         of_budget = f"{r['measured_peak_bytes'] / r['budget_bytes']:.2f}" if r["mode"] == "budget" else "-"
         lines.append(
             f"| {_variant_label(r)} | {r['batch']} | {r.get('fences', 0)} | {_peak_cells(r)} | {of_budget} "
@@ -583,6 +601,8 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "gpu": gpu,
     "gpu_fences": gpu_fences,
     "gpu_densenet121": gpu_runs,
+    "gpu_options": gpu_runs,
+    "simulator_accuracy_gpu": simulator_accuracy,
 }
 
 
