@@ -231,10 +231,31 @@ def _subprocess(args: argparse.Namespace, extra: list[str], timeout: float) -> d
     for line in reversed(r.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
-    oom = any(s in r.stderr for s in ("ResourceExhausted", "OOM", "out of memory"))
-    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    return _failed(r.stderr, r.returncode)
+
+
+#: What TensorFlow said when it could not even start on the GPU (an H200, 2026-11-27, beside a
+#: process holding TensorFlow's default share of its memory): "cudaSetDevice() on GPU:0 failed.
+#: Status: out of memory". That says nothing about the attempt's cap.
+START_FAILURES = ("cudaSetDevice()",)
+
+
+def _failed(stderr: str, returncode: int) -> dict:
+    """A failed attempt's record: out of memory under its cap, or not (``start_failed``: it could not
+    start on the GPU at all, which says nothing about the cap).
+
+    >>> _failed("InternalError: cudaSetDevice() on GPU:0 failed. Status: out of memory", 1)["oom"]
+    False
+    >>> _failed("ResourceExhaustedError: OOM when allocating tensor", 1)["oom"]
+    True
+    """
+    start_failed = any(s in stderr for s in START_FAILURES)
+    oom = not start_failed and any(s in stderr for s in ("ResourceExhausted", "OOM", "out of memory"))
+    lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     first = next((ln.strip()[:500] for ln in lines if "Error" in ln or "error:" in ln), None)
-    return {"ok": False, "oom": oom, "returncode": r.returncode, "first_error": first, "error": lines[-3:]}
+    return {"ok": False, "oom": oom, "returncode": returncode, "first_error": first, "error": lines[-3:]} | (
+        {"start_failed": True} if start_failed else {}
+    )
 
 
 def attempt(args: argparse.Namespace, batch: int, spec: str, steps: int | None = None, cap: int | None = None) -> dict:

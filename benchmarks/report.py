@@ -573,6 +573,8 @@ def gpu_runs(data: dict) -> str:
 def _failure(r: dict) -> str:
     """Why a gpu.py attempt failed, in a few words."""
     text = " ".join(r.get("error", []))
+    if r.get("start_failed"):
+        return "could not start on the GPU: its memory was held by other processes"
     if "BudgetError" in text:
         return "no plan fits the budget (planner)"
     return (
