@@ -97,18 +97,21 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     if mode not in MODES:
         raise argparse.ArgumentTypeError(f"variant {spec!r}: mode {mode!r} is not one of {', '.join(MODES)}")
     out = {"window": -1, "max_pending": 0, "flags": ""}  # -1: swapout_window left at its default
+    seen = set()
     for m in mods:
-        if m in OPTION_FLAGS and mode != "plain" and m not in out["flags"]:
-            out["flags"] = "".join(sorted(out["flags"] + m))
-            continue
-        key = {"w": "window", "p": "max_pending"}.get(m[:1])
-        if key is None or not m[1:].isdigit() or mode == "plain" and key == "window":
+        key = m if m in OPTION_FLAGS else {"w": "window", "p": "max_pending"}.get(m[:1])
+        number = m[1:].isdigit() and key in ("window", "max_pending")
+        if key in seen or not (number or m in OPTION_FLAGS) or mode == "plain" and key != "max_pending":
             raise argparse.ArgumentTypeError(
-                f"variant {spec!r}: modifier {m!r} is not wN (swapout_window, w0: None; not for plain), pN "
-                "(kernel_tracker_max_pending) or, once each and not for plain, one of "
+                f"variant {spec!r}: modifier {m!r} is not, once each, wN (swapout_window, w0: None; not for "
+                "plain), pN (kernel_tracker_max_pending) or, not for plain, one of "
                 + ", ".join(f"{k} ({v})" for k, v in OPTION_FLAGS.items())
             )
-        out[key] = int(m[1:])
+        seen.add(key)
+        if number:
+            out[key] = int(m[1:])
+        else:
+            out["flags"] = "".join(sorted(out["flags"] + m))
     return mode, out
 
 
@@ -150,13 +153,19 @@ def probe(
     max_pending: int = 0,
     flags: str = "",
 ) -> dict:
-    """Train ``steps`` timed steps at ``batch`` in ``mode``; return measurements (in a subprocess)."""
+    """Train ``steps`` timed steps at ``batch`` in ``mode``; return measurements (in a subprocess).
+
+    Prints :data:`STARTED` once TensorFlow runs on the GPU, and :data:`PLANNED` with the plan's
+    figures before the first step, so that an attempt that fails later keeps them."""
     _gpu_setup(cap, max_pending)
     import keras
     import numpy as np
     import tensorflow as tf
 
     import tflms
+
+    tf.zeros(1).numpy()  # the GPU's context: an attempt that fails here never ran (see failed_attempt)
+    print(STARTED, flush=True)
 
     keras.utils.set_random_seed(0)
     model = getattr(keras.applications, model_name)(weights=None, input_shape=(size, size, 3), classes=1000)
@@ -187,10 +196,13 @@ def probe(
         plan = fn.get_plan(x, y)
         predicted = plan.peak_bytes_after
     plan_s = time.perf_counter() - t0
+    planned = _planned(plan, predicted)
+    print(PLANNED + json.dumps(planned), flush=True)
     t0 = time.perf_counter()
     losses = [float(fn(x, y))]
     first_s = time.perf_counter() - t0
     losses.append(float(fn(x, y)))
+    warmup_peak = int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
     tf.config.experimental.reset_memory_stats("GPU:0")
     t0 = time.perf_counter()
     for _ in range(steps):
@@ -204,13 +216,11 @@ def probe(
         "step_ms": round(1000 * seconds, 2),
         "images_per_s": round(batch / seconds, 1),
         "measured_peak_bytes": int(tf.config.experimental.get_memory_info("GPU:0")["peak"]),
-        "predicted_peak_bytes": int(predicted),
-        "swaps": len(plan.swaps) if plan else 0,
-        "fences": len(plan.fences) if plan else 0,
+        "warmup_peak_bytes": warmup_peak,
+        **planned,
         **({"swapout_window": plan.options["swapout_window"]} if plan else {}),
         **({"kernel_tracker_max_pending": max_pending} if max_pending else {}),
         **({"options_on": [OPTION_FLAGS[f] for f in flags]} if flags else {}),
-        "recomputes": len(plan.recomputes) if plan else 0,
         **({"budget_bytes": budget} if mode == "budget" else {}),
         "cap_bytes": cap,
         "link_bytes_per_step": link,
@@ -219,6 +229,27 @@ def probe(
         "plan_s": round(plan_s, 1),
         "first_step_s": round(first_s, 1),
         "losses": losses,
+    }
+
+
+#: A probe's stdout lines: TensorFlow runs on the GPU; the plan's figures (JSON) before the first step.
+STARTED, PLANNED = "probe started on the GPU", "planned: "
+
+
+def _planned(plan: object | None, predicted: int) -> dict:
+    """A plan's figures (none for the plain step): predicted peak, swaps (``gradient_swaps``: of
+    tensors of the backward pass), fences, orders, split sums, recomputes."""
+    if plan is None:
+        return {"predicted_peak_bytes": int(predicted), "swaps": 0, "fences": 0, "recomputes": 0}
+    backward = {op for op in plan.model.dag if plan.model.phase(op) == "backward"} if plan.model else set()
+    return {
+        "predicted_peak_bytes": int(predicted),
+        "swaps": len(plan.swaps),
+        "gradient_swaps": sum(s.producer in backward for s in plan.swaps),
+        "fences": len(plan.fences),
+        "orders": len(plan.orders),
+        "sums": len(plan.sums),
+        "recomputes": len(plan.recomputes),
     }
 
 
@@ -231,31 +262,30 @@ def _subprocess(args: argparse.Namespace, extra: list[str], timeout: float) -> d
     for line in reversed(r.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
-    return _failed(r.stderr, r.returncode)
+    return failed_attempt(r.stderr, r.returncode, r.stdout)
 
 
-#: What TensorFlow said when it could not even start on the GPU (an H200, 2026-11-27, beside a
-#: process holding TensorFlow's default share of its memory): "cudaSetDevice() on GPU:0 failed.
-#: Status: out of memory". That says nothing about the attempt's cap.
-START_FAILURES = ("cudaSetDevice()",)
+def failed_attempt(stderr: str, returncode: int, stdout: str) -> dict:
+    """A failed attempt's record: out of memory under its cap, or not; ``start_failed`` where it
+    never ran on the GPU (no :data:`STARTED` line: on an H200 beside a process holding TensorFlow's
+    default share of its memory, "cudaSetDevice() on GPU:0 failed. Status: out of memory", or an
+    abort), which says nothing about its cap; ``planned``: the plan's figures, if it got that far.
 
-
-def _failed(stderr: str, returncode: int) -> dict:
-    """A failed attempt's record: out of memory under its cap, or not (``start_failed``: it could not
-    start on the GPU at all, which says nothing about the cap).
-
-    >>> _failed("InternalError: cudaSetDevice() on GPU:0 failed. Status: out of memory", 1)["oom"]
-    False
-    >>> _failed("ResourceExhaustedError: OOM when allocating tensor", 1)["oom"]
+    >>> failed_attempt("InternalError: cudaSetDevice() on GPU:0 failed. Status: out of memory", 1, "")["start_failed"]
     True
+    >>> lines = [STARTED, PLANNED + '{"swaps": 3}']
+    >>> r = failed_attempt("ResourceExhaustedError: OOM when allocating", 1, chr(10).join(lines))
+    >>> r["oom"], r["planned"], "start_failed" in r
+    (True, {'swaps': 3}, False)
     """
-    start_failed = any(s in stderr for s in START_FAILURES)
-    oom = not start_failed and any(s in stderr for s in ("ResourceExhausted", "OOM", "out of memory"))
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     first = next((ln.strip()[:500] for ln in lines if "Error" in ln or "error:" in ln), None)
-    return {"ok": False, "oom": oom, "returncode": returncode, "first_error": first, "error": lines[-3:]} | (
-        {"start_failed": True} if start_failed else {}
-    )
+    out = {"ok": False, "returncode": returncode, "first_error": first, "error": lines[-3:]}
+    if STARTED not in stdout.splitlines():
+        return out | {"oom": False, "start_failed": True}
+    planned = [json.loads(ln[len(PLANNED) :]) for ln in stdout.splitlines() if ln.startswith(PLANNED)]
+    oom = any(s in stderr for s in ("ResourceExhausted", "OOM", "out of memory"))
+    return out | {"oom": oom} | ({"planned": planned[-1]} if planned else {})
 
 
 def attempt(args: argparse.Namespace, batch: int, spec: str, steps: int | None = None, cap: int | None = None) -> dict:
@@ -279,10 +309,15 @@ def _parallel(args: argparse.Namespace, jobs: list[tuple[int, str]], cap: int | 
 
 
 def largest_trained(runs: list[dict], spec: str) -> tuple[int, int | None]:
-    """(largest batch that trained, smallest batch above it that did not) of variant ``spec``."""
+    """(largest batch that trained, smallest batch above it that did not) of variant ``spec``; an
+    attempt that never started on the GPU (``start_failed``) says nothing either way."""
     ok = [r["batch"] for r in runs if r["variant"] == spec and r["ok"]]
     best = max(ok, default=0)
-    failed = [r["batch"] for r in runs if r["variant"] == spec and not r["ok"] and r["batch"] > best]
+    failed = [
+        r["batch"]
+        for r in runs
+        if r["variant"] == spec and not r["ok"] and not r.get("start_failed") and r["batch"] > best
+    ]
     return best, min(failed, default=None)
 
 
@@ -339,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plain", default="24,32,40,48,56,64", help="plain batches of the first round")
     parser.add_argument("--budget", default="64,80,96,112,128,160,192", help="budget batches of the first round")
     parser.add_argument("--search-modifiers", default="",
-                        help="modifiers of the budget and tflms runs after --compare ('/w2', '/p8'); "
+                        help="modifiers of the budget and tflms runs ('/w2', '/p8', '/g/s/o': see parse_variant); "
                         "'auto': those of the --compare run with the lowest measured / predicted peak")  # fmt: skip
     parser.add_argument("--steps", type=int, default=3, help="measured steps per search attempt")
     parser.add_argument("--timed-steps", type=int, default=10, help="measured steps per timed run")
@@ -359,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flags", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.search_modifiers != "auto":
+        if args.search_modifiers and not args.search_modifiers.startswith("/"):
+            parser.error(f"--search-modifiers must start with '/' (e.g. '/g/s'). Received: {args.search_modifiers!r}")
         try:
             parse_variant("budget" + args.search_modifiers)
         except argparse.ArgumentTypeError as e:

@@ -33,6 +33,20 @@ def test_option_modifiers_turn_on_plan_options_once_each_and_not_for_plain():
     assert gpu.parse_variant("budget/g/s/o") == ("budget", {"window": -1, "max_pending": 0, "flags": "gos"})
     assert gpu.parse_variant("tflms/w2/r")[1] == {"window": 2, "max_pending": 0, "flags": "r"}
     assert {gpu.OPTION_FLAGS[f] for f in "gsor"} == {"swap_gradients", "split_sums", "order_updates", "recompute"}
-    for bad in ("plain/g", "budget/g/g", "budget/x", "budget/g2"):
+    assert gpu.parse_variant("plain/p8")[1]["max_pending"] == 8
+    for bad in ("plain/g", "plain/w2", "budget/g/g", "budget/w2/w4", "budget/x", "budget/g2", "budget/p"):
         with pytest.raises(gpu.argparse.ArgumentTypeError, match=re.escape(repr(bad))):
             gpu.parse_variant(bad)
+
+
+def test_an_attempt_that_never_started_on_the_gpu_bounds_nothing():
+    runs = [{"variant": "budget", "batch": b, "ok": True} for b in (120, 136)]
+    runs += [{"variant": "budget", "batch": 128, "ok": False, "start_failed": True}]
+    runs += [{"variant": "budget", "batch": 152, "ok": False, "oom": True}]
+    assert gpu.largest_trained(runs, "budget") == (136, 152)
+    runs[-1]["start_failed"] = True
+    assert gpu.largest_trained(runs, "budget") == (136, None)
+    never = gpu.failed_attempt("InternalError: cudaSetDevice() on GPU:0 failed. Status: out of memory", 1, "")
+    assert never["start_failed"] and not never["oom"]
+    late = gpu.failed_attempt("Aborted", -6, gpu.STARTED)  # died after it started: a failure under its cap
+    assert "start_failed" not in late and "planned" not in late
