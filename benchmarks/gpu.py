@@ -4,7 +4,9 @@ Runs only where a GPU is present (never in CI). Every attempt is a fresh subproc
 (an out-of-memory error can leave TensorFlow's allocator unusable) that trains a
 ``keras.applications`` model (Adam, synthetic data, ``weights=None``) at one batch size
 and reports the real device peak (``tf.config.experimental.get_memory_info('GPU:0')``,
-steady steps after two warm-up steps) next to the simulator's predicted peak.
+steady steps after two warm-up steps; the warm-up steps' own peak too) next to the simulator's
+predicted peak. A failed attempt keeps its plan's figures (``planned``); one that never ran on
+the GPU (``start_failed``: it died before its first op there) bounds no search.
 
 ``--cap`` makes the GPU's memory a real cap of that size (a logical device with
 ``memory_limit``: TensorFlow's BFC allocator gets that much and no more), so the largest
@@ -100,7 +102,7 @@ def parse_variant(spec: str) -> tuple[str, dict]:
     seen = set()
     for m in mods:
         key = m if m in OPTION_FLAGS else {"w": "window", "p": "max_pending"}.get(m[:1])
-        number = m[1:].isdigit() and key in ("window", "max_pending")
+        number = m[1:].isascii() and m[1:].isdigit() and key in ("window", "max_pending")
         if key in seen or not (number or m in OPTION_FLAGS) or mode == "plain" and key != "max_pending":
             raise argparse.ArgumentTypeError(
                 f"variant {spec!r}: modifier {m!r} is not, once each, wN (swapout_window, w0: None; not for "
@@ -121,6 +123,8 @@ def bandwidth(nbytes: int = 256 * MIB, reps: int = 5) -> dict:
     import tensorflow as tf
 
     _gpu_setup(None)
+    tf.zeros(1).numpy()
+    print(STARTED, flush=True)
     data = np.ones(nbytes // 4, dtype=np.float32)
     rates: dict[str, list[float]] = {"host_to_device_GBps": [], "device_to_host_GBps": []}
     for i in range(reps + 1):
@@ -164,7 +168,10 @@ def probe(
 
     import tflms
 
-    tf.zeros(1).numpy()  # the GPU's context: an attempt that fails here never ran (see failed_attempt)
+    # The GPU's context: an attempt that fails before this never ran (see failed_attempt). It proves
+    # no more than that: cuBLAS/cuDNN handles come later, outside the capped pool, so a failure
+    # after it can still be the neighbours' doing.
+    tf.zeros(1).numpy()
     print(STARTED, flush=True)
 
     keras.utils.set_random_seed(0)
@@ -238,14 +245,16 @@ STARTED, PLANNED = "probe started on the GPU", "planned: "
 
 def _planned(plan: object | None, predicted: int) -> dict:
     """A plan's figures (none for the plain step): predicted peak, swaps (``gradient_swaps``: of
-    tensors of the backward pass), fences, orders, split sums, recomputes."""
+    tensors not made by a forward op of the step, e.g. a split sum's chain; None where the plan
+    has no model), fences, orders, split sums, recomputes."""
     if plan is None:
         return {"predicted_peak_bytes": int(predicted), "swaps": 0, "fences": 0, "recomputes": 0}
-    backward = {op for op in plan.model.dag if plan.model.phase(op) == "backward"} if plan.model else set()
+    model = plan.model  # the step before the sums are split: their chains' ops are not in it
+    forward = {op for op in model.dag if model.phase(op) == "forward"} if model is not None else None
     return {
         "predicted_peak_bytes": int(predicted),
         "swaps": len(plan.swaps),
-        "gradient_swaps": sum(s.producer in backward for s in plan.swaps),
+        "gradient_swaps": None if forward is None else sum(s.producer not in forward for s in plan.swaps),
         "fences": len(plan.fences),
         "orders": len(plan.orders),
         "sums": len(plan.sums),
@@ -257,8 +266,13 @@ def _subprocess(args: argparse.Namespace, extra: list[str], timeout: float) -> d
     cmd = [sys.executable, __file__, "--model", args.model, "--image-size", str(args.image_size), *extra]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "error": f"timed out after {timeout:.0f} s"}
+    except subprocess.TimeoutExpired as e:  # its partial output comes as bytes
+
+        def text(out: str | bytes | None) -> str:
+            return out.decode(errors="replace") if isinstance(out, bytes) else out or ""
+
+        failed = failed_attempt(text(e.stderr) + f"\ntimed out after {timeout:.0f} s", -9, text(e.stdout))
+        return failed | {"oom": False, "timed_out": True}
     for line in reversed(r.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)

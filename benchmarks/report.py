@@ -386,7 +386,12 @@ def gpu(data: dict) -> str:
 
     def tried(mode: str) -> str:
         runs = sorted((r for r in data["search"] if r["mode"] == mode), key=lambda r: r["batch"])
-        return ", ".join(f"{r['batch']}" if r["ok"] else f"~~{r['batch']}~~" for r in runs)
+        return ", ".join(
+            f"{r['batch']}"
+            if r["ok"]
+            else f"~~{r['batch']}~~" + (f" ({_failure(r)})" if r.get("start_failed") or r.get("timed_out") else "")
+            for r in runs
+        )
 
     name = data["gpu"].get("device_name", "GPU")
     lines = [
@@ -573,8 +578,10 @@ def gpu_runs(data: dict) -> str:
 def _failure(r: dict) -> str:
     """Why a gpu.py attempt failed, in a few words."""
     text = " ".join(r.get("error", []))
+    if r.get("timed_out"):
+        return "timed out"
     if r.get("start_failed"):
-        return "could not start on the GPU: its memory was held by other processes"
+        return "never ran on the GPU (see its error)"
     if "BudgetError" in text:
         return "no plan fits the budget (planner)"
     return (

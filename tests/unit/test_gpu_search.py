@@ -50,3 +50,15 @@ def test_an_attempt_that_never_started_on_the_gpu_bounds_nothing():
     assert never["start_failed"] and not never["oom"]
     late = gpu.failed_attempt("Aborted", -6, gpu.STARTED)  # died after it started: a failure under its cap
     assert "start_failed" not in late and "planned" not in late
+
+
+def test_a_timed_out_attempt_keeps_its_partial_output_and_is_not_out_of_memory(monkeypatch):
+    def run(cmd, **kwargs):  # what subprocess.run raises: partial output as bytes, even with text=True
+        out = f'{gpu.STARTED}\n{gpu.PLANNED}{{"swaps": 5}}\n'.encode()
+        raise gpu.subprocess.TimeoutExpired(cmd, kwargs["timeout"], output=out, stderr=b"step 1\n")
+
+    monkeypatch.setattr(gpu.subprocess, "run", run)
+    args = gpu.argparse.Namespace(model="ResNet50", image_size=224)
+    r = gpu._subprocess(args, [], 7)  # noqa: SLF001
+    assert r["timed_out"] and not r["oom"] and "start_failed" not in r and r["planned"] == {"swaps": 5}
+    assert r["error"][-1] == "timed out after 7 s"
