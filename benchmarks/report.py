@@ -448,7 +448,8 @@ def _variant_label(r: dict) -> str:
     return ", ".join(words)
 
 
-#: gpu.py's one-letter modifiers: a plan option that is off by default, turned on.
+#: gpu.py's one-letter modifiers: a plan option that is off by default, turned on (a copy of gpu.OPTION_FLAGS,
+#: which tests/test_readme.py checks: report.py does not import gpu.py).
 _OPTION_FLAGS = {"g": "swap_gradients", "s": "split_sums", "o": "order_updates", "r": "recompute"}
 
 
