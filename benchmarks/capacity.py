@@ -120,6 +120,7 @@ def largest_side(
     serialize: bool = True,
     swap_gradients: bool = False,
     split_sums: bool = False,
+    drop_tiles: bool = False,
     order_updates: bool = False,
 ) -> int:
     """Largest multiple of ``step`` for the 3D U-Net side that fits ``budget`` at batch 1."""
@@ -132,8 +133,9 @@ def largest_side(
         if sim.peak() <= budget:
             return True
         config = tflms.LMSConfig(
-            serialize=serialize, swap_gradients=swap_gradients, split_sums=split_sums, order_updates=order_updates
-        )
+            serialize=serialize, swap_gradients=swap_gradients, split_sums=split_sums, drop_tiles=drop_tiles,
+            order_updates=order_updates,
+        )  # fmt: skip
         if lms:  # the step make_plan plans on
             model, sim, *_ = prepare(model, config, sim)
         return lms and _serialized_search(model, config, sim, budget)[0] is not None
@@ -179,6 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         "off by default in tflms); rows of their own",
     )
     parser.add_argument(
+        "--drop-tiles",
+        action="store_true",
+        help="LMS plans on the step whose gradient Tiles of a per-channel value are left out and broadcast "
+        "(drop_tiles=True, needs --split-sums; off by default in tflms); rows of their own",
+    )
+    parser.add_argument(
         "--order-updates",
         action="store_true",
         help="LMS plans whose variable updates wait for the reads of their variable (order_updates=True; off "
@@ -222,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                         serialize=args.serialize,
                         swap_gradients=args.swap_gradients,
                         split_sums=args.split_sums,
+                        drop_tiles=args.drop_tiles,
                         order_updates=args.order_updates,
                     ),  # fmt: skip
                 )
@@ -230,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                 what = "batch"
                 result = tflms.max_batch_size(
                     step, budget, rel_tol=args.rel_tol, limit=1 << 15, serialize=args.serialize, bound=True,
-                    swap_gradients=args.swap_gradients, split_sums=args.split_sums, order_updates=args.order_updates,
+                    swap_gradients=args.swap_gradients, split_sums=args.split_sums, drop_tiles=args.drop_tiles,
+                    order_updates=args.order_updates,
                 )  # fmt: skip
                 base, lms, bound = result.without_lms, result.with_lms, result.bound
             seconds = time.perf_counter() - t0
@@ -248,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                     "serialize": args.serialize,
                     **({"swap_gradients": True} if args.swap_gradients else {}),
                     **({"split_sums": True} if args.split_sums else {}),
+                    **({"drop_tiles": True} if args.drop_tiles else {}),
                     **({"order_updates": True} if args.order_updates else {}),
                     "seconds": round(seconds, 1),
                     "rel_tol": args.rel_tol,
@@ -264,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         def setting(r: dict) -> tuple:
             return (
                 r["model"], r.get("serialize", False), r.get("swap_gradients", False), r.get("split_sums", False),
-                r.get("order_updates", False),
+                r.get("drop_tiles", False), r.get("order_updates", False),
             )  # fmt: skip
 
         done = {setting(r) for r in rows}

@@ -20,8 +20,9 @@ autotuned to the cap). A *variant* adds modifiers to a mode (:func:`parse_varian
 ``tflms/w0`` has no fences (the default before 2026-11-26), ``tflms/w4`` four swap-outs in
 flight, ``tflms/p8`` bounds how many kernels the executor enqueues ahead of the GPU
 (``GPUOptions.experimental.kernel_tracker_max_pending``, set when TensorFlow starts), and the
-letters ``g``, ``s``, ``o``, ``r`` turn on the plan options that are off by default
-(``swap_gradients``, ``split_sums``, ``order_updates``, ``recompute``): ``budget/g/s``.
+letters ``g``, ``s``, ``o``, ``r``, ``t`` turn on the plan options that are off by default
+(``swap_gradients``, ``split_sums``, ``order_updates``, ``recompute``, ``drop_tiles``, which needs
+``s``): ``budget/g/s``.
 
 Phases, each written to the JSON as it ends:
 
@@ -84,7 +85,7 @@ def _gpu_setup(cap: int | None, max_pending: int = 0) -> None:
 #: ``w``, the default ``'auto'``: fences on a GPU). ``fenced`` is ``tflms/w<--window>``.
 MODES = ("plain", "tflms", "fenced", "budget")
 #: Modifiers of one letter: a plan option that is off by default, turned on.
-OPTION_FLAGS = {"g": "swap_gradients", "s": "split_sums", "o": "order_updates", "r": "recompute"}
+OPTION_FLAGS = {"g": "swap_gradients", "s": "split_sums", "o": "order_updates", "r": "recompute", "t": "drop_tiles"}
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
@@ -114,6 +115,8 @@ def parse_variant(spec: str) -> tuple[str, dict]:
             out[key] = int(m[1:])
         else:
             out["flags"] = "".join(sorted(out["flags"] + m))
+    if "t" in out["flags"] and "s" not in out["flags"]:
+        raise argparse.ArgumentTypeError(f"variant {spec!r}: modifier 't' (drop_tiles) needs 's' (split_sums) too")
     return mode, out
 
 

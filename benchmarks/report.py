@@ -75,12 +75,13 @@ def pass_speed(data: dict) -> str:
 
 def _plan_options(row: dict) -> str:
     """The plan options a capacity row was run with, as its label says them (rows without
-    ``serialize`` predate the option; ``swap_gradients``, ``split_sums`` and ``order_updates`` are
-    named only when on)."""
+    ``serialize`` predate the option; ``swap_gradients``, ``split_sums``, ``drop_tiles`` and
+    ``order_updates`` are named only when on)."""
     swapped = ", `swap_gradients=True`" if row.get("swap_gradients") else ""
     split = ", `split_sums=True`" if row.get("split_sums") else ""
+    tiles = ", `drop_tiles=True`" if row.get("drop_tiles") else ""
     ordered = ", `order_updates=True`" if row.get("order_updates") else ""
-    return f", `serialize={bool(row.get('serialize'))}`{swapped}{split}{ordered}"
+    return f", `serialize={bool(row.get('serialize'))}`{swapped}{split}{tiles}{ordered}"
 
 
 def capacity(data: dict) -> str:
@@ -450,7 +451,7 @@ def _variant_label(r: dict) -> str:
 
 #: gpu.py's one-letter modifiers: a plan option that is off by default, turned on (a copy of gpu.OPTION_FLAGS,
 #: which tests/test_readme.py checks: report.py does not import gpu.py).
-_OPTION_FLAGS = {"g": "swap_gradients", "s": "split_sums", "o": "order_updates", "r": "recompute"}
+_OPTION_FLAGS = {"g": "swap_gradients", "s": "split_sums", "o": "order_updates", "r": "recompute", "t": "drop_tiles"}
 
 
 def gpu_fences(data: dict) -> str:

@@ -48,6 +48,7 @@ def predicted(
     swap_gradients: bool = False,
     split_sums: bool = False,
     order_updates: bool = False,
+    drop_tiles: bool = False,
 ) -> tuple[int, int, int]:
     """(plain, with LMS, bound) largest batch whose *predicted* peak fits ``cap`` (simulator); the bound:
     the largest batch whose ``Simulator.floor`` (variables and one op's working set) fits, past which no
@@ -77,7 +78,7 @@ def predicted(
 
     r = tflms.max_batch_size(
         at, cap, limit=limit, rel_tol=0.05, serialize=serialize, bound=True, swap_gradients=swap_gradients,
-        split_sums=split_sums, order_updates=order_updates,
+        split_sums=split_sums, order_updates=order_updates, drop_tiles=drop_tiles,
     )  # fmt: skip
     return r.without_lms, r.with_lms, r.bound
 
@@ -118,6 +119,12 @@ def main() -> None:
         help="tflms probes plan with split_sums=True (gradient AddN sums as chains of AddV2); rows of their own",
     )
     parser.add_argument(
+        "--drop-tiles",
+        action="store_true",
+        help="tflms probes plan with drop_tiles=True (gradient Tiles of a per-channel value left out and "
+        "broadcast; needs --split-sums); rows of their own",
+    )
+    parser.add_argument(
         "--predicted-only",
         action="store_true",
         help="recompute only the predicted columns of the JSON's rows of --models (at each row's cap and size)",
@@ -132,6 +139,7 @@ def main() -> None:
                 r["predicted_plain"], r["predicted_lms"], r["predicted_bound"] = predicted(
                     r["model"], r["size"], r["cap"], args.limit, r.get("serialize", False),
                     r.get("swap_gradients", False), r.get("split_sums", False), r.get("order_updates", False),
+                    r.get("drop_tiles", False),
                 )  # fmt: skip
                 r["predicted_on"] = time.strftime("%Y-%m-%d")
                 print(
@@ -154,6 +162,7 @@ def main() -> None:
                 "swap_gradients": args.swap_gradients,
                 "split_sums": args.split_sums,
                 "order_updates": args.order_updates,
+                "drop_tiles": args.drop_tiles,
             }
             kw = {"modes": ["lms"], "options": options} if lms else {"modes": ["plain"]}
             r = measure(name, batch, size=args.size, steps=args.steps, cap=cap, timeout=1800, **kw)
@@ -185,8 +194,9 @@ def main() -> None:
         plain = largest_fitting(lambda b: fits(b, False), args.limit, args.rel_tol, start=args.start)
         with_lms = largest_fitting(lambda b: fits(b, True), args.limit, args.rel_tol, start=max(plain, 1) * 2)
         pred_plain, pred_lms, pred_bound = predicted(
-            name, args.size, cap, args.limit, args.serialize, args.swap_gradients, args.split_sums, args.order_updates
-        )
+            name, args.size, cap, args.limit, args.serialize, args.swap_gradients, args.split_sums, args.order_updates,
+            args.drop_tiles,
+        )  # fmt: skip
         rows.append(
             {
                 "model": name,
@@ -198,6 +208,7 @@ def main() -> None:
                 **({"swap_gradients": True} if args.swap_gradients else {}),
                 **({"split_sums": True} if args.split_sums else {}),
                 **({"order_updates": True} if args.order_updates else {}),
+                **({"drop_tiles": True} if args.drop_tiles else {}),
                 "plain": plain,
                 "lms": with_lms,
                 "ratio": round(with_lms / plain, 2) if plain else None,
@@ -216,7 +227,7 @@ def main() -> None:
         def setting(r: dict) -> tuple:
             return (
                 r["model"], r.get("swapout_window"), r.get("serialize", False), r.get("swap_gradients", False),
-                r.get("split_sums", False), r.get("order_updates", False),
+                r.get("split_sums", False), r.get("order_updates", False), r.get("drop_tiles", False),
             )  # fmt: skip
 
         done = {setting(r) for r in rows}

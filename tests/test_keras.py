@@ -203,6 +203,21 @@ def test_fit_is_bit_identical_and_rewritten(name):
     assert setup.model.train_function is keras_function
 
 
+def test_fit_with_tiles_left_out_is_bit_identical():
+    """``split_sums`` and ``drop_tiles`` through the callback: the BatchNorms' tiles are left out, the
+    ops made again for them are in the step, and fit trains to the plain step's numbers."""
+    setup = _compile(zoo.cnn())
+    plain = _fit(setup)
+    cb = LMSCallback(device=DEVICE, split_sums=True, drop_tiles=True, **SMALL)
+    lms = _fit(setup, [cb])
+    _assert_same(lms, plain)
+    cf = _rewritten(cb, setup)
+    assert len(cb.plan.tiles) == 8  # two per BatchNorm
+    assert "; 8 tiles left out" in short_summary(cb.plan)
+    assert {cf.graph.get_operation_by_name(t).type for t in cb.plan.tiles} == {"Tile"}
+    assert sum(op.name.endswith("/tflms_bcast") for op in cf.graph.get_operations()) >= 2 * len(cb.plan.tiles)
+
+
 # -- lifecycle -------------------------------------------------------------------------
 
 

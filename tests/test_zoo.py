@@ -552,3 +552,45 @@ def test_split_sums_keep_training_bit_identical_and_survive_grappler(name):
     # Rewriting twice changes nothing: the step comes back with its own plan, or an empty one.
     assert again is lms and (replan is plan or "already rewritten" in replan.reason)
     _assert_trains_bit_identically(shared, lms)
+
+
+@pytest.mark.parametrize("name", ["cnn", "transformer", "resnet50"])
+def test_dropped_tiles_keep_training_bit_identical_and_survive_grappler(name):
+    """``drop_tiles=True``: the gradient ``Tile`` ops of a per-channel value (BatchNorm's and
+    LayerNorm's means) are left out; the ops that read their values are made again with the
+    smaller input and broadcast it. The step trains to the plain step's numbers; the tiles are
+    gone from the graph Grappler makes, and the ops made again are there, with the smaller shapes."""
+    from tflms.tiles import SUFFIX
+
+    shared = zoo.shared(name)
+    lms, plan = tflms.optimize(shared.cf, device=DEVICE, split_sums=True, drop_tiles=True, **SMALL)
+    traced = tflms.GraphModel.from_func_graph(shared.cf.graph)
+    tiles = [op for op in traced.dag if traced.dag.nodes[op]["type"] == "Tile"]
+    assert plan.tiles and set(plan.tiles) <= set(tiles), plan.summary()
+    graph = lms.graph
+    remade = [op for op in graph.get_operations() if op.name.endswith(f"/{SUFFIX}")]
+    old = {op.name: graph.get_operation_by_name(op.name[: -len(SUFFIX) - 1]) for op in remade}
+    assert remade and all(op.type == old[op.name].type for op in remade)
+    # Some of them work on the per-channel value; the others make the full-sized result as before.
+    sizes = [(op.outputs[0].shape.num_elements(), old[op.name].outputs[0].shape.num_elements()) for op in remade]
+    assert any(new < before for new, before in sizes) and any(new == before for new, before in sizes)
+    optimized = {n.name: n for n in tfi.grappler_optimize(lms, DEVICE).node}
+    # Grappler prunes the tiles and the old ops, and keeps the ops made again.
+    assert not (set(plan.tiles) | {op.name for op in old.values()}) & set(optimized)
+    assert {op.name for op in remade} <= set(optimized)
+    again, replan = tflms.optimize(lms, device=DEVICE, split_sums=True, drop_tiles=True, **SMALL)
+    assert again is lms and (replan is plan or "already rewritten" in replan.reason)
+    _assert_trains_bit_identically(shared, lms)
+
+
+def test_dropped_broadcasts_of_a_step_traced_with_an_unknown_batch_keep_training_bit_identical():
+    """Traced with an unknown batch, the gradient of a mean is a ``BroadcastTo``, not a ``Tile``:
+    left out the same way, bit-identically."""
+    shared = zoo.shared("cnn")
+    setup = shared.setup
+    spec = [tf.TensorSpec((None, *t.shape[1:]), t.dtype) for t in (setup.x, setup.y)]
+    cf = tf.function(setup.step_fn()).get_concrete_function(*spec)
+    lms, plan = tflms.optimize(cf, device=DEVICE, split_sums=True, drop_tiles=True, batch_size=16, **SMALL)
+    types = {cf.graph.get_operation_by_name(t).type for t in plan.tiles}
+    assert len(plan.tiles) == 8 and types == {"BroadcastTo"}, plan.summary()
+    _assert_trains_bit_identically(shared, lms)

@@ -8,10 +8,11 @@ The data flow, one module a stage::
     plan         tflms.candidates which tensors may be swapped (only swaps that free memory)
                  tflms.recompute  which candidates to recompute instead (cost model)
                  tflms.sums       gradient sums added as their terms arrive (split_sums)
+                 tflms.tiles      gradient tiles of a per-channel value left out (drop_tiles)
                  tflms.planner    SwapPlan (tflms.plan): what to swap, where it comes back
                  tflms.autotune   the plan's knobs for a memory budget
                  tflms.schedule   ordering edges that lower the peak (a memory-aware schedule)
-    rewrite      tflms.rewrite    apply a SwapPlan to a graph (sum chains, recompute clones, swap-ins gated on the host)
+    rewrite      tflms.rewrite    apply a SwapPlan (sum chains, tiles, recompute clones, swap-ins gated on the host)
     rebuild      tflms._tf_internal  a new ConcreteFunction (all private TF use is here)
     integrations tflms.core (optimize, @tflms.function), tflms.keras (LMSCallback),
                  tflms.horovod (horovodrun)

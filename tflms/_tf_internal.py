@@ -52,6 +52,7 @@ __all__ = [
     "update_input",
     "add_control_input",
     "clone_op",
+    "replace_control_input",
     "grappler_optimize",
     "profile_step",
     "ran_graphs",
@@ -73,7 +74,9 @@ def copy_graph(cf: ConcreteFunction) -> Any:
 
     The GraphDef of ``cf.graph`` (library functions included) is imported into a
     new FuncGraph; inputs, captures (with their resource handle data), outputs,
-    control outputs, variables and nested functions are carried over.
+    control outputs, variables and nested functions are carried over, and each tensor gets
+    ``cf.graph``'s static shape (the import infers shapes before the captures have their handle
+    data, so a variable's shape, and what follows from it, would be unknown).
     """
     src = cf.graph
     graph = func_graph_module.FuncGraph(src.name, structured_input_signature=src.structured_input_signature)
@@ -87,6 +90,9 @@ def copy_graph(cf: ConcreteFunction) -> Any:
         if internal.dtype == tf.resource:
             handle_data_util.copy_handle_data(internal, placeholder)
         graph.add_capture(external, placeholder)
+    for op in src.get_operations():
+        for t in op.outputs:
+            by_name(t.name).set_shape(t.shape)
     graph.outputs = [by_name(t.name) for t in src.outputs]
     graph.control_outputs = [graph.get_operation_by_name(op.name) for op in src.control_outputs]
     graph.variables = src.variables
@@ -126,6 +132,13 @@ def update_input(op: Any, index: int, tensor: Any) -> None:
 def add_control_input(op: Any, control: Any) -> None:
     """Make graph op ``op`` wait for ``control`` (``Operation._add_control_input``)."""
     op._add_control_input(control)  # noqa: SLF001
+
+
+def replace_control_input(op: Any, old: Any, new: Any) -> None:
+    """Make graph op ``op`` wait for ``new`` instead of ``old`` (``Operation._remove_all_control_inputs``)."""
+    controls = [new if c is old else c for c in op.control_inputs]
+    op._remove_all_control_inputs()  # noqa: SLF001
+    op._add_control_inputs(controls)  # noqa: SLF001
 
 
 def clone_op(graph: Any, op: Any, inputs: list, name: str) -> Any:

@@ -174,10 +174,12 @@ def _tuned(config: LMSConfig, budget: int, threshold: int, ahead: int, groupby: 
     )
 
 
-def prepare(model: GraphModel, config: LMSConfig, sim: Simulator) -> tuple[GraphModel, Simulator, list, list, tuple]:
-    """The step that swaps are planned on: ``model`` with ``config``'s split sums, planned
-    recomputes and update orders applied, in that order (see :mod:`tflms.planner`). Returns
-    ``(model, a simulator of it, sums, recomputes, orders)``; ``sim`` is ``model``'s and is
+def prepare(
+    model: GraphModel, config: LMSConfig, sim: Simulator
+) -> tuple[GraphModel, Simulator, list, list, list, tuple]:
+    """The step that swaps are planned on: ``model`` with ``config``'s split sums, left-out
+    tiles, planned recomputes and update orders applied, in that order (see :mod:`tflms.planner`).
+    Returns ``(model, a simulator of it, sums, tiles, recomputes, orders)``; ``sim`` is ``model``'s and is
     returned when nothing changed. :func:`tflms.make_plan`, :func:`max_batch_size` and the
     capacity benchmark plan on it."""
     sums: list = []
@@ -186,6 +188,13 @@ def prepare(model: GraphModel, config: LMSConfig, sim: Simulator) -> tuple[Graph
 
         model, sums = with_split_sums(model)
         if sums:
+            sim = Simulator(model, config.host)
+    tiles: list = []
+    if config.drop_tiles:
+        from .tiles import with_dropped_tiles
+
+        model, tiles = with_dropped_tiles(model)
+        if tiles:
             sim = Simulator(model, config.host)
     recomputes: list = []
     if config.recompute:
@@ -199,7 +208,7 @@ def prepare(model: GraphModel, config: LMSConfig, sim: Simulator) -> tuple[Graph
         from .schedule import _with_update_orders
 
         model, orders, sim = _with_update_orders(model, sim)
-    return model, sim, sums, recomputes, orders
+    return model, sim, sums, tiles, recomputes, orders
 
 
 def _fits(sim: Simulator, swaps: list[Swap], budget: int) -> bool:
@@ -430,6 +439,10 @@ def max_batch_size(
         from .sums import with_split_sums
 
         planned_of = lambda batch: with_split_sums(graph_of(batch))[0]  # noqa: E731
+    if cfg.drop_tiles:
+        from .tiles import with_dropped_tiles
+
+        planned_of = lambda batch, split=planned_of: with_dropped_tiles(split(batch))[0]  # noqa: E731
     cache: dict[int, tuple[bool, bool]] = {}
 
     def fits(batch: int) -> tuple[bool, bool]:

@@ -208,6 +208,7 @@ def _plan(args: argparse.Namespace) -> int:
             recompute=args.recompute,
             swap_gradients=args.swap_gradients,
             split_sums=args.split_sums,
+            drop_tiles=args.drop_tiles,
             **schedule,
             **({} if args.swapout_window is None else {"swapout_window": _window_option(args.swapout_window)}),
         )
@@ -249,7 +250,7 @@ def _plan(args: argparse.Namespace) -> int:
     if args.max_batch:
         result = tflms.max_batch_size(
             source, int(args.budget), recompute=args.recompute, swap_gradients=args.swap_gradients,
-            split_sums=args.split_sums, bound=True, **schedule,
+            split_sums=args.split_sums, drop_tiles=args.drop_tiles, bound=True, **schedule,
         )  # fmt: skip
         print(result)
     return 0
@@ -354,6 +355,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="gradient AddN sums of 3+ terms become AddV2 chains that add each term as it arrives, "
         "bit-identically (split_sums=True)",
+    )
+    p.add_argument(
+        "--drop-tiles",
+        action="store_true",
+        help="gradient Tiles of a per-channel value (BatchNorm's, LayerNorm's means) are left out and the ops "
+        "that read them broadcast it, bit-identically (drop_tiles=True; needs --split-sums)",
     )
     p.add_argument("--json", help="write the plan JSON here")
     p.add_argument("--plot", help="write the memory timeline PNG here")

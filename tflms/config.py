@@ -252,6 +252,11 @@ class LMSConfig:
             device for the last one. Default ``False``: lower predicted peaks on DenseNet121
             and ResNet50, no measured capacity gain yet, a few more ops and memory traffic per sum
             (README, "Sums added as their terms arrive").
+        drop_tiles: when ``True`` (needs ``split_sums=True``), each ``Tile`` of the backward
+            pass that copies a value to an activation's size where broadcasting gives the same
+            numbers (the gradient of a mean: two per BatchNorm and LayerNorm of Keras 3) is
+            left out, and the element-wise ops that read its value broadcast it, bit-identically
+            (:mod:`tflms.tiles`). Default ``False``: see the README, "Tiles left out".
         order_updates: when ``True``, each in-place update of a variable
             (``AssignSubVariableOp``, ``AssignAddVariableOp``: the optimizer's) waits for the
             ops that still hold a value read from that variable earlier in the step (a
@@ -293,6 +298,7 @@ class LMSConfig:
     serialize: bool = True
     swap_gradients: bool = False
     split_sums: bool = False
+    drop_tiles: bool = False
     order_updates: bool = False
     manual_memory_optimizer: bool = True
 
@@ -329,11 +335,18 @@ class LMSConfig:
             "serialize",
             "swap_gradients",
             "split_sums",
+            "drop_tiles",
             "order_updates",
             "manual_memory_optimizer",
         ):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False. {_received(name, getattr(self, name))}")
+        if self.drop_tiles and not self.split_sums:
+            raise ValueError(
+                "drop_tiles=True needs split_sums=True: a BatchNorm's or LayerNorm's input gradient is an AddN "
+                "that reads a left-out Tile's per-channel value, and only the AddV2 chains of split_sums broadcast "
+                "it. Received: drop_tiles=True, split_sums=False. Pass split_sums=True as well."
+            )
         set_(self, "device_bandwidth", _check_bandwidth("device_bandwidth", self.device_bandwidth))
         for name in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):
             set_(self, name, _check_names(name, getattr(self, name)))

@@ -226,7 +226,7 @@ def _optimize(
     device = resolve_device(config)
     check_host(config)
     plan = make_plan(model, resolve_swapout_window(config, device))
-    if not plan.swaps and not plan.recomputes and not plan.orders and not plan.sums:
+    if not plan.swaps and not plan.recomputes and not plan.orders and not plan.sums and not plan.tiles:
         return concrete_function, plan, None
     if device is None:
         warnings.warn(_no_device_message(), LMSWarning, stacklevel=stacklevel)

@@ -518,10 +518,9 @@ def anatomy_step(
     from . import _tf_internal as tfi
     from . import testbed
     from .core import optimize
-    from .graph import GraphModel, with_orders, with_recomputes
+    from .graph import GraphModel
     from .rewrite import is_landing
     from .simulator import Simulator
-    from .sums import with_split_sums
 
     if mode not in ("plain", "lms"):
         raise ValueError(f"mode must be 'plain' or 'lms'. Received: mode={mode!r}")
@@ -534,8 +533,7 @@ def anatomy_step(
         step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **(options or {}))
         swaps, host, serialize = plan.swaps, testbed.HOST, plan.options["serialize"]
         # The step as planned and simulated: with its recompute clones (backward ops).
-        graph_model = with_split_sums(graph_model, plan.sums)[0]
-        graph_model = with_orders(with_recomputes(graph_model, plan.recomputes), plan.orders)
+        graph_model = plan.planned_step(graph_model)
     sim = Simulator(graph_model, host)
 
     def phase(op: str) -> str:

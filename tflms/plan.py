@@ -5,11 +5,11 @@ The planner and the rewriter meet only here. A plan can be printed
 :meth:`SwapPlan.from_json`), edited by hand, compared against a golden, and
 broadcast so that every Horovod rank applies the same plan.
 
-JSON format (``format_version`` 5; version 1, without ``recomputes``, version 2,
-without ``fences``, version 3, without ``orders``, and version 4, without ``sums``, are still
-read), a top-level object::
+JSON format (``format_version`` 6; version 1, without ``recomputes``, version 2,
+without ``fences``, version 3, without ``orders``, version 4, without ``sums``, and version 5,
+without ``tiles``, are still read), a top-level object::
 
-    {"format_version": 5, "function": "...", "options": {...LMSConfig...},
+    {"format_version": 6, "function": "...", "options": {...LMSConfig...},
      "n_ops": 1234, "peak_bytes_before": ..., "peak_bytes_after": ...,
      "variable_bytes": ..., "reason": "",
      "swaps": [{"tensor": "conv1/Relu:0", "producer": "conv1/Relu",
@@ -27,7 +27,8 @@ read), a top-level object::
      "fences": [{"tensor": "conv1/Relu:0", "op": "conv3/Conv2D"}],
      "orders": [{"op": "gradient_tape/bn0/mul", "after": "gradient_tape/bn3/Sum"}],
      "sums": [{"op": "AddN_12", "terms": ["gradient_tape/a/mul", "gradient_tape/b/mul",
-                                          "gradient_tape/c/Sum"]}]}
+                                          "gradient_tape/c/Sum"]}],
+     "tiles": ["gradient_tape/bn/moments/Tile"]}
 
 A swap's consumer may be a recompute's clone (``tflms_recompute/<producer>/<group>/<op>``):
 the recompute reads a swapped tensor. The rewrite applies the recomputes first.
@@ -35,6 +36,11 @@ the recompute reads a swapped tensor. The rewrite applies the recomputes first.
 A sum (``split_sums``) is an ``AddN`` of the backward pass that the rewrite replaces by a chain
 of ``AddV2`` ops over ``terms`` (in Grappler's order), which adds each term as it arrives
 (:mod:`tflms.sums`). The rewrite applies the sums first; the other decisions name the chain's ops.
+
+A tile (``drop_tiles``) is a ``Tile`` op of the backward pass that the rewrite leaves out: the
+element-wise ops that read its value are made again under ``<op>/tflms_bcast`` and broadcast the
+``Tile``'s input (:mod:`tflms.tiles`). The rewrite applies the tiles after the sums and before
+the other decisions, which name the ops made again.
 
 A fence (``swapout_window``) is an ordering edge: ``op``, a forward op, starts only after
 ``tensor``'s swap-out has reached the host. An order is an ordering edge: ``op`` starts only
@@ -76,10 +82,10 @@ __all__ = [
     "recompute_seconds",
 ]
 
-FORMAT_VERSION = 5
+FORMAT_VERSION = 6
 #: Plan format versions :meth:`SwapPlan.from_dict` reads (1: before recompute existed; 2: before fences;
-#: 3: before orders; 4: before sums).
-READ_VERSIONS = (1, 2, 3, 4, 5)
+#: 3: before orders; 4: before sums; 5: before tiles).
+READ_VERSIONS = (1, 2, 3, 4, 5, 6)
 #: Name scope of the ops a recompute adds (clones of forward ops).
 RECOMPUTE_SCOPE = "tflms_recompute"
 #: Fixed cost of one recomputed op in seconds (a kernel launch), in the recompute cost model.
@@ -224,6 +230,7 @@ class SwapPlan:
     fences: tuple[Fence, ...] = ()
     orders: tuple[Order, ...] = ()
     sums: tuple[Sum, ...] = ()
+    tiles: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Frozen means frozen: the options are a read-only view of a private copy.
@@ -301,6 +308,17 @@ class SwapPlan:
         """The graph model the plan was made from, or ``None`` (loaded from JSON, built by hand)."""
         return getattr(self, "_model", None)
 
+    def planned_step(self, model: GraphModel) -> GraphModel:
+        """``model`` (the step the plan was made from) as the plan changes it before swapping: its
+        sums split, tiles left out, recomputes and orders applied, in the rewrite's order. The
+        simulator runs the swaps on it."""
+        from .graph import with_orders, with_recomputes
+        from .sums import with_split_sums
+        from .tiles import with_dropped_tiles
+
+        step = with_dropped_tiles(with_split_sums(model, self.sums)[0], self.tiles)[0]
+        return with_orders(with_recomputes(step, self.recomputes), self.orders)
+
     def plot(self, path: str | Path, model: GraphModel | None = None, **kwargs: Any) -> Path:
         """Save the predicted memory timeline, before and after this plan, as a PNG.
 
@@ -340,6 +358,7 @@ class SwapPlan:
         d["fences"] = [dataclasses.asdict(f) for f in self.fences]
         d["orders"] = [dataclasses.asdict(o) for o in self.orders]
         d["sums"] = [dataclasses.asdict(x) for x in self.sums]
+        d["tiles"] = list(self.tiles)
         d["options"] = dict(self.options)
         return _jsonable(d)
 
@@ -402,6 +421,7 @@ class SwapPlan:
             fences=tuple(Fence(tensor=f["tensor"], op=f["op"]) for f in d.get("fences", ())),
             orders=tuple(Order(op=o["op"], after=o["after"]) for o in d.get("orders", ())),
             sums=tuple(Sum(op=x["op"], terms=tuple(x["terms"])) for x in d.get("sums", ())),
+            tiles=tuple(d.get("tiles", ())),
         )
 
     @classmethod
@@ -454,6 +474,11 @@ class SwapPlan:
             terms = sum(len(x.terms) for x in self.sums)
             lines.append(
                 f"sums added as their terms arrive: {len(self.sums)} AddN ops ({terms} terms) split into AddV2 chains"
+            )
+        if self.tiles:
+            lines.append(
+                f"tiles left out: {len(self.tiles)} Tile ops of the backward pass, their values broadcast by the ops "
+                "that read them"
             )
         if self.reason:
             lines.append(f"note: {self.reason}")

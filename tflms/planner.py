@@ -41,6 +41,8 @@ Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`
   simulator's on that model.
 * ``split_sums=True`` first splits the backward pass's ``AddN`` sums of three or more terms
   into chains of ``AddV2`` (:mod:`tflms.sums`) and plans everything else on that model.
+* ``drop_tiles=True`` then leaves out the backward pass's ``Tile`` ops whose values the ops
+  that read them can broadcast (:mod:`tflms.tiles`), on the step with the sums split.
 * ``order_updates=True`` then makes each in-place variable update wait for the
   ops still holding a value read from that variable (:func:`tflms.schedule.update_orders`),
   so that TensorFlow does not copy the variable, where the simulator predicts no higher
@@ -109,7 +111,7 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         )
     from .autotune import prepare, tune_ordered
 
-    model, sim, sums, recomputes, orders = prepare(model, config, sim)
+    model, sim, sums, tiles, recomputes, orders = prepare(model, config, sim)
     if config.budget is not None:
         config, more, sim = tune_ordered(model, config, sim)
         model, orders = sim.model, orders + more  # with the orders, if the budget needed them
@@ -122,7 +124,7 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
 
         swaps, more, sim = finish(sim, swaps, config)  # sim: of ``model`` (with the budget's orders)
         orders += more
-    if not swaps and not recomputes and not orders and not sums:
+    if not swaps and not recomputes and not orders and not sums and not tiles:
         return empty(
             f"no tensor qualifies (forward output >= min_bytes={config.min_bytes} with a backward "
             f"consumer more than swapout_threshold={config.swapout_threshold} levels later)"
@@ -140,6 +142,7 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         fences=fences_for(sim.pos, swaps, config.swapout_window) if config.swapout_window else (),
         orders=orders,
         sums=tuple(sums),
+        tiles=tuple(tiles),
     ).with_model(original)
 
 

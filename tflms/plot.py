@@ -37,9 +37,10 @@ import numpy as np
 
 from ._util import format_bytes
 from .errors import LMSWarning
-from .graph import ALIAS_OP_TYPES, GraphModel, with_orders, with_recomputes
+from .graph import ALIAS_OP_TYPES, GraphModel
 from .simulator import Simulator
-from .sums import chain_ops, with_split_sums
+from .sums import chain_ops
+from .tiles import SUFFIX as TILE_SUFFIX
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -175,7 +176,7 @@ def memory_plot_data(model: GraphModel, plan: SwapPlan) -> MemoryPlotData:
     """
     _check_matches(model, plan)
     plain = Simulator(model, plan.options.get("host")).profile()
-    planned_model = with_orders(with_recomputes(with_split_sums(model, plan.sums)[0], plan.recomputes), plan.orders)
+    planned_model = plan.planned_step(model)
     planned = Simulator(planned_model, plan.options.get("host")).profile(plan.swaps)
     planned = _on_schedule(planned, plain.schedule)
     if plain.peak_bytes != plan.peak_bytes_before:
@@ -274,6 +275,8 @@ def _check_matches(model: GraphModel, plan: SwapPlan) -> None:
     nodes = model.dag.nodes
     clones = {rc.clone(op, k) for rc in plan.recomputes for k in range(len(rc.groups)) for op in rc.ops}
     clones.update(name for s in plan.sums for name in chain_ops(s))
+    if plan.tiles:  # the ops made again for left-out tiles
+        clones.update(op for op in plan.planned_step(model).dag if op.endswith(f"/{TILE_SUFFIX}"))
     decisions = [(s.producer, (), s.swap_ins) for s in plan.swaps]
     decisions += [(r.producer, r.ops, r.groups) for r in plan.recomputes]
     decisions += [(x.op, (), ()) for x in plan.sums]

@@ -22,7 +22,9 @@ each group gets its own transfer (TensorFlow makes one send/receive pair per
 tensor and destination device).
 
 Sums (:class:`~tflms.plan.Sum`, ``split_sums``) are applied first: each ``AddN`` becomes a
-chain of ``AddV2`` ops (:func:`tflms.sums.apply_sums`), which the other decisions name.
+chain of ``AddV2`` ops (:func:`tflms.sums.apply_sums`), which the other decisions name. Tiles
+(``drop_tiles``) come next: the ops that read a left-out ``Tile``'s value are made again under
+``<op>/tflms_bcast`` with its input (:func:`tflms.tiles.apply_tiles`).
 
 Recomputes (:class:`~tflms.plan.Recompute`) are applied next: for each consumer group
 a clone of each op of the chain, on the device (or the original op's device), named
@@ -63,6 +65,8 @@ import tensorflow as tf
 from . import _tf_internal as tfi
 from .plan import RECOMPUTE_SCOPE, SwapPlan
 from .sums import apply_sums
+from .tiles import SUFFIX as TILE_SUFFIX
+from .tiles import apply_tiles
 
 __all__ = [
     "apply_plan",
@@ -100,10 +104,11 @@ def is_landing(name: str) -> bool:
 
 
 def is_rewritten(graph: Any) -> bool:
-    """True if ``graph`` already holds tflms swap ops, recompute clones, split sums or ordering edges."""
+    """True if ``graph`` already holds tflms swap ops, recompute clones, split sums, ops made again
+    for left-out tiles or ordering edges."""
     scopes = (SWAP_OUT_SCOPE + "/", SWAP_IN_SCOPE + "/", RECOMPUTE_SCOPE + "/", ORDER_SCOPE + "/")
     ops = graph.get_operations()
-    return any(op.name.startswith(scopes) for op in ops) or any(
+    return any(op.name.startswith(scopes) or op.name.endswith(f"/{TILE_SUFFIX}") for op in ops) or any(
         (op.control_inputs and _swap_attr(op) == b"order") or (op.type == "AddV2" and _swap_attr(op) == b"sum")
         for op in ops
     )
@@ -125,7 +130,7 @@ def _plan_error(plan: SwapPlan, what: str) -> ValueError:
 
 def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on: str = "host") -> dict[str, int]:
     """Edit ``graph`` in place; return op-count changes, e.g.
-    ``{'swap_out': 3, 'swap_in': 4, 'landing': 4, 'recompute': 0, 'fence': 0, 'order': 0, 'sum': 0}``.
+    ``{'swap_out': 3, 'swap_in': 4, 'landing': 4, 'recompute': 0, 'fence': 0, 'order': 0, 'sum': 0, 'tile': 0}``.
 
     ``device`` is where the step runs (its unplaced ops and the consumers of swap-ins);
     every swap op is placed on ``host``. ``swap_in_on='device'`` instead places the
@@ -147,6 +152,7 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
         if fence.tensor not in swapped:
             raise _plan_error(plan, f"fence on {fence.tensor!r}, which the plan does not swap")
     n_sums = apply_sums(graph, plan.sums, device, lookup)  # the other decisions name the chains' ops
+    n_tiles = apply_tiles(graph, plan.tiles, device, lookup, [s.op for s in plan.sums])  # and the ops made again
     gates = _order_gates(graph, plan, lookup)
     _check_acyclic(graph, plan, gates)
     n_clones = _apply_recomputes(graph, plan, device, lookup)
@@ -225,6 +231,7 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
         "fence": len(plan.fences),
         "order": len(plan.orders),
         "sum": n_sums,
+        "tile": n_tiles,
     }
 
 

@@ -32,9 +32,26 @@ def test_second_round_grows_when_every_batch_trained_and_refines_after_a_failure
 def test_option_modifiers_turn_on_plan_options_once_each_and_not_for_plain():
     assert gpu.parse_variant("budget/g/s/o") == ("budget", {"window": -1, "max_pending": 0, "flags": "gos"})
     assert gpu.parse_variant("tflms/w2/r")[1] == {"window": 2, "max_pending": 0, "flags": "r"}
-    assert {gpu.OPTION_FLAGS[f] for f in "gsor"} == {"swap_gradients", "split_sums", "order_updates", "recompute"}
+    assert {gpu.OPTION_FLAGS[f] for f in "gsort"} == {
+        "swap_gradients",
+        "split_sums",
+        "order_updates",
+        "recompute",
+        "drop_tiles",
+    }
+    assert gpu.parse_variant("budget/t/s")[1]["flags"] == "st"
     assert gpu.parse_variant("plain/p8")[1]["max_pending"] == 8
-    for bad in ("plain/g", "plain/w2", "budget/g/g", "budget/w2/w4", "budget/x", "budget/g2", "budget/p"):
+    bad_variants = (
+        "plain/g",
+        "plain/w2",
+        "budget/g/g",
+        "budget/w2/w4",
+        "budget/x",
+        "budget/g2",
+        "budget/p",
+        "budget/t",
+    )
+    for bad in bad_variants:
         with pytest.raises(gpu.argparse.ArgumentTypeError, match=re.escape(repr(bad))):
             gpu.parse_variant(bad)
 

@@ -142,7 +142,10 @@ def test_plan_json_is_deterministic_and_roundtrips():
     p2 = make_plan(chain_model(n_fwd=6), cfg)
     assert p1.to_json() == p2.to_json() and p1.fingerprint() == p2.fingerprint()
     data = json.loads(p1.to_json())
-    assert data["format_version"] == 5 and data["recomputes"] == data["fences"] == data["orders"] == data["sums"] == []
+    assert (
+        data["format_version"] == 6
+        and data["recomputes"] == data["fences"] == data["orders"] == data["sums"] == data["tiles"] == []
+    )
     assert {"swaps", "peak_bytes_before", "peak_bytes_after", "options"} <= set(data)
     assert data["options"]["swapout_threshold"] == 4
     assert SwapPlan.from_json(p1.to_json()) == p1
