@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                     "planned": time.strftime("%Y-%m-%d"),  # rows of other models keep their own date
                 }
             )
-            ratio_text = f"x{ratio:.1f}" if ratio else "-"
+            ratio_text = f"x{ratio:.2f}" if ratio else "-"
             print(
                 f"{name:<12} {label:>7} {what:<10} {base:>7} {lms:>7} {ratio_text:>6} {bound:>7} {seconds:>8.0f}",
                 flush=True,

@@ -97,7 +97,7 @@ def capacity(data: dict) -> str:
     ]
     for r in data["rows"]:
         base = r["without_lms"]
-        ratio = f"x{r['with_lms'] / base:.1f}" if base else "-"
+        ratio = f"x{r['with_lms'] / base:.2f}" if base else "-"  # two decimals: x9.98 is not x10
         bound = r.get("bound")
         if bound is None:
             bound_text = "-"

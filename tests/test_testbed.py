@@ -208,6 +208,29 @@ def test_updates_ordered_after_the_reads_of_their_variable_copy_nothing():
     assert copying["copies"], "no update copied its variable without the orders: has TensorFlow changed?"
 
 
+def test_left_out_tiles_allocate_nothing_of_an_activations_size():
+    """drop_tiles on the test bed's real allocator, the CNN at batch 32 (five BatchNorms): with the
+    tiles kept, each BatchNorm gradient's two ``Tile`` ops allocate a full activation's bytes (1-16
+    MiB here); left out, none of them allocates, and the losses are the same. Measured here
+    (2026-11-27, one process): kept, the ten allocated 1, 1, 2, 2, 8, 8 and four times 16 MiB;
+    left out, nothing, and the ops made again allocated nothing either (TensorFlow forwarded
+    their inputs' buffers)."""
+    r = testbed.run_measured(
+        "testbed_jobs:tile_allocations",
+        {"model": "cnn", "batch": 32},
+        timeout=900,
+        pythonpath=[os.path.dirname(__file__)],
+    )
+    assert r.ok, r.error
+    dropped, kept, sizes = r.value["dropped"], r.value["kept"], r.value["tile_bytes"]
+    assert dropped["losses"] == kept["losses"]
+    assert len(dropped["tiles"]) == 10 and kept["tiles"] == []
+    assert all("/moments/Tile" in t for t in dropped["tiles"])
+    full = {op for op, nbytes in kept["by_tiles"] if nbytes == sizes[op] >= 2**20}
+    assert full == set(dropped["tiles"]), kept["by_tiles"]
+    assert not [a for a in dropped["by_tiles"] if a[0] in dropped["tiles"]], dropped["by_tiles"]
+
+
 # Steady-state peaks (largest per-step peak after one warm-up step), tflms / plain, oneDNN, 2-CPU
 # AMD EPYC, 2026-11-23: transformer 0.48-0.69 over six runs; the CNN 0.75-0.88, because its peak is
 # in the first block's backward (64x64x32 gradients) where swapping forward activations saves

@@ -126,3 +126,48 @@ def update_copies(model: str = "cnn", batch: int = 32, warmup: int = 2) -> dict[
         ]
         out[name] = {"losses": losses, "copies": copies, "n_orders": len(plan.orders)}
     return out
+
+
+def tile_allocations(model: str = "cnn", batch: int = 32, warmup: int = 1) -> dict[str, Any]:
+    """What the per-channel copies of the mean gradients allocate in one profiled step of ``model``'s
+    rewritten step, with ``drop_tiles`` on and off (``split_sums`` on in both), and the losses of
+    every step: the test bed's BFC allocator records the op behind every allocation while the
+    profiler runs. Per case: the requested bytes of each allocation by a ``Tile``/``BroadcastTo``
+    op, by an op made again for a left-out one (``.../tflms_bcast``), the largest such, the bytes
+    one activation-sized copy needs, and the step's measured peak after the warm-up."""
+    import tensorflow as tf
+
+    import tflms
+    from tflms import _tf_internal as tfi
+    from tflms import testbed
+    from tflms.measure import build
+
+    tf.config.experimental.enable_op_determinism()
+    keras_model, x, y, step = build(model, batch)
+    state = list(keras_model.variables) + list(step.optimizer.variables)
+    initial = [v.numpy() for v in state]
+    cf = tf.function(step).get_concrete_function(x, y)
+    tiles = {op.name: op.outputs[0].shape.num_elements() * 4 for op in cf.graph.get_operations() if op.type == "Tile"}
+    out: dict[str, Any] = {"tile_bytes": tiles}
+    for name, drop in (("dropped", True), ("kept", False)):
+        for v, value in zip(state, initial):
+            v.assign(value)
+        lms, plan = tflms.optimize(cf, device=testbed.DEVICE, host=testbed.HOST, split_sums=True, drop_tiles=drop)
+        losses: list[float] = []
+        with tf.device(testbed.DEVICE), tflms.manual_memory_optimizer():
+            for _ in range(warmup):
+                losses.append(float(lms(x, y)))
+            testbed.reset_peak()
+            losses.append(float(lms(x, y)))
+            peak = testbed.memory()["peak"]
+            records, _ = tfi.profile_step(lambda lms=lms, losses=losses: losses.append(float(lms(x, y))))
+        allocs = [(r["op"], r["requested"]) for r in records if r["kind"] == "alloc" and r["op"]]
+        out[name] = {
+            "losses": losses,
+            "tiles": list(plan.tiles),
+            "by_tiles": [a for a in allocs if a[0] in tiles],
+            "by_remade": [a for a in allocs if a[0].endswith("/tflms_bcast")],
+            "peak": peak,
+            "predicted": plan.peak_bytes_after,
+        }
+    return out
