@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         help="only search each row's bound (the largest size whose Simulator.floor fits) and add it to "
         "the JSON's rows of that model and budget",
     )
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/capacity.json"))
+    parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "capacity.json")
     args = parser.parse_args(argv)
     unknown = sorted(set(args.models) - set(BATCH_MODELS) - {"unet3d"})
     if unknown:

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=["cnn", "resnet50", "transformer"])
     parser.add_argument("--runs", type=int, default=5, help="alternating rounds (default 5)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per round (default 5)")
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/cpu_overhead.json"))
+    parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "cpu_overhead.json")
     args = parser.parse_args(argv)
 
     cpu = tf.config.list_physical_devices("CPU")[0]

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, nargs="+", default=[1, 8, 32, 64], help="transformer blocks per size")
     parser.add_argument("--repeat", type=int, default=3, help="timed repetitions per size (best is kept)")
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/pass_speed.json"))
+    parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "pass_speed.json")
     args = parser.parse_args(argv)
 
     cpu = tf.config.list_physical_devices("CPU")[0]
