@@ -132,9 +132,9 @@ def tile_allocations(model: str = "cnn", batch: int = 32, warmup: int = 1) -> di
     """What the per-channel copies of the mean gradients allocate in one profiled step of ``model``'s
     rewritten step, with ``drop_tiles`` on and off (``split_sums`` on in both), and the losses of
     every step: the test bed's BFC allocator records the op behind every allocation while the
-    profiler runs. Per case: the requested bytes of each allocation by a ``Tile``/``BroadcastTo``
-    op, by an op made again for a left-out one (``.../tflms_bcast``), the largest such, the bytes
-    one activation-sized copy needs, and the step's measured peak after the warm-up."""
+    profiler runs. ``tile_bytes``: each ``Tile`` op's output bytes; per case: ``(op, requested
+    bytes)`` of each allocation by a ``Tile`` op and by an op made again for a left-out one
+    (``.../tflms_bcast``), and the peak of the step before the profiled one, with its prediction."""
     import tensorflow as tf
 
     import tflms

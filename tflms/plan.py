@@ -477,8 +477,8 @@ class SwapPlan:
             )
         if self.tiles:
             lines.append(
-                f"tiles left out: {len(self.tiles)} Tile ops of the backward pass, their values broadcast by the ops "
-                "that read them"
+                f"tiles left out: {len(self.tiles)} Tile/BroadcastTo ops of the backward pass, their values broadcast "
+                "by the ops that read them"
             )
         if self.reason:
             lines.append(f"note: {self.reason}")

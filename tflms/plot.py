@@ -271,12 +271,16 @@ def _stages(model: GraphModel) -> dict[str, str]:
     }
 
 
+def _made_again(name: str, nodes: Any, clones: set[str]) -> bool:
+    """``name`` is an op made again for a left-out tile (:mod:`tflms.tiles`) of an op the step has."""
+    base = name.removesuffix(f"/{TILE_SUFFIX}")
+    return base != name and (base in nodes or base in clones)
+
+
 def _check_matches(model: GraphModel, plan: SwapPlan) -> None:
     nodes = model.dag.nodes
     clones = {rc.clone(op, k) for rc in plan.recomputes for k in range(len(rc.groups)) for op in rc.ops}
     clones.update(name for s in plan.sums for name in chain_ops(s))
-    if plan.tiles:  # the ops made again for left-out tiles
-        clones.update(op for op in plan.planned_step(model).dag if op.endswith(f"/{TILE_SUFFIX}"))
     decisions = [(s.producer, (), s.swap_ins) for s in plan.swaps]
     decisions += [(r.producer, r.ops, r.groups) for r in plan.recomputes]
     decisions += [(x.op, (), ()) for x in plan.sums]
@@ -289,8 +293,8 @@ def _check_matches(model: GraphModel, plan: SwapPlan) -> None:
             *(g.trigger for g in groups if g.trigger),
             *(c for g in groups for c, _ in g.consumers),
         )
-        if name not in clones
-    ]
+        if name not in clones and not _made_again(name, nodes, clones)
+    ] + list(plan.tiles)
     missing = [n for n in names if n not in nodes]
     if missing or (plan.n_ops and plan.n_ops != model.dag.number_of_nodes()):
         raise ValueError(

@@ -16,8 +16,9 @@ on the same two numbers as before, so the numbers stay bit-identical, and the fu
 tensors between the ``Tile`` and the first full-sized result are not made at all.
 
 A ``Tile`` is left out only where every op its value reaches, up to a full-sized result, is one
-of those four element-wise ops of the backward pass with its other input of a known shape, and
-no ``AddN`` reads a made-again op. The input gradient of a BatchNorm is an ``AddN`` of three
+of those four element-wise ops of the backward pass with its other input of a known shape, none
+of them is an output of the step, and no ``AddN`` of three or more inputs reads a made-again op
+(a new name could change Grappler's order of its terms). The input gradient of a BatchNorm is an ``AddN`` of three
 terms, one of them the mean's: so the option needs ``split_sums=True``, whose chains of
 ``AddV2`` take the per-channel term as it is (:mod:`tflms.sums`). The planner and the simulator
 see the step with the sums split, then the tiles left out (:func:`with_dropped_tiles`); the
@@ -30,6 +31,8 @@ import heapq
 import math
 from collections.abc import Sequence
 from typing import Any
+
+import networkx as nx
 
 from .graph import GraphModel, _records
 
@@ -145,6 +148,14 @@ class _View:
     def backward(self, op: str) -> bool:
         return self.model is None or self.model.dag.nodes[op]["phase"] == "backward"
 
+    def is_output(self, op: str) -> bool:
+        """Whether ``op`` is one of the function's outputs or control outputs (a graph only)."""
+        if self.graph is None:
+            return False
+        outputs = getattr(self.graph, "outputs", ())
+        controls = getattr(self.graph, "control_outputs", ())
+        return any(t.op.name == op for t in outputs) or any(c.name == op for c in controls)
+
 
 def _closure(view: _View, tiles: Sequence[str]) -> tuple[dict[str, tuple], list[str], dict[str, str]]:
     """What leaving out ``tiles`` does: ``(the new shape of each tensor that gets smaller, the
@@ -183,18 +194,26 @@ def _closure(view: _View, tiles: Sequence[str]) -> tuple[dict[str, tuple], list[
         if smaller is None:
             problems[op] = f"{op!r}: its inputs, of shapes {shapes}, do not broadcast to its output's {full}"
             continue
-        if state.get(op) is smaller:
+        if view.is_output(op):
+            problems[op] = f"{op!r} reads a tiled value and is an output of the step"
             continue
-        state[op] = smaller
-        if smaller:
-            small[out] = tuple(shape)
-            for c in view.readers(out):
-                heapq.heappush(heap, (view.order[c], c))
-        else:
+        if state.get(op) is not smaller:
+            state[op] = smaller
+            if smaller:
+                small[out] = tuple(shape)
+                for c in view.readers(out):
+                    heapq.heappush(heap, (view.order[c], c))
+        if not smaller:
             for c in view.readers(out):
                 if view.type(c) == "AddN" and len(view.inputs(c)) >= 3:
                     problems[op] = f"{op!r} is read by {c!r}, an AddN whose order of terms a new name may change"
-    return small, sorted(state, key=view.order.__getitem__), problems
+    # In dependency order (graph order breaks the ties): an op is made again after its inputs.
+    made = nx.DiGraph()
+    made.add_nodes_from(state)
+    made.add_edges_from(
+        (producer, op) for op in state for t in view.inputs(op) if (producer := t.rpartition(":")[0]) in state
+    )
+    return small, list(nx.lexicographical_topological_sort(made, key=view.order.__getitem__)), problems
 
 
 def droppable_tiles(model: GraphModel) -> list[str]:
@@ -246,6 +265,11 @@ def with_dropped_tiles(model: GraphModel, tiles: Sequence[str] | None = None) ->
         )
     old = _records(model)
     renamed = {op: new_name(op) for op in remade}
+    taken = [name for name in renamed.values() if name in model.dag]
+    if taken:
+        raise ValueError(
+            f"tflms: cannot name the op made again for {taken[0][: -len(SUFFIX) - 1]!r}: {taken[0]!r} is taken"
+        )
     source = {f"{t}:0": model.inputs_of[t][0] for t in tiles}  # a tile's output -> its value
     dropped = set(tiles)
     records = []
