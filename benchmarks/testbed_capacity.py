@@ -228,6 +228,7 @@ def main() -> None:
             return (
                 r["model"], r.get("swapout_window"), r.get("serialize", False), r.get("swap_gradients", False),
                 r.get("split_sums", False), r.get("order_updates", False), r.get("drop_tiles", False),
+                r.get("fraction"),
             )  # fmt: skip
 
         done = {setting(r) for r in rows}
