@@ -252,8 +252,8 @@ class LMSConfig:
             device for the last one. Default ``False``: lower predicted peaks on DenseNet121
             and ResNet50, no measured capacity gain yet, a few more ops and memory traffic per sum
             (README, "Sums added as their terms arrive").
-        drop_tiles: when ``True`` (needs ``split_sums=True``), each ``Tile`` of the backward
-            pass that copies a value to an activation's size where broadcasting gives the same
+        drop_tiles: when ``True`` (needs ``split_sums=True``), each ``Tile`` or ``BroadcastTo`` of
+            the backward pass that copies a value to an activation's size where broadcasting gives the same
             numbers (the gradient of a mean: two per BatchNorm and LayerNorm of Keras 3) is
             left out, and the element-wise ops that read its value broadcast it, bit-identically
             (:mod:`tflms.tiles`). Default ``False``: see the README, "Tiles left out".

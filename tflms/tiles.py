@@ -139,6 +139,12 @@ class _View:
             return [c for c, _ in self.model.tensors[tensor].consumers]
         return [c.name for c in self.graph.get_tensor_by_name(tensor).consumers() if c.name not in self.gone]
 
+    def control_inputs(self, op: str) -> list[str]:
+        if self.model is not None:
+            dag = self.model.dag
+            return [u for u in dag.predecessors(op) if dag.edges[u, op]["control"]]
+        return [c.name for c in self.ops[op].control_inputs]
+
     def control_readers(self, op: str) -> list[str]:
         if self.model is not None:
             dag = self.model.dag
@@ -159,7 +165,7 @@ class _View:
 
 def _closure(view: _View, tiles: Sequence[str]) -> tuple[dict[str, tuple], list[str], dict[str, str]]:
     """What leaving out ``tiles`` does: ``(the new shape of each tensor that gets smaller, the
-    ops made again in graph order, {op: why it stops a tile being left out})``."""
+    ops made again in dependency order, {op: why it stops a tile being left out})``."""
     small: dict[str, tuple] = {}
     problems: dict[str, str] = {}
     for tile in tiles:
@@ -213,6 +219,7 @@ def _closure(view: _View, tiles: Sequence[str]) -> tuple[dict[str, tuple], list[
     made.add_edges_from(
         (producer, op) for op in state for t in view.inputs(op) if (producer := t.rpartition(":")[0]) in state
     )
+    made.add_edges_from((c, op) for op in state for c in view.control_inputs(op) if c in state)
     return small, list(nx.lexicographical_topological_sort(made, key=view.order.__getitem__)), problems
 
 
