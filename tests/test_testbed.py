@@ -214,7 +214,7 @@ def test_left_out_tiles_allocate_nothing_of_an_activations_size():
     MiB here); left out, none of them allocates, and the losses are the same. Measured here
     (2026-11-27, one process): kept, the ten allocated 1, 1, 2, 2, 8, 8 and four times 16 MiB;
     left out, nothing, and the ops made again allocated nothing either (TensorFlow forwarded
-    their inputs' buffers)."""
+    their inputs' buffers); the test holds them to what the ops they replace allocated."""
     r = testbed.run_measured(
         "testbed_jobs:tile_allocations",
         {"model": "cnn", "batch": 32},
@@ -229,6 +229,11 @@ def test_left_out_tiles_allocate_nothing_of_an_activations_size():
     full = {op for op, nbytes in kept["by_tiles"] if nbytes == sizes[op] >= 2**20}
     assert full == set(dropped["tiles"]), kept["by_tiles"]
     assert not [a for a in dropped["by_tiles"] if a[0] in dropped["tiles"]], dropped["by_tiles"]
+    # The ops made again read the per-channel value instead of its copy: they ask for no more than
+    # the ops they replace did with the tiles kept.
+    assert r.value["remade"] and not dropped["by_originals"] and not kept["by_remade"]
+    made_again = sum(nbytes for _, nbytes in dropped["by_remade"])
+    assert made_again <= sum(nbytes for _, nbytes in kept["by_originals"]), (dropped["by_remade"], kept["by_originals"])
 
 
 # Steady-state peaks (largest per-step peak after one warm-up step), tflms / plain, oneDNN, 2-CPU

@@ -149,17 +149,18 @@ def tile_allocations(model: str = "cnn", batch: int = 32, warmup: int = 1) -> di
     cf = tf.function(step).get_concrete_function(x, y)
     tiles = {op.name: op.outputs[0].shape.num_elements() * 4 for op in cf.graph.get_operations() if op.type == "Tile"}
     out: dict[str, Any] = {"tile_bytes": tiles}
+    originals: set[str] = set()  # the ops made again with the tiles left out, by their old names
     for name, drop in (("dropped", True), ("kept", False)):
         for v, value in zip(state, initial):
             v.assign(value)
         lms, plan = tflms.optimize(cf, device=testbed.DEVICE, host=testbed.HOST, split_sums=True, drop_tiles=drop)
+        if drop:
+            remade = [op.name for op in lms.graph.get_operations() if op.name.endswith("/tflms_bcast")]
+            originals = {op.removesuffix("/tflms_bcast") for op in remade}
         losses: list[float] = []
         with tf.device(testbed.DEVICE), tflms.manual_memory_optimizer():
-            for _ in range(warmup):
+            for _ in range(warmup + 1):
                 losses.append(float(lms(x, y)))
-            testbed.reset_peak()
-            losses.append(float(lms(x, y)))
-            peak = testbed.memory()["peak"]
             records, _ = tfi.profile_step(lambda lms=lms, losses=losses: losses.append(float(lms(x, y))))
         allocs = [(r["op"], r["requested"]) for r in records if r["kind"] == "alloc" and r["op"]]
         out[name] = {
@@ -167,7 +168,7 @@ def tile_allocations(model: str = "cnn", batch: int = 32, warmup: int = 1) -> di
             "tiles": list(plan.tiles),
             "by_tiles": [a for a in allocs if a[0] in tiles],
             "by_remade": [a for a in allocs if a[0].endswith("/tflms_bcast")],
-            "peak": peak,
-            "predicted": plan.peak_bytes_after,
+            "by_originals": [a for a in allocs if a[0] in originals],
         }
+    out["remade"] = sorted(originals)
     return out

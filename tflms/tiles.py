@@ -227,7 +227,11 @@ def droppable_tiles(model: GraphModel) -> list[str]:
     """The ``Tile`` and ``BroadcastTo`` ops of ``model``'s backward pass that
     :func:`with_dropped_tiles` leaves out (see the module doc), in graph order. Plan on ``model``
     with its sums split first."""
-    view = _View(model)
+    return _droppable(model, _View(model))[0]
+
+
+def _droppable(model: GraphModel, view: _View) -> tuple[list[str], tuple[dict[str, tuple], list[str], dict[str, str]]]:
+    """``(droppable_tiles(model), their closure)``: the closure of the tiles found, not computed twice."""
     dag = model.dag
     candidates = [op for op, data in dag.nodes(data=True) if data["type"] in TILE_TYPES and data["phase"] == "backward"]
     reach: dict[str, set[str]] = {}  # a tile that can be left out alone -> the ops it makes again
@@ -237,13 +241,14 @@ def droppable_tiles(model: GraphModel) -> list[str]:
             reach[tile] = set(remade)
     tiles = list(reach)
     while tiles:  # together, two tiles' values can meet in one op and reach further
-        _, _, problems = _closure(view, tiles)
+        closure = _closure(view, tiles)
+        problems = closure[2]
         if not problems:
-            break
+            return tiles, closure
         near = set(problems) | {t.rpartition(":")[0] for op in problems if op in dag for t in model.inputs_of[op]}
         drop = {t for t in tiles if t in near or reach[t] & near} or {tiles[-1]}
         tiles = [t for t in tiles if t not in drop]
-    return tiles
+    return [], ({}, [], {})
 
 
 def _smaller_bytes(dtype: str, nbytes: int, full: Any, shape: tuple) -> tuple[int, bool]:
@@ -261,10 +266,14 @@ def _smaller_bytes(dtype: str, nbytes: int, full: Any, shape: tuple) -> tuple[in
 def with_dropped_tiles(model: GraphModel, tiles: Sequence[str] | None = None) -> tuple[GraphModel, list[str]]:
     """``(model with tiles left out and the ops that read their values made again, the tiles)``;
     ``tiles`` defaults to :func:`droppable_tiles`. ``model`` itself when there are none."""
-    tiles = droppable_tiles(model) if tiles is None else list(tiles)
+    view = _View(model)
+    if tiles is None:
+        tiles, (small, remade, problems) = _droppable(model, view)
+    else:
+        tiles = list(tiles)
+        small, remade, problems = _closure(view, tiles) if tiles else ({}, [], {})
     if not tiles:
         return model, []
-    small, remade, problems = _closure(_View(model), tiles)
     if problems:
         raise ValueError(
             f"The tiles to leave out do not fit this model: {next(iter(problems.values()))}. Make the plan from "
