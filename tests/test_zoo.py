@@ -292,6 +292,47 @@ def test_late_triggers_off_the_consumers_path_keep_training_bit_identical():
     _assert_trains_bit_identically(shared, step)
 
 
+def test_room_for_later_triggers_keeps_training_bit_identical():
+    """The orders :func:`tflms.schedule.finish` adds to make room for a later trigger (near a
+    budget's limit, at batches too large for this suite: DenseNet121 224² batch 1,300): in a
+    BatchNorm gradient, ``dy * x`` (``x`` swapped in) waits for the sum of ``dy``, and
+    ``dy * scale`` for both, so that it reads ``dy`` last. Made here for the first consumer of
+    every swap-in of ResNet50's default plan: the rewrite adds the orders, they hold in the
+    graphs TensorFlow runs, and the step trains to the plain step's numbers."""
+    from tflms.graph import with_orders
+    from tflms.rewrite import apply_plan
+    from tflms.schedule import _leading_to_updates, _room_for
+    from tflms.simulator import Simulator
+
+    shared = zoo.shared("resnet50")
+    _, plan = tflms.optimize(shared.cf, device=DEVICE, **SMALL)
+    model = with_orders(tflms.GraphModel.from_func_graph(shared.cf.graph), plan.orders)
+    pos = {op: i for i, op in enumerate(Simulator(model, HOST).order)}
+    fed = {c for s in plan.swaps for si in s.swap_ins for c, _ in si.consumers}
+    useful = _leading_to_updates(model)
+    room = set()
+    for s in plan.swaps:
+        for si in s.swap_ins:
+            first = min((c for c, _ in si.consumers), key=pos.__getitem__)
+            room.update(_room_for(model, first, s.bytes, pos, fed, useful))
+    room -= set(plan.orders)
+    last = {o.op for o in room if o.op.endswith("batchnorm/mul_1/Mul")}  # dy * scale, made to read dy last
+    assert len(last) >= 5, sorted(room)
+    # Not after an op Grappler prunes (the input gradient of the first convolution): it would stay.
+    assert not [o for o in room if o.after not in useful], sorted(room)
+    roomy = dataclasses.replace(plan, orders=tuple(sorted(set(plan.orders) | room)))
+    graph = tfi.copy_graph(shared.cf)
+    apply_plan(graph, roomy, device=DEVICE, host=HOST)
+    step = tfi.rebuild(shared.cf, graph)
+    check_structure(step, roomy, DEVICE, HOST)
+    check_survives_grappler(step, DEVICE)
+    shared.setup.reset()
+    with tf.device(DEVICE):
+        ran = {n.name: n for g in tfi.ran_graphs(lambda: step(shared.setup.x, shared.setup.y)) for n in g.node}
+    check_orders_hold_when_run(ran, roomy)
+    _assert_trains_bit_identically(shared, step)
+
+
 @pytest.mark.parametrize("name", ["transformer", "resnet50"])
 def test_swapped_gradients_keep_training_bit_identical(name):
     """``swap_gradients=True``: tensors of the backward pass are swapped too, on top of the

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
@@ -137,18 +137,11 @@ def update_orders(model: GraphModel, host: str | None = None) -> tuple[Order, ..
     >>> update_orders(GraphModel.from_ops(ops))
     (Order(op='adam/update', after='gradient_tape/dx'),)
     """
-    from .simulator import VARIABLE_WRITE_TYPES, _static, device_key
+    from .simulator import _static, device_key
 
     static = _static(model, device_key(host) if host else None)
     dag = model.dag
-    # The ops whose results lead to a variable update (a reverse search from every update).
-    useful = {op for op in dag if dag.nodes[op].get("type") in VARIABLE_WRITE_TYPES}
-    stack = list(useful)
-    while stack:
-        for p in dag.predecessors(stack.pop()):
-            if p not in useful:
-                useful.add(p)
-                stack.append(p)
+    useful = _leading_to_updates(model)
     orders = []
     for op, _nbytes, _handle, reads in static.writes:
         after = nx.descendants(dag, op)  # what runs after the update (later reads of the new value)
@@ -157,6 +150,22 @@ def update_orders(model: GraphModel, host: str | None = None) -> tuple[Order, ..
                 continue
             orders.extend(Order(op=op, after=r) for r in readers if r not in after and r in useful)
     return tuple(sorted(set(orders)))
+
+
+def _leading_to_updates(model: GraphModel) -> set[str]:
+    """The ops whose results lead to a variable update (a reverse search from every update): an
+    order's ``after`` among the others would keep an op alive that Grappler prunes."""
+    from .simulator import VARIABLE_WRITE_TYPES
+
+    dag = model.dag
+    useful = {op for op in dag if dag.nodes[op].get("type") in VARIABLE_WRITE_TYPES}
+    stack = list(useful)
+    while stack:
+        for p in dag.predecessors(stack.pop()):
+            if p not in useful:
+                useful.add(p)
+                stack.append(p)
+    return useful
 
 
 def _with_update_orders(model: GraphModel, sim: Simulator) -> tuple[GraphModel, tuple[Order, ...], Simulator]:
@@ -321,6 +330,118 @@ def late_triggers(
     return best_swaps, tuple(orders), best_sim
 
 
+def _room_orders(sim: Simulator, swaps: Sequence[Swap]) -> tuple[Order, ...]:
+    """Orders that make room for a later trigger where :func:`late_triggers` finds none.
+
+    At the predicted peak (requested bytes), a swap-in that is on the device there and whose
+    first consumer ``C`` runs right after it (nothing to trigger it on in between) comes back
+    too early. For each input buffer of ``C`` at least as large as the swapped tensor (in a
+    BatchNorm gradient, ``dy`` of ``dy * x``, with ``x`` the swap-in): ``C`` waits for the
+    buffer's readers that read no swap-in (the sum of ``dy``), so that one of them can trigger
+    the swap-in; and a reader that could write its output into the buffer (the simulator's
+    rule 3: ``dy * scale``) waits for all the others, so that it reads the buffer last and
+    takes it over. Sums are never ordered (an order on one can change how Grappler associates
+    it, :data:`tflms.graph.SUM_OP_TYPES`), nor a buffer with an alias among its readers."""
+    model = sim.model
+    position, schedule = sim.requested_peak_position(swaps)
+    pos = {op: i for i, op in enumerate(schedule)}
+    fed = {c for s in swaps for si in s.swap_ins for c, _ in si.consumers}
+    orders: set[Order] = set()
+    useful: set[str] | None = None
+    for s in swaps:
+        for si in s.swap_ins:
+            start = max(pos.get(si.trigger, -1), pos.get(s.producer, -1)) if si.trigger else pos.get(s.producer, -1)
+            firsts = [pos.get(c) for c, _ in si.consumers]
+            if not 0 <= start <= position or None in firsts or min(firsts) <= position:
+                continue
+            first = schedule[min(firsts)]
+            if first not in model.dag:
+                continue
+            if any(_trigger_kind(model, op) for op in schedule[position + 1 : pos[first]]):
+                continue  # late_triggers has an op to trigger it on
+            useful = _leading_to_updates(model) if useful is None else useful
+            orders.update(_room_for(model, first, s.bytes, pos, fed, useful))
+    return tuple(sorted(orders))
+
+
+def _room_for(
+    model: GraphModel, first: str, nbytes: int, pos: dict[str, int], fed: set[str], useful: set[str]
+) -> list[Order]:
+    """The orders of :func:`_room_orders` for a swap-in of ``nbytes`` whose first consumer is
+    ``first``: on each input buffer of ``first`` of at least ``nbytes``, ``first`` waits for
+    the readers that read no swap-in (``fed``: the ops that do), and a reader that could write
+    into the buffer waits for all the others; none unless ``first`` is element-wise
+    (:func:`_element_wise`). ``pos``: the schedule's positions; readers not in
+    it, or not in ``useful`` (:func:`_leading_to_updates`: Grappler prunes the others), are left
+    out. Of several readers that could write into the buffer, the last."""
+    from .graph import ALIAS_OP_TYPES
+    from .simulator import FORWARDING_OP_TYPES
+
+    if not _element_wise(model, first):
+        return []
+    orders = []
+    after_first, before_first = nx.descendants(model.dag, first), nx.ancestors(model.dag, first)
+    for name in model.inputs_of[first]:
+        tensor = model.tensors[name]
+        readers = sorted({c for c, _ in tensor.consumers if c in pos and c in useful})
+        types = {c: model.dag.nodes[c]["type"] for c in readers}
+        # Two reductions of the buffer by constant axes (the beta gradients of two BatchNorms that
+        # read one gradient) are one op after Grappler's deduplication: an order on either is lost.
+        twins = [c for c in readers if all(model.dag.nodes[t.rpartition(":")[0]]["type"] == "Const"
+                                            for t in model.inputs_of[c] if t != name)]  # fmt: skip
+        readers = [c for c in readers if c not in twins or sum(types[t] == types[c] for t in twins) == 1]
+        if tensor.bytes < nbytes or any(kind in ALIAS_OP_TYPES for kind in types.values()):
+            continue
+        last = [
+            f
+            for f in readers
+            if f != first
+            and f not in fed
+            and _element_wise(model, f)
+            and _writes_into(model, f, tensor, FORWARDING_OP_TYPES.get(types[f], ()))
+            and _orderable(model, f)
+            and not any(r in nx.descendants(model.dag, f) for r in readers)
+        ]
+        f = max(last, key=pos.__getitem__) if last else None
+        orders += [
+            Order(op=first, after=r)
+            for r in readers
+            if r not in (f, first) and r not in fed and r not in after_first and r not in before_first
+        ]
+        if f is not None:
+            before_f = nx.ancestors(model.dag, f)
+            orders += [Order(op=f, after=r) for r in readers if r != f and r not in before_f]
+    return orders
+
+
+def _element_wise(model: GraphModel, op: str) -> bool:
+    """An element-wise op that is not a sum: :func:`_room_orders` orders no other. A control
+    input on an op Grappler's remapper fuses with another changes the kernel that runs, and the
+    numbers (a ``Conv2DBackpropFilter`` ordered after its ``BiasAddGrad``: ResNet50's losses
+    changed in the second step, 2026-11-27)."""
+    from .simulator import FORWARDING_OP_TYPES
+
+    kind = model.dag.nodes[op]["type"]
+    return kind in FORWARDING_OP_TYPES and kind not in SUM_OP_TYPES
+
+
+def _trigger_kind(model: GraphModel, op: str) -> bool:
+    """An op :func:`late_triggers` may trigger a swap-in on (host ops aside)."""
+    node = model.dag.nodes.get(op)
+    return node is not None and model.phase(op) == "backward" and node["type"] not in _UNORDERED_TYPES | SUM_OP_TYPES
+
+
+def _writes_into(model: GraphModel, op: str, tensor: Any, allowed: tuple[int, ...] | None) -> bool:
+    """Whether ``op`` reads ``tensor`` at an input it may write its output into (rule 3)."""
+    outs = model.outputs_of[op]
+    if allowed == () or not outs:
+        return False
+    out = model.tensors[outs[0]]
+    if out.bytes != tensor.bytes or out.dtype != tensor.dtype:
+        return False
+    return any(c == op and (allowed is None or i in allowed) for c, i in tensor.consumers)
+
+
 def _later_trigger(
     model: GraphModel, schedule: Sequence[str], pos: dict[str, int], si: SwapIn, after: int, host_key: object
 ) -> str | None:
@@ -363,6 +484,19 @@ def finish(sim: Simulator, swaps: list[Swap], config: LMSConfig) -> tuple[list[S
     if config.budget is not None and sim.peak(swaps) > config.budget:
         swaps, late, sim = late_triggers(sim, swaps, config.budget)
         orders += late
+        peak = sim.peak(swaps)
+        for _ in range(MAX_ROUNDS):  # room for later triggers, kept while the peak goes down
+            if peak <= config.budget:
+                break
+            room = tuple(o for o in _room_orders(sim, swaps) if o not in orders)
+            if not room:
+                break
+            roomy = sim._ordered(room)  # noqa: SLF001 (within the package)
+            moved, late, moved_sim = late_triggers(roomy, swaps, config.budget)
+            moved_peak = moved_sim.peak(moved, above=peak)
+            if moved_peak >= peak:
+                break
+            swaps, orders, sim, peak = moved, orders + room + late, moved_sim, moved_peak
     _last_finish[0] = (key, (tuple(swaps), orders, sim))
     return list(swaps), orders, sim
 

@@ -277,3 +277,54 @@ def test_a_budget_met_only_with_late_triggers_gets_them_from_make_plan(monkeypat
     assert SwapPlan.from_json(plan.to_json()) == plan
     # Without a budget (or one the plan meets) the triggers stay where the planner put them.
     assert make_plan(model, LMSConfig(min_bytes=0, swapout_threshold=1, swapin_ahead=1)).swaps == early.swaps
+
+
+def _tight_stem_ops():
+    """:func:`_stem_ops` where the executor runs the swap-in's consumer ``m1`` (now ``dy * c``, as
+    large as ``c``, then summed) right after ``g``: nothing to trigger the swap-in on in between.
+    ``b`` sums ``g`` (a BatchNorm's beta gradient) and ``m`` (``g`` times a scale) could write
+    into ``g``'s buffer if it read it last."""
+    big, small = f32(64, 256), f32(8)
+    ops = [o for o in _stem_ops() if o["name"] not in (G + "m", G + "m1", G + "out", "update")]
+    return ops + [
+        op("scale", "Placeholder", outputs=[small]),
+        op(G + "m1", "Mul", [G + "g:0", "c:0"], [big]),
+        op(G + "m", "Mul", [G + "g:0", "scale:0"], [big]),
+        op(G + "m2", "Sum", [G + "m1:0"], [small]),
+        op(G + "b", "Sum", [G + "g:0"], [small]),
+        op(G + "out", "Mul", [G + "m:0", G + "m2:0"], [big]),
+        op(G + "out2", "Mul", [G + "out:0", G + "b:0"], [big]),
+        op("update", "AssignSubVariableOp", [G + "out2:0"], []),
+    ]
+
+
+def test_room_for_a_later_trigger_is_made_by_orders():
+    from tflms.schedule import _room_orders, finish, late_triggers
+
+    model = GraphModel.from_ops(_tight_stem_ops())
+    options = dict(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1)
+    plan = make_plan(model, LMSConfig(**options))
+    [swap] = plan.swaps
+    assert swap.tensor == "c:0" and [si.trigger for si in swap.swap_ins] == [G + "g"]
+    sim = Simulator(model)
+    assert sim.order.index(G + "g") + 1 == sim.order.index(G + "m1")
+    assert late_triggers(sim, plan.swaps)[1] == ()  # nothing runs between g and m1
+    # m1 waits for b, which can then trigger c's swap-in; m waits for b and m1, and reads g last.
+    assert _room_orders(sim, plan.swaps) == (
+        Order(op=G + "m", after=G + "b"),
+        Order(op=G + "m", after=G + "m1"),
+        Order(op=G + "m1", after=G + "b"),
+    )
+    budget = sim.peak(plan.swaps) - 1
+    swaps, orders, done = finish(sim, list(plan.swaps), LMSConfig(budget=budget, **{**options, "serialize": True}))
+    assert [si.trigger for s in swaps for si in s.swap_ins] == [G + "b"]
+    assert set(_room_orders(sim, plan.swaps)) <= set(orders)
+    assert done.peak(swaps) <= budget
+    # From g on: four 64 KiB buffers before (p, g, c's swap-in, then m's output), three after (c
+    # arrives once p is gone, and m writes into g). The peak moves to t, made before (224 KiB).
+    kib = lambda s, swaps: [int(b) // 1024 for b in s.profile(swaps).requested]  # noqa: E731 (32-byte sums left out)
+    before, after = kib(sim, plan.swaps), kib(done, swaps)
+    assert max(before[sim.order.index(G + "g") :]) == 4 * 64 == max(before)
+    assert max(after[done.order.index(G + "g") :]) == 3 * 64 and max(after) == 224
+    order = done.order
+    assert order.index(G + "b") < order.index(G + "m1") < order.index(G + "m")
