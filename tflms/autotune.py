@@ -27,8 +27,8 @@
    with those orders.
 5. Still with ``serialize=True``, when nothing fits after step 4: the lowest plan as
    ``make_plan`` finishes it (its own ordering edges, then later triggers for the swap-ins
-   that arrive by the peak and are read after it: :func:`tflms.schedule.late_triggers`); its
-   knobs are the tuned ones if that fits.
+   that arrive by the peak and are read after it: :func:`tflms.schedule.late_triggers`, and
+   orders that make room for more of them); its knobs are the tuned ones if that fits.
 
 Every number is a simulator prediction (:mod:`tflms.simulator`). The chosen
 values are recorded in the plan's options, so ``make_plan`` with them (and no

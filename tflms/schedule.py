@@ -40,7 +40,11 @@ that TensorFlow does not copy the variable before updating it.
 :func:`late_triggers` (step 5 of :mod:`tflms.autotune`, only where a budget needs it) moves the
 trigger of a swap-in that arrives by the peak but is read after it to the op that runs right
 before its consumer, with an ordering edge; :func:`finish` is what ``make_plan`` does with a
-plan's swaps (these orders, then late triggers where the budget is still not met).
+plan's swaps (these orders, then late triggers where the budget is still not met, then, while
+it is not and the peak goes down, orders that make room for more late triggers: where a
+swap-in's first consumer runs right after the peak, it waits for the sibling readers of its
+other input that read no swap-in, and the reader that can write into that input's buffer
+reads it last; see :func:`_room_orders`).
 """
 
 from __future__ import annotations
