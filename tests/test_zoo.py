@@ -314,7 +314,7 @@ def test_room_for_later_triggers_keeps_training_bit_identical():
     for s in plan.swaps:
         for si in s.swap_ins:
             first = min((c for c, _ in si.consumers), key=pos.__getitem__)
-            room.update(_room_for(model, first, s.bytes, pos, fed, useful))
+            room.update(_room_for(model, first, s.tensor, s.bytes, pos, fed, useful))
     room -= set(plan.orders)
     last = {o.op for o in room if o.op.endswith("batchnorm/mul_1/Mul")}  # dy * scale, made to read dy last
     assert len(last) >= 5, sorted(room)

@@ -334,6 +334,20 @@ def late_triggers(
     return best_swaps, tuple(orders), best_sim
 
 
+def _acyclic(sim: Simulator, swaps: Sequence[Swap], orders: Sequence[Order]) -> bool:
+    """Whether ``orders`` close no cycle in ``sim``'s step, with each swap-in's consumers waiting
+    for its trigger (edges the step's graph model does not have) and both graph models (as
+    written, and as run after Grappler's push-down)."""
+    edges = [(o.after, o.op) for o in orders]
+    edges += [(si.trigger, c) for s in swaps for si in s.swap_ins if si.trigger for c, _ in si.consumers]
+    for dag in (sim.model.dag, sim.executed.dag):
+        g = nx.DiGraph(dag.edges)
+        g.add_edges_from(edges)
+        if not nx.is_directed_acyclic_graph(g):
+            return False
+    return True
+
+
 def _room_orders(sim: Simulator, swaps: Sequence[Swap]) -> tuple[Order, ...]:
     """Orders that make room for a later trigger where :func:`late_triggers` finds none.
 
@@ -347,6 +361,7 @@ def _room_orders(sim: Simulator, swaps: Sequence[Swap]) -> tuple[Order, ...]:
     takes it over. Sums are never ordered (an order on one can change how Grappler associates
     it, :data:`tflms.graph.SUM_OP_TYPES`), nor a buffer with an alias among its readers."""
     model = sim.model
+    host_key = device_key(sim.host) if sim.host else None
     position, schedule = sim.requested_peak_position(swaps)
     pos = {op: i for i, op in enumerate(schedule)}
     fed = {c for s in swaps for si in s.swap_ins for c, _ in si.consumers}
@@ -361,23 +376,26 @@ def _room_orders(sim: Simulator, swaps: Sequence[Swap]) -> tuple[Order, ...]:
             first = schedule[min(firsts)]
             if first not in model.dag:
                 continue
-            if any(_trigger_kind(model, op) for op in schedule[position + 1 : pos[first]]):
+            if _later_trigger(model, schedule, pos, si, position, host_key) is not None:
                 continue  # late_triggers has an op to trigger it on
             useful = _leading_to_updates(model) if useful is None else useful
-            orders.update(_room_for(model, first, s.bytes, pos, fed, useful))
+            orders.update(_room_for(model, first, s.tensor, s.bytes, pos, fed, useful))
     return tuple(sorted(orders))
 
 
 def _room_for(
-    model: GraphModel, first: str, nbytes: int, pos: dict[str, int], fed: set[str], useful: set[str]
+    model: GraphModel, first: str, swapped: str, nbytes: int, pos: dict[str, int], fed: set[str], useful: set[str]
 ) -> list[Order]:
-    """The orders of :func:`_room_orders` for a swap-in of ``nbytes`` whose first consumer is
-    ``first``: on each input buffer of ``first`` of at least ``nbytes``, ``first`` waits for
+    """The orders of :func:`_room_orders` for a swap-in of ``swapped`` (``nbytes``) whose first
+    consumer is ``first``: on each other input buffer of ``first`` of at least ``nbytes``,
+    ``first`` waits for
     the readers that read no swap-in (``fed``: the ops that do), and a reader that could write
     into the buffer waits for all the others; none unless ``first`` is element-wise
     (:func:`_element_wise`). ``pos``: the schedule's positions; readers not in
     it, or not in ``useful`` (:func:`_leading_to_updates`: Grappler prunes the others), are left
-    out. Of several readers that could write into the buffer, the last."""
+    out, and a sum never waits nor is waited for (:data:`tflms.graph.SUM_OP_TYPES`). Of several
+    readers that could write into the buffer, the last. Orders of several calls together can
+    still close a cycle: :func:`finish` checks (:func:`_acyclic`)."""
     from .graph import ALIAS_OP_TYPES
     from .simulator import FORWARDING_OP_TYPES
 
@@ -386,6 +404,8 @@ def _room_for(
     orders = []
     after_first, before_first = nx.descendants(model.dag, first), nx.ancestors(model.dag, first)
     for name in model.inputs_of[first]:
+        if name == swapped:
+            continue
         tensor = model.tensors[name]
         readers = sorted({c for c, _ in tensor.consumers if c in pos and c in useful})
         types = {c: model.dag.nodes[c]["type"] for c in readers}
@@ -394,6 +414,7 @@ def _room_for(
         twins = [c for c in readers if all(model.dag.nodes[t.rpartition(":")[0]]["type"] == "Const"
                                             for t in model.inputs_of[c] if t != name)]  # fmt: skip
         readers = [c for c in readers if c not in twins or sum(types[t] == types[c] for t in twins) == 1]
+        readers = [c for c in readers if types[c] not in SUM_OP_TYPES]
         if tensor.bytes < nbytes or any(kind in ALIAS_OP_TYPES for kind in types.values()):
             continue
         last = [
@@ -404,7 +425,7 @@ def _room_for(
             and _element_wise(model, f)
             and _writes_into(model, f, tensor, FORWARDING_OP_TYPES.get(types[f], ()))
             and _orderable(model, f)
-            and not any(r in nx.descendants(model.dag, f) for r in readers)
+            and not nx.descendants(model.dag, f).intersection(readers)
         ]
         f = max(last, key=pos.__getitem__) if last else None
         orders += [
@@ -427,12 +448,6 @@ def _element_wise(model: GraphModel, op: str) -> bool:
 
     kind = model.dag.nodes[op]["type"]
     return kind in FORWARDING_OP_TYPES and kind not in SUM_OP_TYPES
-
-
-def _trigger_kind(model: GraphModel, op: str) -> bool:
-    """An op :func:`late_triggers` may trigger a swap-in on (host ops aside)."""
-    node = model.dag.nodes.get(op)
-    return node is not None and model.phase(op) == "backward" and node["type"] not in _UNORDERED_TYPES | SUM_OP_TYPES
 
 
 def _writes_into(model: GraphModel, op: str, tensor: Any, allowed: tuple[int, ...] | None) -> bool:
@@ -472,9 +487,12 @@ def _later_trigger(
 def finish(sim: Simulator, swaps: list[Swap], config: LMSConfig) -> tuple[list[Swap], tuple[Order, ...], Simulator]:
     """What :func:`tflms.make_plan` does with a plan's swaps, with ``config.serialize``: ordering
     edges for them (:func:`memory_orders`), then, where ``config.budget`` is still not met,
-    later triggers (:func:`late_triggers`). Returns ``(swaps, the orders added, simulator of
-    the step with them)``; without ``serialize``, ``(swaps, (), sim)``. The autotuner predicts
-    a plan's peak with it (step 5 of :mod:`tflms.autotune`)."""
+    later triggers (:func:`late_triggers`), and orders that make room for more of them
+    (:func:`_room_orders`) while the peak goes down. Returns ``(swaps, the orders added,
+    simulator of the step with them)``; without ``serialize``, ``(swaps, (), sim)``. The
+    autotuner predicts a plan's peak with it (step 5 of :mod:`tflms.autotune`); ``make_plan``
+    then finishes the same plan, and a call with the last call's simulator (the same object),
+    swaps and config returns that call's result (once: the simulators are not kept longer)."""
     if not config.serialize:
         return swaps, (), sim
     key = (sim, tuple(swaps), config)
@@ -482,6 +500,7 @@ def finish(sim: Simulator, swaps: list[Swap], config: LMSConfig) -> tuple[list[S
     # make_plan finishes the plan the autotuner's step 5 has just finished (the same simulator,
     # swaps and knobs): the second call reuses the first one's result.
     if last is not None and last[0][0] is sim and last[0][1:] == key[1:]:
+        _last_finish[0] = None
         done, orders, finished = last[1]
         return list(done), orders, finished
     orders, sim = _memory_orders(sim, swaps)
@@ -493,7 +512,7 @@ def finish(sim: Simulator, swaps: list[Swap], config: LMSConfig) -> tuple[list[S
             if peak <= config.budget:
                 break
             room = tuple(o for o in _room_orders(sim, swaps) if o not in orders)
-            if not room:
+            if not room or not _acyclic(sim, swaps, room):
                 break
             roomy = sim._ordered(room)  # noqa: SLF001 (within the package)
             moved, late, moved_sim = late_triggers(roomy, swaps, config.budget)

@@ -268,7 +268,8 @@ def test_a_budget_met_only_with_late_triggers_gets_them_from_make_plan(monkeypat
     late = []
     monkeypatch.setattr(schedule, "late_triggers", lambda *a, f=schedule.late_triggers: late.append(1) or f(*a))
     plan = make_plan(model, LMSConfig(min_bytes=0, budget=budget, serialize=True))
-    # The autotuner's step 5 finished this plan; make_plan reuses that instead of finishing it again.
+    # The budget is met only with late triggers, so the autotuner's step 5 finished this plan (or
+    # make_plan would have raised); make_plan reuses that instead of finishing it again.
     assert late == [1]
     assert [s.tensor for s in plan.swaps] == ["c:0"]
     assert [si.trigger for si in plan.swaps[0].swap_ins] == [G + "m"]
@@ -315,6 +316,10 @@ def test_room_for_a_later_trigger_is_made_by_orders():
         Order(op=G + "m", after=G + "m1"),
         Order(op=G + "m1", after=G + "b"),
     )
+    from tflms.schedule import _acyclic
+
+    assert _acyclic(sim, plan.swaps, _room_orders(sim, plan.swaps))
+    assert not _acyclic(sim, plan.swaps, (Order(op=G + "g", after=G + "m"),))  # m reads g
     budget = sim.peak(plan.swaps) - 1
     swaps, orders, done = finish(sim, list(plan.swaps), LMSConfig(budget=budget, **{**options, "serialize": True}))
     assert [si.trigger for s in swaps for si in s.swap_ins] == [G + "b"]
