@@ -353,13 +353,13 @@ def _room_orders(sim: Simulator, swaps: Sequence[Swap]) -> tuple[Order, ...]:
 
     At the predicted peak (requested bytes), a swap-in that is on the device there and whose
     first consumer ``C`` runs right after it (nothing to trigger it on in between) comes back
-    too early. For each input buffer of ``C`` at least as large as the swapped tensor (in a
-    BatchNorm gradient, ``dy`` of ``dy * x``, with ``x`` the swap-in): ``C`` waits for the
+    too early. For each other input buffer of ``C`` at least as large as the swapped tensor (in
+    a BatchNorm gradient, ``dy`` of ``dy * x``, with ``x`` the swap-in): ``C`` waits for the
     buffer's readers that read no swap-in (the sum of ``dy``), so that one of them can trigger
     the swap-in; and a reader that could write its output into the buffer (the simulator's
     rule 3: ``dy * scale``) waits for all the others, so that it reads the buffer last and
-    takes it over. Sums are never ordered (an order on one can change how Grappler associates
-    it, :data:`tflms.graph.SUM_OP_TYPES`), nor a buffer with an alias among its readers."""
+    takes it over (:func:`_room_for`). Only where :func:`late_triggers` has no op to trigger
+    the swap-in on."""
     model = sim.model
     host_key = device_key(sim.host) if sim.host else None
     position, schedule = sim.requested_peak_position(swaps)
@@ -388,14 +388,16 @@ def _room_for(
 ) -> list[Order]:
     """The orders of :func:`_room_orders` for a swap-in of ``swapped`` (``nbytes``) whose first
     consumer is ``first``: on each other input buffer of ``first`` of at least ``nbytes``,
-    ``first`` waits for
-    the readers that read no swap-in (``fed``: the ops that do), and a reader that could write
-    into the buffer waits for all the others; none unless ``first`` is element-wise
-    (:func:`_element_wise`). ``pos``: the schedule's positions; readers not in
-    it, or not in ``useful`` (:func:`_leading_to_updates`: Grappler prunes the others), are left
-    out, and a sum never waits nor is waited for (:data:`tflms.graph.SUM_OP_TYPES`). Of several
-    readers that could write into the buffer, the last. Orders of several calls together can
-    still close a cycle: :func:`finish` checks (:func:`_acyclic`)."""
+    ``first`` waits for the readers that read no swap-in (``fed``: the ops that do), and a
+    reader that could write into the buffer waits for all the others; none unless ``first`` is
+    element-wise (:func:`_element_wise`).
+
+    ``pos``: the schedule's positions. Left out: readers not in it or not in ``useful``
+    (:func:`_leading_to_updates`: Grappler prunes the others), sums (an order can change how
+    Grappler associates one, :data:`tflms.graph.SUM_OP_TYPES`), reductions with a twin (below),
+    and buffers with an alias among their readers. Of several readers that could write into the
+    buffer, the last. Orders of several calls together can still close a cycle: :func:`finish`
+    checks (:func:`_acyclic`)."""
     from .graph import ALIAS_OP_TYPES
     from .simulator import FORWARDING_OP_TYPES
 
