@@ -247,6 +247,24 @@ def test_updates_wait_for_the_reads_of_their_variable_and_training_stays_bit_ide
     _assert_trains_bit_identically(shared, ordered)
 
 
+def _assert_hand_made_plan_holds(shared, plan):
+    """Rewrite the shared plain step with ``plan`` (made by hand from a tflms plan): the exact
+    structure, the swap ops and orders survive Grappler and hold in the graphs TensorFlow ran,
+    and the step trains to the plain step's numbers."""
+    from tflms.rewrite import apply_plan
+
+    graph = tfi.copy_graph(shared.cf)
+    apply_plan(graph, plan, device=DEVICE, host=HOST)
+    step = tfi.rebuild(shared.cf, graph)
+    check_structure(step, plan, DEVICE, HOST)
+    check_survives_grappler(step, DEVICE)
+    shared.setup.reset()
+    with tf.device(DEVICE):
+        ran = {n.name: n for g in tfi.ran_graphs(lambda: step(shared.setup.x, shared.setup.y)) for n in g.node}
+    check_orders_hold_when_run(ran, plan)
+    _assert_trains_bit_identically(shared, step)
+
+
 def test_late_triggers_off_the_consumers_path_keep_training_bit_identical():
     """The kind of plan :func:`tflms.schedule.late_triggers` makes (near a budget's limit, at
     batches too large for this suite: ResNet50 96² batch 80, DenseNet121 224² batch 1,260):
@@ -258,7 +276,6 @@ def test_late_triggers_off_the_consumers_path_keep_training_bit_identical():
     import networkx as nx
 
     from tflms.graph import with_orders
-    from tflms.rewrite import apply_plan
     from tflms.schedule import _later_trigger
     from tflms.simulator import Simulator
 
@@ -280,16 +297,7 @@ def test_late_triggers_off_the_consumers_path_keep_training_bit_identical():
         swaps.append(dataclasses.replace(s, swap_ins=tuple(ins)))
     late = dataclasses.replace(plan, swaps=tuple(swaps), orders=tuple(orders))
     assert len(late.orders) - len(plan.orders) >= 5, len(late.orders) - len(plan.orders)
-    graph = tfi.copy_graph(shared.cf)
-    apply_plan(graph, late, device=DEVICE, host=HOST)
-    step = tfi.rebuild(shared.cf, graph)
-    check_structure(step, late, DEVICE, HOST)
-    check_survives_grappler(step, DEVICE)
-    shared.setup.reset()
-    with tf.device(DEVICE):
-        ran = {n.name: n for g in tfi.ran_graphs(lambda: step(shared.setup.x, shared.setup.y)) for n in g.node}
-    check_orders_hold_when_run(ran, late)
-    _assert_trains_bit_identically(shared, step)
+    _assert_hand_made_plan_holds(shared, late)
 
 
 def test_room_for_later_triggers_keeps_training_bit_identical():
@@ -300,7 +308,6 @@ def test_room_for_later_triggers_keeps_training_bit_identical():
     every swap-in of ResNet50's default plan: the rewrite adds the orders, they hold in the
     graphs TensorFlow runs, and the step trains to the plain step's numbers."""
     from tflms.graph import with_orders
-    from tflms.rewrite import apply_plan
     from tflms.schedule import _leading_to_updates, _room_for
     from tflms.simulator import Simulator
 
@@ -321,16 +328,7 @@ def test_room_for_later_triggers_keeps_training_bit_identical():
     # Not after an op Grappler prunes (the input gradient of the first convolution): it would stay.
     assert not [o for o in room if o.after not in useful], sorted(room)
     roomy = dataclasses.replace(plan, orders=tuple(sorted(set(plan.orders) | room)))
-    graph = tfi.copy_graph(shared.cf)
-    apply_plan(graph, roomy, device=DEVICE, host=HOST)
-    step = tfi.rebuild(shared.cf, graph)
-    check_structure(step, roomy, DEVICE, HOST)
-    check_survives_grappler(step, DEVICE)
-    shared.setup.reset()
-    with tf.device(DEVICE):
-        ran = {n.name: n for g in tfi.ran_graphs(lambda: step(shared.setup.x, shared.setup.y)) for n in g.node}
-    check_orders_hold_when_run(ran, roomy)
-    _assert_trains_bit_identically(shared, step)
+    _assert_hand_made_plan_holds(shared, roomy)
 
 
 @pytest.mark.parametrize("name", ["transformer", "resnet50"])
