@@ -376,3 +376,44 @@ def test_steps_are_called_with_a_manual_memory_optimizer_unless_configured_other
     assert ACCUMULATION <= kept
     with pytest.raises(ValueError, match="manual_memory_optimizer must be True or False. Received: .*='yes'"):
         LMSConfig(manual_memory_optimizer="yes")
+
+
+def test_steps_are_called_with_the_layout_optimizer_off_unless_configured_otherwise():
+    """tflms.function calls its step with Grappler's layout optimizer off: on a GPU its
+    transposes are buffers the plan does not count (README, "Layout transposes on the GPU").
+    On a CPU it converts only where the caller asks for it (``cpu_layout_conversion``), as
+    here: an NCHW convolution then runs as NHWC between two Transposes, unless tflms turns
+    the optimizer off. ``layout_optimizer=True`` leaves TensorFlow's setting, and a layout
+    optimizer the caller turned on explicitly is kept."""
+    from tensorflow.core.protobuf import rewriter_config_pb2
+
+    from helpers import ran_op_types, rewrite_options
+
+    on, nchw_to_nhwc = rewriter_config_pb2.RewriterConfig.ON, rewriter_config_pb2.RewriterConfig.NCHW_TO_NHWC
+    x = tf.reshape(tf.range(2 * 3 * 16 * 16, dtype=tf.float32), (2, 3, 16, 16)) * 1e-3
+    w = tf.reshape(tf.range(3 * 3 * 3 * 8, dtype=tf.float32), (3, 3, 3, 8)) * 1e-2
+
+    def conv(x):
+        return tf.reduce_sum(tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME", data_format="NCHW")))
+
+    def ran(options, **caller):
+        step = tflms.function(conv, device=DEVICE, **options)
+        out = []
+        with rewrite_options(cpu_layout_conversion=nchw_to_nhwc, **caller):
+            ops = ran_op_types(lambda: out.append(float(step(x))))
+        return ops, out[0]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LMSWarning)  # nothing to swap in a forward-only step
+        default, y = ran({})
+        tensorflows, y_tf = ran({"layout_optimizer": True})
+        explicit, _ = ran({}, layout_optimizer=on)  # the caller turned it on
+
+    def transposes(ops):  # oneDNN's graph rewrite runs them as _MklTranspose
+        return {t for t in ops if t.endswith("Transpose")}
+
+    assert not transposes(default)
+    assert transposes(tensorflows) and transposes(explicit)
+    assert y == y_tf == float(conv(x))
+    with pytest.raises(ValueError, match="layout_optimizer must be True or False. Received: .*='no'"):
+        LMSConfig(layout_optimizer="no")

@@ -644,3 +644,42 @@ def test_fit_calls_the_step_with_a_manual_memory_optimizer_unless_configured_oth
     assert cb.plan.swaps  # the step was rewritten
     assert "AddN" in manual and not ACCUMULATION & manual
     assert ACCUMULATION <= default
+
+
+def test_fit_calls_the_step_with_the_layout_optimizer_off_unless_configured_otherwise():
+    """The callback's train function runs with Grappler's layout optimizer off (on a GPU its
+    transposes are buffers the plan does not count). On a CPU it converts only where the
+    caller asks for it (``cpu_layout_conversion``), as here: the channels-first convolution
+    then runs as NHWC between Transposes, unless the callback turns the optimizer off;
+    ``layout_optimizer=True`` leaves TensorFlow's setting. The losses are the same."""
+    from tensorflow.core.protobuf import rewriter_config_pb2
+
+    from helpers import ran_op_types, rewrite_options
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 3, 32, 32), dtype=np.float32)
+    y = rng.standard_normal((16, 1), dtype=np.float32)
+
+    def ran(**options):
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((3, 32, 32))
+        h = keras.layers.Conv2D(8, 3, padding="same", data_format="channels_first", activation="relu")(inputs)
+        h = keras.layers.Conv2D(8, 3, padding="same", data_format="channels_first", activation="relu")(h)
+        m = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(h)))
+        m.compile(optimizer="sgd", loss="mse", jit_compile=False)
+        cb = LMSCallback(device=DEVICE, batch_size=16, swapout_threshold=1, min_bytes=0, **options)
+        history = []
+
+        def fit():
+            with tf.device(DEVICE):
+                history.append(m.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False, callbacks=[cb]))
+
+        with rewrite_options(cpu_layout_conversion=rewriter_config_pb2.RewriterConfig.NCHW_TO_NHWC):
+            ops = ran_op_types(fit)
+        return {t for t in ops if t.endswith("Transpose")}, cb, history[0].history["loss"]
+
+    default, cb, losses = ran()
+    tensorflows, _, tf_losses = ran(layout_optimizer=True)
+    assert cb.plan.swaps  # the step was rewritten
+    assert not default and tensorflows
+    assert losses == tf_losses

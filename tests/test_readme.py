@@ -38,13 +38,6 @@ def _make_dry_run(target):
     return [line.strip() for line in out.stdout.splitlines()]
 
 
-def test_report_names_the_gpu_benchmarks_option_letters_as_it_defines_them():
-    gpu_spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "benchmarks" / "gpu.py")
-    gpu = importlib.util.module_from_spec(gpu_spec)
-    gpu_spec.loader.exec_module(gpu)
-    assert report._OPTION_FLAGS == gpu.OPTION_FLAGS  # noqa: SLF001 (report.py keeps a copy: it does not import gpu.py)
-
-
 @pytest.mark.parametrize("name", sorted(report.TABLES))
 def test_readme_table_matches_the_benchmark_json(name):
     table = report.table(name)

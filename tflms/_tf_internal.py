@@ -20,7 +20,7 @@ A TensorFlow upgrade that breaks tflms should break only this module, and
 * ``context.context().function_call_options`` (thread-local) carries the ``ConfigProto``
   with which the runtime instantiates a function called under it (eagerly, or the call
   op traced under it): :func:`memory_optimization` sets Grappler's memory optimizer
-  to ``MANUAL`` there.
+  to ``MANUAL`` there, and turns its layout optimizer off.
 * Keras 3 (TensorFlow backend) internals used by ``LMSCallback`` (``keras_*``
   functions below; pinned by ``tests/test_keras.py``): ``Model._make_function`` and
   ``_jit_compile`` to install the rewritten step, ``_resolve_auto_jit_compile``,
@@ -187,29 +187,35 @@ def grappler_optimize(cf: ConcreteFunction, device: str, config: Any = None) -> 
 
 
 @contextlib.contextmanager
-def memory_optimization(level: str | None, keep_explicit: bool = False) -> Iterator[None]:
+def memory_optimization(level: str | None, keep_explicit: bool = False, layout_off: bool = False) -> Iterator[None]:
     """Within it, functions are instantiated with Grappler's memory optimizer at ``level``, a
-    ``RewriterConfig.MemOptType`` name (``'MANUAL'``: why, :func:`tflms.core.manual_memory_optimizer`);
-    the rest of the current ``ConfigProto`` is kept. ``level=None`` changes nothing.
+    ``RewriterConfig.MemOptType`` name (``'MANUAL'``: why, :func:`tflms.core.manual_memory_optimizer`),
+    and with ``layout_off=True`` with Grappler's layout optimizer off (why:
+    ``LMSConfig.layout_optimizer``); the rest of the current ``ConfigProto`` is kept.
+    ``level=None`` and ``layout_off=False`` change nothing.
 
-    ``keep_explicit=True`` changes nothing where the current level is not Grappler's default
-    (``DEFAULT_MEM_OPT``): a level the caller set stays."""
+    ``keep_explicit=True`` keeps what the caller set: a memory level other than Grappler's
+    default (``DEFAULT_MEM_OPT``), and a layout optimizer turned on (``ON``) explicitly."""
     from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
     from tensorflow.python.eager import context
 
-    if level is None:
-        yield
-        return
+    rewriter = rewriter_config_pb2.RewriterConfig
     ctx = context.context()
     previous = ctx.function_call_options
     config = config_pb2.ConfigProto()
     if previous.config_proto_serialized:
         config.ParseFromString(previous.config_proto_serialized)
     options = config.graph_options.rewrite_options
-    if keep_explicit and options.memory_optimization != rewriter_config_pb2.RewriterConfig.DEFAULT_MEM_OPT:
+    changed = False
+    if level is not None and not (keep_explicit and options.memory_optimization != rewriter.DEFAULT_MEM_OPT):
+        options.memory_optimization = rewriter.MemOptType.Value(level)
+        changed = True
+    if layout_off and not (keep_explicit and options.layout_optimizer == rewriter.ON):
+        options.layout_optimizer = rewriter.OFF
+        changed = True
+    if not changed:
         yield
         return
-    options.memory_optimization = rewriter_config_pb2.RewriterConfig.MemOptType.Value(level)
     ctx.function_call_options = context.FunctionCallOptions(executor_type=previous.executor_type, config_proto=config)
     try:
         yield

@@ -399,6 +399,7 @@ class LMSCallback(keras.callbacks.Callback):
         run = tfi.keras_make_function(model, lms_step if lms else step, jit_compile=xla and not lms)
         model_ref = weakref.ref(model)
         level = "MANUAL" if lms and self.config.manual_memory_optimizer else None
+        layout_off = lms and not self.config.layout_optimizer
         installation: _Installation
 
         def train_function(iterator: Any) -> Any:
@@ -408,7 +409,7 @@ class LMSCallback(keras.callbacks.Callback):
                     self._check_batch_dimension(iterator)
             self._before_run(model_ref, iterator)
             # Keras inlines the step into its own function, so the outer call's config counts.
-            with tfi.memory_optimization(level, keep_explicit=True):
+            with tfi.memory_optimization(level, keep_explicit=True, layout_off=layout_off):
                 logs = run(iterator)
             if lms and len(lms_step.plans) > self._shown:
                 self._report(installation)

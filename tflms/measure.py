@@ -175,7 +175,9 @@ def measure_step(
     has ``peak`` (the steady-state peak: the largest measured per-step peak after the
     warm-up, bytes), ``first_peak``, ``peaks`` and ``losses`` (every step, the warm-up
     included), ``step_seconds``, ``predicted`` (the simulator's peak of the step that ran),
-    ``manual_memory_optimizer`` (whether its steps ran at ``MANUAL``; see below) and, for
+    ``manual_memory_optimizer`` (whether its steps ran at ``MANUAL``; see below),
+    ``layout_optimizer_off`` (whether they ran with Grappler's layout optimizer off: the
+    rewritten steps with ``memory_optimizer='auto'``, as ``tflms.function`` calls them) and, for
     ``'lms'``, ``n_swaps``, ``n_swap_ins``, ``n_fences``, ``n_orders``, ``swapped_bytes`` and the plan's ``options``.
     ``'lms_device_gated'`` applies the same plan with the swap-ins on the device (as tflms
     0.1 did; see :func:`tflms.rewrite.apply_plan`): the negative control.
@@ -241,6 +243,7 @@ def measure_step(
         entry: dict[str, Any] = {}
         step = cf
         manual = memory_optimizer == "manual"
+        layout_off = False
         if mode.startswith("lms"):
             extra = {
                 "lms_recompute": {"recompute": True},
@@ -275,19 +278,21 @@ def measure_step(
                 options=dict(plan.options),
             )
             manual = manual or (memory_optimizer == "auto" and plan.options["manual_memory_optimizer"])
+            layout_off = memory_optimizer == "auto" and not plan.options.get("layout_optimizer", False)
         else:
             entry["predicted"] = plain_predicted
         peaks, losses, seconds = [], [], []
         for _ in range(warmup + steps):
             testbed.reset_peak()
             t0 = time.perf_counter()
-            with tf.device(device), tfi.memory_optimization("MANUAL" if manual else None):
+            with tf.device(device), tfi.memory_optimization("MANUAL" if manual else None, layout_off=layout_off):
                 loss = float(step(x, y).numpy())
             seconds.append(time.perf_counter() - t0)
             peaks.append(testbed.memory()["peak"])
             losses.append(loss)
         entry.update(
             manual_memory_optimizer=manual,
+            layout_optimizer_off=layout_off,
             peak=max(peaks[warmup:]),
             first_peak=peaks[0],
             peaks=peaks,
@@ -560,9 +565,11 @@ def anatomy_step(
         op = profile.schedule[position]
         return {"op": op, "op_phase": phase(op), **summary(buffers)}
 
-    # The rewritten step is called as tflms.function calls it (LMSConfig.manual_memory_optimizer).
+    # The rewritten step is called as tflms.function calls it (LMSConfig.manual_memory_optimizer,
+    # LMSConfig.layout_optimizer).
     manual = mode == "lms" and plan.options["manual_memory_optimizer"]
-    with tf.device(testbed.DEVICE), tfi.memory_optimization("MANUAL" if manual else None):
+    layout_off = mode == "lms" and not plan.options.get("layout_optimizer", False)
+    with tf.device(testbed.DEVICE), tfi.memory_optimization("MANUAL" if manual else None, layout_off=layout_off):
         for _ in range(warmup):
             step(x, y)
         testbed.reset_peak()

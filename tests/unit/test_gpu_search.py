@@ -32,13 +32,15 @@ def test_second_round_grows_when_every_batch_trained_and_refines_after_a_failure
 def test_option_modifiers_turn_on_plan_options_once_each_and_not_for_plain():
     assert gpu.parse_variant("budget/g/s/o") == ("budget", {"window": -1, "max_pending": 0, "flags": "gos"})
     assert gpu.parse_variant("tflms/w2/r")[1] == {"window": 2, "max_pending": 0, "flags": "r"}
-    assert {gpu.OPTION_FLAGS[f] for f in "gsort"} == {
+    assert {gpu.OPTION_FLAGS[f] for f in "gsortl"} == {
         "swap_gradients",
         "split_sums",
         "order_updates",
         "recompute",
         "drop_tiles",
+        "layout_optimizer",
     }
+    assert gpu.parse_variant("budget/l")[1]["flags"] == "l"
     assert gpu.parse_variant("budget/t/s")[1]["flags"] == "st"
     assert gpu.parse_variant("plain/p8")[1]["max_pending"] == 8
     bad_variants = (
@@ -50,6 +52,7 @@ def test_option_modifiers_turn_on_plan_options_once_each_and_not_for_plain():
         "budget/g2",
         "budget/p",
         "budget/t",
+        "plain/l",
     )
     for bad in bad_variants:
         with pytest.raises(gpu.argparse.ArgumentTypeError, match=re.escape(repr(bad))):
