@@ -20,9 +20,10 @@ autotuned to the cap). A *variant* adds modifiers to a mode (:func:`parse_varian
 ``tflms/w0`` has no fences (the default before 2026-11-26), ``tflms/w4`` four swap-outs in
 flight, ``tflms/p8`` bounds how many kernels the executor enqueues ahead of the GPU
 (``GPUOptions.experimental.kernel_tracker_max_pending``, set when TensorFlow starts), and the
-letters ``g``, ``s``, ``o``, ``r``, ``t`` turn on the plan options that are off by default
+letters ``g``, ``s``, ``o``, ``r``, ``t``, ``l`` turn on the options that are off by default
 (``swap_gradients``, ``split_sums``, ``order_updates``, ``recompute``, ``drop_tiles``, which needs
-``s``): ``budget/g/s``.
+``s``, and ``layout_optimizer``: the step runs with TensorFlow's layout optimizer, as the plain
+step does, not with it off): ``budget/g/s``.
 
 Phases, each written to the JSON as it ends:
 
@@ -85,7 +86,14 @@ def _gpu_setup(cap: int | None, max_pending: int = 0) -> None:
 #: ``w``, the default ``'auto'``: fences on a GPU). ``fenced`` is ``tflms/w<--window>``.
 MODES = ("plain", "tflms", "fenced", "budget")
 #: Modifiers of one letter: a plan option that is off by default, turned on.
-OPTION_FLAGS = {"g": "swap_gradients", "s": "split_sums", "o": "order_updates", "r": "recompute", "t": "drop_tiles"}
+OPTION_FLAGS = {
+    "g": "swap_gradients",
+    "s": "split_sums",
+    "o": "order_updates",
+    "r": "recompute",
+    "t": "drop_tiles",
+    "l": "layout_optimizer",
+}
 
 
 def parse_variant(spec: str) -> tuple[str, dict]:
@@ -286,7 +294,8 @@ def failed_attempt(stderr: str, returncode: int, stdout: str) -> dict:
     """A failed attempt's record: out of memory under its cap, or not; ``start_failed`` where it
     never ran on the GPU (no :data:`STARTED` line: on an H200 beside a process holding TensorFlow's
     default share of its memory, "cudaSetDevice() on GPU:0 failed. Status: out of memory", or an
-    abort), which says nothing about its cap; ``planned``: the plan's figures, if it got that far.
+    abort), which says nothing about its cap; ``planned``: the plan's figures, if it got that far;
+    ``failed_at``: the node TensorFlow names in its error (an out-of-memory's op).
 
     >>> failed_attempt("InternalError: cudaSetDevice() on GPU:0 failed. Status: out of memory", 1, "")["start_failed"]
     True
@@ -294,10 +303,14 @@ def failed_attempt(stderr: str, returncode: int, stdout: str) -> dict:
     >>> r = failed_attempt("ResourceExhaustedError: OOM when allocating", 1, chr(10).join(lines))
     >>> r["oom"], r["planned"], "start_failed" in r
     (True, {'swaps': 3}, False)
+    >>> failed_attempt("Detected at node a/Mul-1-Transpose-LayoutOptimizer defined at (most", 1, STARTED)["failed_at"]
+    'a/Mul-1-Transpose-LayoutOptimizer'
     """
     lines = [ln for ln in stderr.strip().splitlines() if ln.strip()]
     first = next((ln.strip()[:500] for ln in lines if "Error" in ln or "error:" in ln), None)
     out = {"ok": False, "returncode": returncode, "first_error": first, "error": lines[-3:]}
+    at = next((ln.split("Detected at node ", 1)[1].split()[0] for ln in lines if "Detected at node " in ln), None)
+    out |= {"failed_at": at} if at else {}
     if STARTED not in stdout.splitlines():
         return out | {"oom": False, "start_failed": True}
     planned = [json.loads(ln[len(PLANNED) :]) for ln in stdout.splitlines() if ln.startswith(PLANNED)]

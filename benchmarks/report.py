@@ -449,9 +449,19 @@ def _variant_label(r: dict) -> str:
     return ", ".join(words)
 
 
-#: gpu.py's one-letter modifiers: a plan option that is off by default, turned on (a copy of gpu.OPTION_FLAGS,
-#: which tests/test_readme.py checks: report.py does not import gpu.py).
-_OPTION_FLAGS = {"g": "swap_gradients", "s": "split_sums", "o": "order_updates", "r": "recompute", "t": "drop_tiles"}
+def _gpu_option_flags() -> dict[str, str]:
+    """gpu.py's one-letter modifiers (``gpu.OPTION_FLAGS``): gpu.py is a script beside this one, not
+    a module on the path, and imports nothing heavy at its top."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tflms_gpu_benchmark", Path(__file__).with_name("gpu.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.OPTION_FLAGS
+
+
+#: gpu.py's one-letter modifiers: an option that is off by default, turned on.
+_OPTION_FLAGS = _gpu_option_flags()
 
 
 def gpu_fences(data: dict) -> str:
@@ -577,6 +587,47 @@ def gpu_runs(data: dict) -> str:
     return "\n".join(lines)
 
 
+def gpu_layout(data: dict) -> str:
+    """Probes of 2026-11-27 with Grappler's layout optimizer on and off (``{"calls": [...]}``, each a
+    set of gpu.py attempts side by side under the same cap)."""
+    mb = 2**20
+
+    def where(r: dict) -> str:
+        if r["ok"]:
+            return "trained"
+        if not r.get("oom"):
+            return _failure(r)
+        node = r.get("failed_at")
+        return (
+            f"out of memory at `{node.replace('gradient_tape/', '').replace('resnet50_1/', '')}`"
+            if node
+            else ("out of memory")
+        )
+
+    lines = [
+        f"{data['date']}, {data['gpu'].get('device_name', 'GPU')}, TensorFlow {data['tensorflow']}; "
+        f"{data['model']} {data['image_size']}², Adam, each attempt under a real {data['cap_bytes'] / mb:,.0f} MiB "
+        f"cap, budget {data['budget_fraction']:g} × cap; **measured** (`get_memory_info`: peak of the steady steps, "
+        "and of the two warm-up steps) vs **predicted** (simulator)",
+        "",
+        "| call | layout optimizer | cuDNN autotune | step | batch | result | measured peak | warm-up peak "
+        "| predicted | measured / predicted |",
+        "|---:|---|---|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for call in data["calls"]:
+        head = f"| {call['call']} | {call['layout_optimizer']} | {'on' if call['cudnn_autotune'] else 'off'}"
+        for r in call["attempts"]:
+            predicted = r.get("predicted_peak_bytes") or r.get("planned", {}).get("predicted_peak_bytes")
+            if r["ok"]:
+                measured, rest = _peak_cells(r).split(" | ", 1)
+                cells = f"{measured} | {_mib(r['warmup_peak_bytes'])} | {rest}"
+            else:
+                cells = f"- | - | {_mib(predicted) if predicted else '-'} | -"
+            batch = str(r["batch"]) if r["ok"] else f"~~{r['batch']}~~"
+            lines.append(f"{head} | {_variant_label(r)} | {batch} | {where(r)} | {cells} |")
+    return "\n".join(lines)
+
+
 def _failure(r: dict) -> str:
     """Why a gpu.py attempt failed, in a few words."""
     text = " ".join(r.get("error", []))
@@ -613,6 +664,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "gpu_fences": gpu_fences,
     "gpu_densenet121": gpu_runs,
     "gpu_options": gpu_runs,
+    "gpu_layout": gpu_layout,
     "simulator_accuracy_gpu": simulator_accuracy,
 }
 
