@@ -331,3 +331,35 @@ def test_keras_train_step_refuses_what_it_cannot_trace():
         (None,),
         "int32",
     )
+
+
+def test_step_5_finishes_other_plans_where_the_lowest_one_does_not_fit(monkeypatch):
+    """Step 5 (``serialize=True``, nothing fits after step 4) finished only the plan that was
+    lowest before finishing. In one process on this machine, for ResNet50 224² at batch 1,424
+    with ``swap_gradients``, ``split_sums`` and ``drop_tiles``, that plan finished at 18.1 GiB
+    (predicted), over 16 GiB, and the plan of threshold 320, finished on the step without step
+    4's orders, at 14.9 GiB; under pytest's setup the lowest plan fits. So here the first
+    finished plan is made to miss the budget: the other plans are tried
+    (:func:`tflms.autotune._finish_other_knobs`), and the plan they give fits, as make_plan
+    predicts it."""
+    keras.utils.set_random_seed(0)
+    net = keras.applications.ResNet50(weights=None)
+    net.compile(optimizer=keras.optimizers.Adam(1e-4), loss="sparse_categorical_crossentropy")
+    model = tflms.GraphModel.from_func_graph(tflms.autotune.keras_train_step(net).graph, batch_size=1424)
+    config = LMSConfig(budget="16GiB", swap_gradients=True, split_sums=True, drop_tiles=True)
+    finished, calls = tflms.autotune._finished_peak, []  # noqa: SLF001 (the step 5 it checks)
+
+    def first_misses(sim, knobs):
+        calls.append((knobs.swapout_threshold, knobs.swapin_groupby, knobs.n_tensors))
+        return 2 * config.budget if len(calls) == 1 else finished(sim, knobs)
+
+    monkeypatch.setattr(tflms.autotune, "_finished_peak", first_misses)
+    plan = make_plan(model, config)
+    thresholds = [threshold for threshold, _, _ in calls[1:]]
+    assert thresholds and thresholds == sorted(thresholds, reverse=True)  # the fewest swaps first
+    assert plan.peak_bytes_after <= config.budget
+    assert (plan.options["swapout_threshold"], plan.options["swapin_ahead"]) == (calls[-1][0], 1)
+    calls.clear()
+    monkeypatch.setattr(tflms.autotune, "_finish_other_knobs", lambda *args: (None, float("inf")))
+    with pytest.raises(BudgetError):
+        make_plan(model, config)

@@ -361,7 +361,8 @@ def _kernel_types(setup, cf):
 def test_pooled_outputs_stay_on_the_device_for_onednn():
     """The cause of issue 10's drift (NASNetMobile, 3-D U-Net): a swap-in feeding input 1 of
     ``MaxPoolGrad``/``MaxPool3DGrad`` stops oneDNN's rewrite of it, and TensorFlow's own
-    kernel gives other numbers. The planner never swaps such a tensor."""
+    kernel gives other numbers. The planner never swaps such a tensor on a CPU; for a GPU it
+    does."""
     from tflms.candidates import PINNED_INPUTS
     from tflms.plan import Swap, SwapIn
     from tflms.rewrite import apply_plan
@@ -377,6 +378,12 @@ def test_pooled_outputs_stay_on_the_device_for_onednn():
     }
     assert len(pinned) == 2  # the two MaxPool3D outputs
     assert plan.swaps and not pinned & {s.tensor for s in plan.swaps}
+    # A GPU runs the same MaxPool3DGrad kernel whatever feeds it: planned for one (device=None
+    # is a GPU), the pooled outputs are swapped like any tensor.
+    for device in (None, "/device:GPU:0"):
+        config = tflms.LMSConfig(device=device, **SMALL)
+        gpu_plan = tflms.make_plan(tflms.GraphModel.from_func_graph(cf.graph), config)
+        assert pinned <= {s.tensor for s in gpu_plan.swaps}, device
 
     plain_kernels = _kernel_types(setup, cf)
     assert "MaxPool3D" in plain_kernels.values() or "_MklNativeMaxPool3D" in plain_kernels.values()

@@ -11,11 +11,19 @@ from collections.abc import Sequence
 import networkx as nx
 
 from .config import LMSConfig
+from .devices import parse as parse_device
 from .devices import same_device
 from .graph import ALIAS_OP_TYPES, CONTROL_FLOW_OP_TYPES, GraphModel, TensorInfo
 from .plan import Swap, SwapIn
 
-__all__ = ["candidate_swaps", "group_by_level", "is_collective", "EXCLUDED_PRODUCER_TYPES", "EXCLUDED_DTYPES"]
+__all__ = [
+    "candidate_swaps",
+    "group_by_level",
+    "is_collective",
+    "pins_inputs",
+    "EXCLUDED_PRODUCER_TYPES",
+    "EXCLUDED_DTYPES",
+]
 
 EXCLUDED_PRODUCER_TYPES = (
     frozenset(
@@ -35,6 +43,8 @@ EXCLUDED_DTYPES = frozenset({"resource", "variant", "string", "int32"})
 #: routes the gradient of tied maxima differently (``MaxPool3DGrad`` gives it to every
 #: tied input): the step is no longer bit-identical. A tensor read by such an input far
 #: in the backward pass is not swapped: its device copy must live until then anyway.
+#: Only where the step runs on a CPU (:func:`pins_inputs`): a GPU runs these gradients with
+#: the same kernel whether the input comes from the forward op or from a swap-in.
 PINNED_INPUTS = frozenset({("MaxPoolGrad", 1), ("MaxPool3DGrad", 1), ("LRNGrad", 2)})
 #: Ops that read only their input's shape, never its data.
 SHAPE_OP_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
@@ -53,6 +63,19 @@ def buffer_owner(model: GraphModel, tensor: str) -> TensorInfo:
         if op_type not in ALIAS_OP_TYPES or not ins:
             return t
         t = model.tensors[ins[t.index if op_type == "IdentityN" and t.index < len(ins) else 0]]
+
+
+def pins_inputs(config: LMSConfig) -> bool:
+    """Whether :data:`PINNED_INPUTS` apply: the step runs on ``config.device`` and that is not a
+    GPU. ``device=None`` means a GPU (the Horovod local-rank GPU or ``/device:GPU:0``; without
+    one no rewrite is made), so a plan for it may swap a pooled output.
+
+    >>> pins_inputs(LMSConfig(device="/device:CPU:1")), pins_inputs(LMSConfig(device="/device:GPU:0"))
+    (True, False)
+    >>> pins_inputs(LMSConfig())
+    False
+    """
+    return config.device is not None and parse_device(config.device).type != "GPU"
 
 
 def is_collective(op_type: str) -> bool:
@@ -126,7 +149,7 @@ def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig, checked: b
         if not static and any(_waits_for_backward(model, c) for c in shape_readers):
             return None
         far = [item for item in far if nodes[item[1]]["type"] not in SHAPE_OP_TYPES]
-    if any((nodes[c]["type"], i) in PINNED_INPUTS for _, c, i in far):
+    if pins_inputs(config) and any((nodes[c]["type"], i) in PINNED_INPUTS for _, c, i in far):
         return None  # the device copy lives until that backward op anyway: a swap would free nothing
     if not far:
         return None
