@@ -598,11 +598,7 @@ def gpu_layout(data: dict) -> str:
         if not r.get("oom"):
             return _failure(r)
         node = r.get("failed_at")
-        return (
-            f"out of memory at `{node.replace('gradient_tape/', '').replace('resnet50_1/', '')}`"
-            if node
-            else ("out of memory")
-        )
+        return f"out of memory at `{node.replace('resnet50_1/', '')}`" if node else "out of memory"
 
     lines = [
         f"{data['date']}, {data['gpu'].get('device_name', 'GPU')}, TensorFlow {data['tensorflow']}; "

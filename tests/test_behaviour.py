@@ -379,41 +379,58 @@ def test_steps_are_called_with_a_manual_memory_optimizer_unless_configured_other
 
 
 def test_steps_are_called_with_the_layout_optimizer_off_unless_configured_otherwise():
-    """tflms.function calls its step with Grappler's layout optimizer off: on a GPU its
-    transposes are buffers the plan does not count (README, "Layout transposes on the GPU").
+    """tflms.function calls a step it rewrote with Grappler's layout optimizer off: on a GPU its
+    transposes are buffers the plan does not count (README, "Grappler's layout optimizer").
     On a CPU it converts only where the caller asks for it (``cpu_layout_conversion``), as
-    here: an NCHW convolution then runs as NHWC between two Transposes, unless tflms turns
-    the optimizer off. ``layout_optimizer=True`` leaves TensorFlow's setting, and a layout
-    optimizer the caller turned on explicitly is kept."""
+    here: an NCHW convolution then runs as NHWC between Transposes, unless tflms turns the
+    optimizer off. ``layout_optimizer=True`` leaves TensorFlow's setting, and so does a
+    layout optimizer the caller turned on explicitly, and a step tflms did not rewrite."""
     from tensorflow.core.protobuf import rewriter_config_pb2
 
     from helpers import ran_op_types, rewrite_options
 
-    on, nchw_to_nhwc = rewriter_config_pb2.RewriterConfig.ON, rewriter_config_pb2.RewriterConfig.NCHW_TO_NHWC
-    x = tf.reshape(tf.range(2 * 3 * 16 * 16, dtype=tf.float32), (2, 3, 16, 16)) * 1e-3
-    w = tf.reshape(tf.range(3 * 3 * 3 * 8, dtype=tf.float32), (3, 3, 3, 8)) * 1e-2
+    toggle, nchw_to_nhwc = rewriter_config_pb2.RewriterConfig, rewriter_config_pb2.RewriterConfig.NCHW_TO_NHWC
+    x = tf.sin(tf.reshape(tf.range(4 * 3 * 16 * 16, dtype=tf.float32), (4, 3, 16, 16)))
 
-    def conv(x):
-        return tf.reduce_sum(tf.nn.relu(tf.nn.conv2d(x, w, 1, "SAME", data_format="NCHW")))
+    def ran(options, forward_only=False, plain=False, **caller):
+        w1 = tf.Variable(tf.cos(tf.reshape(tf.range(3 * 3 * 3 * 8, dtype=tf.float32), (3, 3, 3, 8))) * 0.1)
+        w2 = tf.Variable(tf.sin(tf.reshape(tf.range(3 * 3 * 8 * 8, dtype=tf.float32), (3, 3, 8, 8))) * 0.1)
 
-    def ran(options, **caller):
-        step = tflms.function(conv, device=DEVICE, **options)
+        def forward(x):
+            h = tf.nn.relu(tf.nn.conv2d(x, w1, 1, "SAME", data_format="NCHW"))
+            return tf.reduce_sum(tf.nn.relu(tf.nn.conv2d(h, w2, 1, "SAME", data_format="NCHW")) ** 2)
+
+        def train(x):
+            with tf.GradientTape() as tape:
+                loss = forward(x)
+            for w, g in zip((w1, w2), tape.gradient(loss, [w1, w2])):
+                w.assign_sub(1e-3 * g)
+            return loss
+
+        knobs = {"min_bytes": 0, "swapout_threshold": 1, "swapin_ahead": 1}
+        fn = forward if forward_only else train
+        step = tf.function(fn) if plain else tflms.function(fn, device=DEVICE, **knobs, **options)
         out = []
-        with rewrite_options(cpu_layout_conversion=nchw_to_nhwc, **caller):
-            ops = ran_op_types(lambda: out.append(float(step(x))))
-        return ops, out[0]
+        with tf.device(DEVICE), rewrite_options(cpu_layout_conversion=nchw_to_nhwc, **caller):
+            ops = ran_op_types(lambda: out.extend(float(step(x)) for _ in range(3)))
+        plan = None if plain else step.get_plan(x)
+        return {t for t in ops if t.endswith("Transpose")}, out, plan  # oneDNN runs _MklTranspose
 
+    default, losses, plan = ran({})
+    tensorflows, tf_losses, _ = ran({"layout_optimizer": True})
+    explicit, _, _ = ran({}, layout_optimizer=toggle.ON)
+    aggressive, _, _ = ran({}, layout_optimizer=toggle.AGGRESSIVE)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LMSWarning)  # nothing to swap in a forward-only step
-        default, y = ran({})
-        tensorflows, y_tf = ran({"layout_optimizer": True})
-        explicit, _ = ran({}, layout_optimizer=on)  # the caller turned it on
-
-    def transposes(ops):  # oneDNN's graph rewrite runs them as _MklTranspose
-        return {t for t in ops if t.endswith("Transpose")}
-
-    assert not transposes(default)
-    assert transposes(tensorflows) and transposes(explicit)
-    assert y == y_tf == float(conv(x))
+        unrewritten, _, empty = ran({}, forward_only=True)
+    plain_off, plain_off_losses, _ = ran({}, plain=True, layout_optimizer=toggle.OFF)
+    plain_on, plain_on_losses, _ = ran({}, plain=True)
+    assert plan.swaps and not empty.swaps
+    assert not default and not plain_off
+    assert tensorflows and explicit and aggressive and unrewritten and plain_on
+    # The swaps change no number: each step has the losses of the plain step run the same way
+    # (the layouts run other kernels, so the two ways may differ from each other).
+    assert losses == plain_off_losses and tf_losses == plain_on_losses
+    assert losses[2] < losses[0]
     with pytest.raises(ValueError, match="layout_optimizer must be True or False. Received: .*='no'"):
         LMSConfig(layout_optimizer="no")

@@ -195,7 +195,8 @@ def memory_optimization(level: str | None, keep_explicit: bool = False, layout_o
     ``level=None`` and ``layout_off=False`` change nothing.
 
     ``keep_explicit=True`` keeps what the caller set: a memory level other than Grappler's
-    default (``DEFAULT_MEM_OPT``), and a layout optimizer turned on (``ON``) explicitly."""
+    default (``DEFAULT_MEM_OPT``), and a layout optimizer turned on explicitly (``ON``,
+    ``AGGRESSIVE`` or an ``EXPERIMENTAL_*`` mode: anything but ``DEFAULT`` and ``OFF``)."""
     from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
     from tensorflow.python.eager import context
 
@@ -210,7 +211,7 @@ def memory_optimization(level: str | None, keep_explicit: bool = False, layout_o
     if level is not None and not (keep_explicit and options.memory_optimization != rewriter.DEFAULT_MEM_OPT):
         options.memory_optimization = rewriter.MemOptType.Value(level)
         changed = True
-    if layout_off and not (keep_explicit and options.layout_optimizer == rewriter.ON):
+    if layout_off and not (keep_explicit and options.layout_optimizer not in (rewriter.DEFAULT, rewriter.OFF)):
         options.layout_optimizer = rewriter.OFF
         changed = True
     if not changed:

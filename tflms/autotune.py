@@ -276,12 +276,15 @@ def _finish_other_knobs(
     (predicted)."""
     lowest = math.inf
     seen: set[tuple[Swap, ...]] = set()
-    entries = [e for e in _grid(model, config, _eligible(model, config)) if e[1:3] == (1, config.swapin_groupby)]
-    for threshold, ahead, groupby, swaps in sorted(entries, key=lambda e: -e[0]):
+    eligible = _eligible(model, config)
+    everything = _swaps(model, _knobs(config, 0, 1, 0), eligible)
+    max_distance = max((s.distance for s in everything), default=0)
+    for threshold in sorted((t for t in THRESHOLDS if t < max_distance), reverse=True):
+        swaps = _swaps(model, _knobs(config, threshold, 1, config.swapin_groupby), eligible)
         if not swaps or tuple(swaps) in seen:
             continue
         seen.add(tuple(swaps))
-        knobs = _tuned(config, budget, threshold, ahead, groupby, len(swaps))
+        knobs = _tuned(config, budget, threshold, 1, config.swapin_groupby, len(swaps))
         peak = _finished_peak(sim, knobs)
         lowest = min(lowest, peak)
         if peak <= budget:

@@ -68,7 +68,9 @@ def buffer_owner(model: GraphModel, tensor: str) -> TensorInfo:
 def pins_inputs(config: LMSConfig) -> bool:
     """Whether :data:`PINNED_INPUTS` apply: the step runs on ``config.device`` and that is not a
     GPU. ``device=None`` means a GPU (the Horovod local-rank GPU or ``/device:GPU:0``; without
-    one no rewrite is made), so a plan for it may swap a pooled output.
+    one no rewrite is made), so a plan for it may swap a pooled output. (``swapout_window='auto'``
+    reads ``device=None`` in :func:`tflms.make_plan` as no device: no fences; ``tflms.optimize``
+    and ``tflms.function`` pass the device they rewrite for.)
 
     >>> pins_inputs(LMSConfig(device="/device:CPU:1")), pins_inputs(LMSConfig(device="/device:GPU:0"))
     (True, False)

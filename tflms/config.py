@@ -275,14 +275,15 @@ class LMSConfig:
             memory, which the plan's predicted peak does not count. A level set by the
             caller's own ``function_call_options`` is kept. It changes no plan; steps from
             :func:`tflms.optimize` are called by the caller, who can wrap the calls.
-        layout_optimizer: when ``False`` (default), ``tflms.function`` and ``tflms.LMSCallback``
-            call the step with Grappler's layout optimizer off. On a GPU it converts
-            convolutions to NCHW and adds ``Transpose`` ops at the edges of what it converted,
-            around swap-ins too: activation-sized buffers that the plan does not count
-            (measured on an H200, README "Layout transposes on the GPU"). ``True``: TensorFlow's
-            setting (on by default). A layout optimizer the caller turned on explicitly is kept.
-            On a CPU it converts nothing unless ``cpu_layout_conversion`` is set. It changes
-            no plan; steps from :func:`tflms.optimize` are called by the caller
+        layout_optimizer: when ``False`` (default), ``tflms.function`` calls a step it
+            rewrote, and ``tflms.LMSCallback`` its train function, with Grappler's layout
+            optimizer off. On a GPU it converts convolutions to NCHW and adds ``Transpose``
+            ops at the edges of what it converted: activation-sized buffers that the plan does
+            not count (measured on an H200: two plans ran out of memory allocating one; README
+            "Grappler's layout optimizer"). ``True``: TensorFlow's setting (on by default). A
+            layout optimizer the caller turned on explicitly is kept. On a CPU it converts
+            nothing unless ``cpu_layout_conversion`` is set. It changes no plan; steps from
+            :func:`tflms.optimize` are called by the caller
             (``tf.config.optimizer.set_experimental_options({"layout_optimizer": False})``).
     """
 

@@ -324,7 +324,8 @@ class LMSFunction:
             return self.python_function(*args, **kwargs)
         new_cf, _, device = self._entry(args, kwargs)
         level = "MANUAL" if self._config.manual_memory_optimizer else None
-        with tfi.memory_optimization(level, keep_explicit=True, layout_off=not self._config.layout_optimizer):
+        layout_off = device is not None and not self._config.layout_optimizer  # only for a rewritten step
+        with tfi.memory_optimization(level, keep_explicit=True, layout_off=layout_off):
             if device is None:
                 return new_cf(*args, **kwargs)
             with tf.device(device):

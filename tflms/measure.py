@@ -198,7 +198,9 @@ def measure_step(
     ``manual_memory_optimizer=False``). ``'manual'`` runs every step of every mode within it
     (Grappler's memory optimizer at ``MANUAL``: no rewrite of ``AddN`` ops into accumulations,
     and no device memory held for them between steps); ``'default'`` leaves TensorFlow's
-    setting for every step. A step's peak includes what the functions of earlier modes hold
+    setting for every step. Only ``'auto'`` turns Grappler's layout optimizer off for the
+    rewritten steps (``LMSConfig.layout_optimizer``; on a CPU it changes nothing unless asked
+    to convert). A step's peak includes what the functions of earlier modes hold
     between steps (e.g. the zeros of such a rewrite).
     """
     import tensorflow as tf

@@ -18,7 +18,7 @@ Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`
   (the pooled output read by ``MaxPoolGrad``/``MaxPool3DGrad``, the ``LRN`` output read
   by ``LRNGrad``): oneDNN runs those gradients with its own kernel only when that input
   comes straight from the forward op, and TensorFlow's kernel gives other numbers. Only
-  where ``config.device`` is a CPU (``tflms.candidates.pins_inputs``): ``device=None`` is a GPU.
+  where ``config.device`` is not a GPU (``tflms.candidates.pins_inputs``): ``device=None`` is a GPU.
 * Each swap-in's trigger is a backward op on a path into the group's first
   consumer, at level >= (first consumer's level - ``swapin_ahead``) and above the
   producer; the lowest such level wins, ties broken by name. When that window
