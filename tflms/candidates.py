@@ -43,8 +43,8 @@ EXCLUDED_DTYPES = frozenset({"resource", "variant", "string", "int32"})
 #: routes the gradient of tied maxima differently (``MaxPool3DGrad`` gives it to every
 #: tied input): the step is no longer bit-identical. A tensor read by such an input far
 #: in the backward pass is not swapped: its device copy must live until then anyway.
-#: Only where the step runs on a CPU (:func:`pins_inputs`): a GPU runs these gradients with
-#: the same kernel whether the input comes from the forward op or from a swap-in.
+#: Only where the step does not run on a GPU (:func:`pins_inputs`): a GPU runs these gradients
+#: with the same kernel whether the input comes from the forward op or from a swap-in.
 PINNED_INPUTS = frozenset({("MaxPoolGrad", 1), ("MaxPool3DGrad", 1), ("LRNGrad", 2)})
 #: Ops that read only their input's shape, never its data.
 SHAPE_OP_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
