@@ -615,8 +615,11 @@ def gpu_layout(data: dict) -> str:
         for r in call["attempts"]:
             predicted = r.get("predicted_peak_bytes") or r.get("planned", {}).get("predicted_peak_bytes")
             if r["ok"]:
-                measured, rest = _peak_cells(r).split(" | ", 1)
-                cells = f"{measured} | {_mib(r['warmup_peak_bytes'])} | {rest}"
+                ratio = r["measured_peak_bytes"] / r["predicted_peak_bytes"]
+                cells = (
+                    f"{_mib(r['measured_peak_bytes'])} | {_mib(r['warmup_peak_bytes'])} "
+                    f"| {_mib(r['predicted_peak_bytes'])} | {ratio:.2f}"
+                )
             else:
                 cells = f"- | - | {_mib(predicted) if predicted else '-'} | -"
             batch = str(r["batch"]) if r["ok"] else f"~~{r['batch']}~~"

@@ -1,7 +1,5 @@
 """Structural checks shared by the rewrite tests."""
 
-import contextlib
-
 import networkx as nx
 
 from tflms import _tf_internal as tfi
@@ -134,27 +132,6 @@ def check_survives_grappler(cf, device, optimized=None):
 
 #: The ops Grappler's memory optimizer (at its default level) makes of a large AddN.
 ACCUMULATION = {"TemporaryVariable", "AssignAdd"}
-
-
-@contextlib.contextmanager
-def rewrite_options(**fields):
-    """Call functions within it with these ``RewriterConfig`` fields set, as a caller's own
-    ``function_call_options`` may set them (``cpu_layout_conversion=1``: NCHW_TO_NHWC)."""
-    from tensorflow.core.protobuf import config_pb2
-    from tensorflow.python.eager import context
-
-    ctx = context.context()
-    previous = ctx.function_call_options
-    config = config_pb2.ConfigProto()
-    if previous.config_proto_serialized:
-        config.ParseFromString(previous.config_proto_serialized)
-    for name, value in fields.items():
-        setattr(config.graph_options.rewrite_options, name, value)
-    ctx.function_call_options = context.FunctionCallOptions(executor_type=previous.executor_type, config_proto=config)
-    try:
-        yield
-    finally:
-        ctx.function_call_options = previous
 
 
 def ran_op_types(call):

@@ -387,7 +387,9 @@ def test_steps_are_called_with_the_layout_optimizer_off_unless_configured_otherw
     layout optimizer the caller turned on explicitly, and a step tflms did not rewrite."""
     from tensorflow.core.protobuf import rewriter_config_pb2
 
-    from helpers import ran_op_types, rewrite_options
+    from tflms._tf_internal import rewrite_options
+
+    from helpers import ran_op_types
 
     toggle, nchw_to_nhwc = rewriter_config_pb2.RewriterConfig, rewriter_config_pb2.RewriterConfig.NCHW_TO_NHWC
     x = tf.sin(tf.reshape(tf.range(4 * 3 * 16 * 16, dtype=tf.float32), (4, 3, 16, 16)))

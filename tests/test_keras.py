@@ -654,7 +654,9 @@ def test_fit_calls_the_step_with_the_layout_optimizer_off_unless_configured_othe
     ``layout_optimizer=True`` leaves TensorFlow's setting. The losses are the same."""
     from tensorflow.core.protobuf import rewriter_config_pb2
 
-    from helpers import ran_op_types, rewrite_options
+    from tflms._tf_internal import rewrite_options
+
+    from helpers import ran_op_types
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((16, 3, 32, 32), dtype=np.float32)

@@ -57,6 +57,7 @@ __all__ = [
     "profile_step",
     "ran_graphs",
     "memory_optimization",
+    "rewrite_options",
     "op_type_registered",
     "keras_make_function",
     "keras_auto_jit_compile",
@@ -197,26 +198,46 @@ def memory_optimization(level: str | None, keep_explicit: bool = False, layout_o
     ``keep_explicit=True`` keeps what the caller set: a memory level other than Grappler's
     default (``DEFAULT_MEM_OPT``), and a layout optimizer turned on explicitly (``ON``,
     ``AGGRESSIVE`` or an ``EXPERIMENTAL_*`` mode: anything but ``DEFAULT`` and ``OFF``)."""
-    from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
-    from tensorflow.python.eager import context
+    from tensorflow.core.protobuf import rewriter_config_pb2
 
     rewriter = rewriter_config_pb2.RewriterConfig
-    ctx = context.context()
-    previous = ctx.function_call_options
-    config = config_pb2.ConfigProto()
-    if previous.config_proto_serialized:
-        config.ParseFromString(previous.config_proto_serialized)
-    options = config.graph_options.rewrite_options
-    changed = False
+    options = _call_config().graph_options.rewrite_options
+    fields: dict[str, int] = {}
     if level is not None and not (keep_explicit and options.memory_optimization != rewriter.DEFAULT_MEM_OPT):
-        options.memory_optimization = rewriter.MemOptType.Value(level)
-        changed = True
+        fields["memory_optimization"] = rewriter.MemOptType.Value(level)
     if layout_off and not (keep_explicit and options.layout_optimizer not in (rewriter.DEFAULT, rewriter.OFF)):
-        options.layout_optimizer = rewriter.OFF
-        changed = True
-    if not changed:
+        fields["layout_optimizer"] = rewriter.OFF
+    with rewrite_options(**fields):
+        yield
+
+
+def _call_config() -> Any:
+    """A copy of the ``ConfigProto`` of the thread's function call options."""
+    from tensorflow.core.protobuf import config_pb2
+    from tensorflow.python.eager import context
+
+    config = config_pb2.ConfigProto()
+    serialized = context.context().function_call_options.config_proto_serialized
+    if serialized:
+        config.ParseFromString(serialized)
+    return config
+
+
+@contextlib.contextmanager
+def rewrite_options(**fields: int) -> Iterator[None]:
+    """Within it, functions are instantiated with these ``RewriterConfig`` fields set
+    (``cpu_layout_conversion=NCHW_TO_NHWC``, ``layout_optimizer=OFF``, ...) on the thread's
+    function call options; the rest of its ``ConfigProto`` is kept. No fields: no change."""
+    from tensorflow.python.eager import context
+
+    if not fields:
         yield
         return
+    ctx = context.context()
+    previous = ctx.function_call_options
+    config = _call_config()
+    for name, value in fields.items():
+        setattr(config.graph_options.rewrite_options, name, value)
     ctx.function_call_options = context.FunctionCallOptions(executor_type=previous.executor_type, config_proto=config)
     try:
         yield

@@ -84,16 +84,20 @@ def _own_knobs(config: LMSConfig) -> tuple[int, int, int]:
     return config.swapout_threshold, config.swapin_ahead, config.swapin_groupby
 
 
+def _thresholds(everything: list[Swap]) -> list[int]:
+    """The grid's thresholds: those of :data:`THRESHOLDS` below the largest distance of
+    ``everything`` (the swaps of threshold 0), where each leaves some swap."""
+    max_distance = max((s.distance for s in everything), default=0)
+    return [t for t in THRESHOLDS if t < max_distance]
+
+
 def _grid(model: GraphModel, config: LMSConfig, eligible: list[TensorInfo]) -> list[tuple[int, int, int, list[Swap]]]:
     """(threshold, ahead, groupby, the candidate swaps) of the search grid: each threshold and
     groupby with the latest prefetch (``ahead=1``), and ``config``'s own three knobs.
     ``eligible``: the tensors ``config`` lets be swapped (the knobs do not change them)."""
     everything = _swaps(model, _knobs(config, 0, 1, 0), eligible)
-    if not everything:
-        return []
-    max_distance = max(s.distance for s in everything)
     grid = []
-    for threshold in (t for t in THRESHOLDS if t < max_distance):
+    for threshold in _thresholds(everything):
         for groupby in GROUPBYS:
             swaps = (
                 everything
@@ -277,9 +281,7 @@ def _finish_other_knobs(
     lowest = math.inf
     seen: set[tuple[Swap, ...]] = set()
     eligible = _eligible(model, config)
-    everything = _swaps(model, _knobs(config, 0, 1, 0), eligible)
-    max_distance = max((s.distance for s in everything), default=0)
-    for threshold in sorted((t for t in THRESHOLDS if t < max_distance), reverse=True):
+    for threshold in reversed(_thresholds(_swaps(model, _knobs(config, 0, 1, 0), eligible))):
         swaps = _swaps(model, _knobs(config, threshold, 1, config.swapin_groupby), eligible)
         if not swaps or tuple(swaps) in seen:
             continue
