@@ -212,20 +212,29 @@ def _measured_header(data: dict) -> str:
 
 def simulator_accuracy(data: dict) -> str:
     # Runs since 2026-11-26 also keep every step's peak: then the table has the median step too.
+    # The last column: the figures within +-10 % of every step's peak (the largest / 1.1 up to the
+    # smallest * 1.1), "none" where the steps themselves spread wider than that.
     steps = all("step_peaks" in r for r in data["rows"] if r["runs"])
-    extra = " median step (all runs) | median / predicted |" if steps else ""
+    extra = " every step (all runs) | median step | median / predicted | within ±10 % of every step |" if steps else ""
     lines = [
         _measured_header(data)
-        + (", and the median of every step's peak after the warm-up, all runs together" if steps else "")
+        + (
+            ", every step's peak after the warm-up, all runs together (range and median), and the range of "
+            "figures that would be within ±10 % of every one of those steps"
+            if steps
+            else ""
+        )
         + " vs **predicted** by the simulator_",
         "",
         "| model | batch | step | measured steady peak (runs) | first step | predicted peak | measured / predicted |"
         + extra,
-        "|---|---:|---|---:|---:|---:|---:|" + ("---:|---:|" if steps else ""),
+        "|---|---:|---|---:|---:|---:|---:|" + ("---:|---:|---:|---:|" if steps else ""),
     ]
     for r in data["rows"]:
         if not r["runs"]:
-            lines.append(f"| {_model(r)} | {r['batch']} | {_step(r)} | (failed) | | | |" + (" | |" if steps else ""))
+            lines.append(
+                f"| {_model(r)} | {r['batch']} | {_step(r)} | (failed) | | | |" + (" | | | |" if steps else "")
+            )
             continue
         mib = [p / 2**20 for p in r["runs"]]
         ratios = [p / r["predicted"] for p in r["runs"]]
@@ -234,8 +243,14 @@ def simulator_accuracy(data: dict) -> str:
             f"| {_mib(max(r['first_peaks']))} | {_mib(r['predicted'])} | {_range(ratios, '{:.2f}')} |"
         )
         if steps:
-            median = statistics.median(p for run in r["step_peaks"] for p in run)
-            line += f" {_mib(median)} | {median / r['predicted']:.2f} |"
+            every = [p for run in r["step_peaks"] for p in run]
+            median = statistics.median(every)
+            low, high = max(every) / 1.1, min(every) * 1.1
+            within = f"{_mib_number(low)}-{_mib(high)}" if low <= high else "none"
+            line += (
+                f" {_range([p / 2**20 for p in every], unit=' MiB')} | {_mib(median)} | {median / r['predicted']:.2f} "
+                f"| {within} |"
+            )
         lines.append(line)
     return "\n".join(lines)
 

@@ -45,6 +45,39 @@ def test_readme_table_matches_the_benchmark_json(name):
     assert table in README, f"README's {name} table differs from the JSON: paste report.py's"
 
 
+def test_accuracy_table_gives_the_figures_within_10_percent_of_every_step():
+    mib = 2**20
+
+    def row(step_peaks, predicted=100 * mib):
+        runs = [max(run) for run in step_peaks]
+        return {
+            "model": "cnn",
+            "batch": 32,
+            "mode": "plain",
+            "runs": runs,
+            "first_peaks": runs,
+            "predicted": predicted,
+            "step_peaks": step_peaks,
+        }
+
+    data = {
+        "date": "2026-11-27",
+        "machine": "x86_64, 2 CPUs",
+        "tensorflow": "2.21.0",
+        "tflms": "0.1.0",
+        "steps": 2,
+        "warmup": 1,
+        # 99-108 MiB: from 108 / 1.1 = 98.2 up to 99 * 1.1 = 108.9; 80-100 MiB: none (88.9 > 88.0).
+        "rows": [row([[100 * mib, 108 * mib], [99 * mib, 104 * mib]]), row([[80 * mib, 100 * mib]])],
+    }
+    lines = [line for line in report.simulator_accuracy(data).splitlines() if line.startswith("| cnn")]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+    assert [c[7:] for c in cells] == [
+        ["99-108 MiB", "102 MiB", "1.02", "98-109 MiB"],
+        ["80-100 MiB", "90 MiB", "0.90", "none"],
+    ]
+
+
 def test_readme_commands_are_the_makefile_targets_ci_runs():
     commands = _readme_commands()
     assert commands == ["make run", "make test"]
