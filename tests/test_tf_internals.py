@@ -266,3 +266,39 @@ def test_grappler_folds_an_add_chain_into_one_addn_unless_its_ops_carry_the_tag(
 
     assert ran(tag=False) == ["AddN"]
     assert ran(tag=True) == ["AddV2"] * 3
+
+
+def test_onednn_runs_a_filter_gradient_and_its_bias_gradient_as_one_kernel_unless_a_path_joins_them():
+    """Why no order or trigger of a plan joins a ``Conv2DBackpropFilter`` and the ``BiasAddGrad``
+    of the same gradient (tflms.graph.fused_partners): oneDNN's graph pass runs the two as one
+    kernel, and with a control edge between them each runs alone and the bias gradient's bits
+    change."""
+    import pytest
+
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.standard_normal((8, 32, 32, 16)).astype(np.float32))
+    dy = tf.constant(rng.standard_normal((8, 32, 32, 32)).astype(np.float32))
+
+    def ran(joined):
+        @tf.function
+        def gradients(x, dy):
+            dy = dy * 1.0001  # made in the function, as a step's gradient is
+            sizes = tf.constant([3, 3, 16, 32])
+            bias = tf.raw_ops.BiasAddGrad(out_backprop=dy)
+            with tf.control_dependencies([bias] if joined else []):
+                filt = tf.raw_ops.Conv2DBackpropFilter(
+                    input=x, filter_sizes=sizes, out_backprop=dy, strides=[1, 1, 1, 1], padding="SAME"
+                )
+            return filt, bias
+
+        out = []
+        ops = {n.op for g in tfi.ran_graphs(lambda: out.extend(t.numpy() for t in gradients(x, dy))) for n in g.node}
+        return ops, out
+
+    fused_ops, (filt, bias) = ran(joined=False)
+    apart_ops, (filt_apart, bias_apart) = ran(joined=True)
+    if not any(op.endswith("Conv2DBackpropFilterWithBias") for op in fused_ops):
+        pytest.skip("oneDNN is off (TF_ENABLE_ONEDNN_OPTS=0): nothing fuses the two")
+    assert "BiasAddGrad" in apart_ops and not any(op.endswith("WithBias") for op in apart_ops)
+    np.testing.assert_array_equal(filt_apart, filt)
+    assert not np.array_equal(bias_apart, bias)

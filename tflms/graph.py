@@ -46,6 +46,13 @@ UPDATE_OP_TYPES = frozenset({"AssignVariableOp", "AssignSubVariableOp", "AssignA
 #: change how the sum associates, and the step's numbers.
 SUM_OP_TYPES = frozenset({"Add", "AddV2", "AddN"})
 
+#: A filter gradient and a bias gradient of the same output gradient, which oneDNN's graph pass
+#: (TensorFlow's CPU build) runs as one kernel (``_MklNativeConv2DBackpropFilterWithBias``),
+#: unless a path joins the two: then each runs alone, and the bias gradient's bits change
+#: (``tests/test_tf_internals.py``). No order or trigger of a plan may join them
+#: (:func:`fused_partners`).
+FUSED_GRADIENT_TYPES = ("Conv2DBackpropFilter", "BiasAddGrad")
+
 #: Op types whose output shares its first input's buffer (no new allocation).
 ALIAS_OP_TYPES = frozenset(
     {
@@ -463,6 +470,65 @@ def with_constant_pushdown(model: GraphModel) -> tuple[GraphModel, list[tuple[st
         records.values(), variable_bytes=model.variable_bytes, name=model.name, variables=model.variables
     )
     return pushed, pairs
+
+
+_FUSED_PARTNERS: weakref.WeakKeyDictionary[nx.DiGraph, tuple[int, dict[str, frozenset[str]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def fused_partners(model: GraphModel) -> dict[str, frozenset[str]]:
+    """The ops of ``model`` that oneDNN fuses in pairs (:data:`FUSED_GRADIENT_TYPES`), each with
+    its partners: a ``Conv2DBackpropFilter`` and the ``BiasAddGrad`` ops of its output gradient
+    (its input 2), both ways. Do not modify the result (kept per DAG).
+
+    >>> out = [("float32", (4, 8), 128, False)]
+    >>> m = GraphModel.from_ops([
+    ...     {"name": "dy", "type": "Fill", "inputs": [], "outputs": out},
+    ...     {"name": "x", "type": "Fill", "inputs": [], "outputs": out},
+    ...     {"name": "s", "type": "Const", "inputs": [], "outputs": [("int32", (4,), 16, False)]},
+    ...     {"name": "gradients/w", "type": "Conv2DBackpropFilter", "inputs": ["x:0", "s:0", "dy:0"], "outputs": out},
+    ...     {"name": "gradients/b", "type": "BiasAddGrad", "inputs": ["dy:0"], "outputs": out},
+    ... ])
+    >>> {op: sorted(p) for op, p in fused_partners(m).items()}
+    {'gradients/b': ['gradients/w'], 'gradients/w': ['gradients/b']}
+    >>> joins_fused(m, [("gradients/b", "gradients/w")]), joins_fused(m, [("x", "gradients/w")])
+    (True, False)
+    """
+    known = _FUSED_PARTNERS.get(model.dag)
+    if known is not None and known[0] == model.dag.number_of_nodes():
+        return known[1]
+    filters, biases = FUSED_GRADIENT_TYPES
+    partners: dict[str, set[str]] = {}
+    for op, kind in model.dag.nodes(data="type"):
+        if kind != biases or not model.inputs_of[op]:
+            continue
+        for c, i in model.tensors[model.inputs_of[op][0]].consumers:
+            if i == 2 and model.dag.nodes[c]["type"] == filters:
+                partners.setdefault(op, set()).add(c)
+                partners.setdefault(c, set()).add(op)
+    result = {op: frozenset(p) for op, p in partners.items()}
+    _FUSED_PARTNERS[model.dag] = (model.dag.number_of_nodes(), result)
+    return result
+
+
+def joins_fused(model: GraphModel, edges: Iterable[tuple[str, str]], context: Iterable[tuple[str, str]] = ()) -> bool:
+    """Whether adding ``edges`` (``(before, after)`` pairs) to ``model``'s DAG, with the edges of
+    ``context`` already there (e.g. the swap-ins' triggers), makes a path from one op of a fused
+    pair (:func:`fused_partners`) to its partner."""
+    partners = fused_partners(model)
+    edges = list(edges)
+    starts = [(u, v) for u, v in edges if u in partners]
+    if not starts:
+        return False
+    extra: dict[str, list[str]] = {}
+    for u, v in [*edges, *context]:
+        extra.setdefault(u, []).append(v)
+
+    def successors(n: str) -> list[str]:
+        return [*model.dag.successors(n), *extra.get(n, ())] if n in model.dag else extra.get(n, [])
+
+    return any(partners[u] & (_reach(successors, {v}) | {v}) for u, v in starts)
 
 
 def _reach(neighbours: Any, sources: set[str]) -> set[str]:

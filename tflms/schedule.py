@@ -45,6 +45,9 @@ it is not and the peak goes down, orders that make room for more late triggers: 
 swap-in's first consumer runs right after the peak, it waits for the sibling readers of its
 other input that read no swap-in, and the reader that can write into that input's buffer
 reads it last; see :func:`_room_orders`).
+
+No order or trigger of these joins a filter gradient and the bias gradient that oneDNN runs
+with it as one kernel (:func:`tflms.graph.fused_partners`): that would change the numbers.
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import networkx as nx
 
 from .devices import device_key
-from .graph import SUM_OP_TYPES, GraphModel, with_orders
+from .graph import SUM_OP_TYPES, GraphModel, joins_fused, with_orders
 from .plan import Order
 from .simulator import Simulator
 
@@ -257,8 +260,15 @@ def _candidates(sim: Simulator, swaps: Sequence[Swap]) -> list[tuple[Order, ...]
                 for c, _ in model.tensors[t].consumers
                 if c not in needed and pos[c] <= position and _orderable(model, c)
             }
-            found.add(tuple(Order(op=c, after=reader) for c in sorted(ops)))
+            candidate = tuple(Order(op=c, after=reader) for c in sorted(ops))
+            if not joins_fused(sim.model, [(o.after, o.op) for o in candidate], _trigger_edges(swaps)):
+                found.add(candidate)
     return sorted(found)
+
+
+def _trigger_edges(swaps: Sequence[Swap]) -> list[tuple[str, str]]:
+    """``(trigger, consumer)`` for each swap-in with a trigger: its consumers wait for it."""
+    return [(si.trigger, c) for s in swaps for si in s.swap_ins if si.trigger for c, _ in si.consumers]
 
 
 def _orderable(model: GraphModel, op: str) -> bool:
@@ -338,8 +348,7 @@ def _acyclic(sim: Simulator, swaps: Sequence[Swap], orders: Sequence[Order]) -> 
     """Whether ``orders`` close no cycle in ``sim``'s step, with each swap-in's consumers waiting
     for its trigger (edges the step's graph model does not have) and both graph models (as
     written, and as run after Grappler's push-down)."""
-    edges = [(o.after, o.op) for o in orders]
-    edges += [(si.trigger, c) for s in swaps for si in s.swap_ins if si.trigger for c, _ in si.consumers]
+    edges = [(o.after, o.op) for o in orders] + _trigger_edges(swaps)
     for dag in (sim.model.dag, sim.executed.dag):
         g = nx.DiGraph(dag.edges)
         g.add_edges_from(edges)
@@ -380,7 +389,8 @@ def _room_orders(sim: Simulator, swaps: Sequence[Swap]) -> tuple[Order, ...]:
                 continue  # late_triggers has an op to trigger it on
             useful = _leading_to_updates(model) if useful is None else useful
             orders.update(_room_for(model, first, s.tensor, s.bytes, pos, fed, useful))
-    return tuple(sorted(orders))
+    triggers = _trigger_edges(swaps)
+    return tuple(sorted(o for o in orders if not joins_fused(model, [(o.after, o.op)], triggers)))
 
 
 def _room_for(
@@ -469,7 +479,8 @@ def _later_trigger(
     """The op :func:`late_triggers` would trigger ``si`` on: the last backward op on the device
     that computes data (not a constant, a shape op or a sum) that ``schedule`` runs after
     position ``after`` and before ``si``'s first consumer, and that no consumer leads to; None if
-    there is none, or if a consumer is a sum or not in ``schedule``."""
+    there is none, or if a consumer is a sum or not in ``schedule``. An op that a consumer would
+    then wait for across a fused pair (a filter gradient's bias gradient) is passed over."""
     firsts = [pos.get(c) for c, _ in si.consumers]
     # Sums: a late trigger or an order on one could change how it associates (SUM_OP_TYPES).
     if None in firsts or any(model.dag.nodes[c]["type"] in SUM_OP_TYPES for c, _ in si.consumers):
@@ -481,6 +492,7 @@ def _later_trigger(
             and model.phase(op) == "backward"
             and node["type"] not in _UNORDERED_TYPES | SUM_OP_TYPES
             and (host_key is None or device_key(node.get("device", "")) != host_key)
+            and not joins_fused(model, [(op, c) for c, _ in si.consumers])
         ):
             return None if any(nx.has_path(model.dag, c, op) for c, _ in si.consumers) else op
     return None

@@ -256,6 +256,36 @@ def test_late_triggers_wait_for_the_op_that_runs_before_the_consumer():
     assert late_triggers(Simulator(summed), summed_plan.swaps)[1] == ()
 
 
+def test_late_triggers_never_join_a_filter_gradient_and_its_bias_gradient(monkeypatch):
+    """:func:`_stem_ops` as a convolution's gradients: ``m1`` is the filter gradient (it reads the
+    swapped ``c`` and the gradient ``g``) and ``m``, which runs right before it, the bias gradient
+    of ``g``. oneDNN runs the two as one kernel unless a path joins them, and then the bias
+    gradient's bits change (tests/test_tf_internals.py): ``m`` triggers nothing for ``m1``."""
+    from tflms.schedule import _later_trigger, late_triggers
+
+    small = f32(8)
+    ops = [op("sizes", "Const", outputs=[f32(4)])] + [o for o in _stem_ops() if o["name"] not in (G + "m", G + "m1")]
+    ops += [
+        op(G + "m", "BiasAddGrad", [G + "g:0"], [f32(64, 256)]),
+        op(G + "m1", "Conv2DBackpropFilter", ["c:0", "sizes:0", G + "g:0"], [small]),
+    ]
+    model = GraphModel.from_ops(ops)
+    plan = make_plan(model, LMSConfig(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1))
+    [swap] = plan.swaps
+    [swap_in] = swap.swap_ins
+    sim = Simulator(model)
+    order = sim.order
+    pos = {o: i for i, o in enumerate(order)}
+    assert swap.tensor == "c:0" and swap_in.trigger == G + "g" and pos[G + "m"] + 1 == pos[G + "m1"]
+    assert _later_trigger(model, order, pos, swap_in, pos[G + "g"], None) is None  # g already triggers it
+    swaps, orders, _ = late_triggers(sim, plan.swaps)
+    assert swaps == list(plan.swaps) and orders == ()
+    # Without the rule m would be the trigger, with an order of m1 after it.
+    monkeypatch.setattr("tflms.graph.fused_partners", lambda model: {})
+    assert _later_trigger(model, order, pos, swap_in, pos[G + "g"], None) == G + "m"
+    assert late_triggers(sim, plan.swaps)[1] == (Order(op=G + "m1", after=G + "m"),)
+
+
 def test_a_budget_met_only_with_late_triggers_gets_them_from_make_plan(monkeypatch):
     from tflms import schedule
     from tflms.errors import BudgetError
