@@ -12,6 +12,7 @@ Usage::
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import sys
 from collections.abc import Callable
@@ -210,6 +211,19 @@ def _measured_header(data: dict) -> str:
     )
 
 
+def _within_10_percent(peaks: list[int]) -> str:
+    """The figures within ±10 % of every one of ``peaks`` (bytes): from the largest / 1.1 to the
+    smallest x 1.1, in whole MiB rounded inwards (one decimal where no whole MiB is in it), or
+    "none"."""
+    low, high = max(peaks) / 1.1 / 2**20, min(peaks) * 1.1 / 2**20
+    if low > high:
+        return "none"
+    if math.ceil(low) <= math.floor(high):
+        low, high = math.ceil(low), math.floor(high)
+        return f"{low:,} MiB" if low == high else f"{low:,}-{high:,} MiB"
+    return f"{math.ceil(low * 10) / 10:.1f}-{math.floor(high * 10) / 10:.1f} MiB"
+
+
 def simulator_accuracy(data: dict) -> str:
     # Runs since 2026-11-26 also keep every step's peak: then the table has the median step too.
     # The last column: the figures within +-10 % of every step's peak (the largest / 1.1 up to the
@@ -245,8 +259,7 @@ def simulator_accuracy(data: dict) -> str:
         if steps:
             every = [p for run in r["step_peaks"] for p in run]
             median = statistics.median(every)
-            low, high = max(every) / 1.1, min(every) * 1.1
-            within = f"{_mib_number(low)}-{_mib(high)}" if low <= high else "none"
+            within = _within_10_percent(every)
             line += (
                 f" {_range([p / 2**20 for p in every], unit=' MiB')} | {_mib(median)} | {median / r['predicted']:.2f} "
                 f"| {within} |"

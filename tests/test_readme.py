@@ -67,14 +67,21 @@ def test_accuracy_table_gives_the_figures_within_10_percent_of_every_step():
         "tflms": "0.1.0",
         "steps": 2,
         "warmup": 1,
-        # 99-108 MiB: from 108 / 1.1 = 98.2 up to 99 * 1.1 = 108.9; 80-100 MiB: none (88.9 > 88.0).
-        "rows": [row([[100 * mib, 108 * mib], [99 * mib, 104 * mib]]), row([[80 * mib, 100 * mib]])],
+        # 99-108 MiB: from 108 / 1.1 = 98.2 up to 99 * 1.1 = 108.9, whole MiB rounded inwards;
+        # 80-100 MiB: none (100 / 1.1 = 90.9 > 80 * 1.1 = 88.0); 83.2-100.4 MiB: 91.27-91.52, no
+        # whole MiB in it, so one decimal, rounded inwards.
+        "rows": [
+            row([[100 * mib, 108 * mib], [99 * mib, 104 * mib]]),
+            row([[80 * mib, 100 * mib]]),
+            row([[int(83.2 * mib), int(100.4 * mib)]]),
+        ],
     }
     lines = [line for line in report.simulator_accuracy(data).splitlines() if line.startswith("| cnn")]
     cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines]
     assert [c[7:] for c in cells] == [
-        ["99-108 MiB", "102 MiB", "1.02", "98-109 MiB"],
+        ["99-108 MiB", "102 MiB", "1.02", "99-108 MiB"],
         ["80-100 MiB", "90 MiB", "0.90", "none"],
+        ["83-100 MiB", "92 MiB", "0.92", "91.3-91.5 MiB"],
     ]
 
 

@@ -515,20 +515,78 @@ def fused_partners(model: GraphModel) -> dict[str, frozenset[str]]:
 def joins_fused(model: GraphModel, edges: Iterable[tuple[str, str]], context: Iterable[tuple[str, str]] = ()) -> bool:
     """Whether adding ``edges`` (``(before, after)`` pairs) to ``model``'s DAG, with the edges of
     ``context`` already there (e.g. the swap-ins' triggers), makes a path from one op of a fused
-    pair (:func:`fused_partners`) to its partner."""
-    partners = fused_partners(model)
+    pair (:func:`fused_partners`) to its partner: a path through at least one of ``edges``,
+    which may start and end anywhere along the way.
+
+    >>> out = [("float32", (4,), 16, False)]
+    >>> m = GraphModel.from_ops([
+    ...     {"name": "dy", "type": "Fill", "inputs": [], "outputs": out},
+    ...     {"name": "b", "type": "BiasAddGrad", "inputs": ["dy:0"], "outputs": out},
+    ...     {"name": "x", "type": "Neg", "inputs": ["b:0"], "outputs": out},
+    ...     {"name": "y", "type": "Neg", "inputs": ["dy:0"], "outputs": out},
+    ...     {"name": "w", "type": "Conv2DBackpropFilter", "inputs": ["y:0", "dy:0", "dy:0"], "outputs": out},
+    ...     {"name": "z", "type": "Neg", "inputs": ["dy:0"], "outputs": out},
+    ... ])
+    >>> joins_fused(m, [("x", "y")]), joins_fused(m, [("y", "x")]), joins_fused(m, [("y", "w")], [("b", "y")])
+    (True, False, True)
+    >>> joins_fused(m, [("x", "z")]), joins_fused(m, [("z", "w")]), joins_fused(m, [("x", "z"), ("z", "w")])
+    (False, False, True)
+    """
+    context = tuple(context)
+    reached_by = _fused_reach(model, context)
     edges = list(edges)
-    starts = [(u, v) for u, v in edges if u in partners]
+    starts: dict[str, list[str]] = {}
+    for u, v in edges:
+        if u in reached_by:  # a fused op reaches the edge's start (or is it)
+            starts.setdefault(u, []).append(v)
     if not starts:
         return False
     extra: dict[str, list[str]] = {}
-    for u, v in [*edges, *context]:
+    for u, v in [*context, *edges]:
+        extra.setdefault(u, []).append(v)
+    partners = fused_partners(model)
+    for u, vs in starts.items():
+        targets = {q for p in reached_by[u] for q in partners[p]}
+        seen: set[str] = set()
+        frontier = list(vs)
+        while frontier:
+            n = frontier.pop()
+            if n in targets:
+                return True
+            if n not in seen:
+                seen.add(n)
+                frontier.extend(model.dag.successors(n) if n in model.dag else ())
+                frontier.extend(extra.get(n, ()))
+    return False
+
+
+#: Per DAG: (node count, context edges, {op: the fused ops that reach it}) of the last call.
+_FUSED_REACH: weakref.WeakKeyDictionary[nx.DiGraph, tuple[int, tuple, dict[str, frozenset[str]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _fused_reach(model: GraphModel, context: tuple[tuple[str, str], ...]) -> dict[str, frozenset[str]]:
+    """Each op that an op of a fused pair reaches (itself included) in ``model``'s DAG with the
+    ``context`` edges, with the fused ops that reach it. Their descendants are few (a gradient's
+    way to its variable's update), so this is cheap; kept for the last context per DAG."""
+    known = _FUSED_REACH.get(model.dag)
+    if known is not None and known[0] == model.dag.number_of_nodes() and known[1] == context:
+        return known[2]
+    extra: dict[str, list[str]] = {}
+    for u, v in context:
         extra.setdefault(u, []).append(v)
 
     def successors(n: str) -> list[str]:
         return [*model.dag.successors(n), *extra.get(n, ())] if n in model.dag else extra.get(n, [])
 
-    return any(partners[u] & (_reach(successors, {v}) | {v}) for u, v in starts)
+    reached: dict[str, set[str]] = {}
+    for p in fused_partners(model):
+        for n in _reach(successors, {p}) | {p}:
+            reached.setdefault(n, set()).add(p)
+    result = {n: frozenset(ps) for n, ps in reached.items()}
+    _FUSED_REACH[model.dag] = (model.dag.number_of_nodes(), context, result)
+    return result
 
 
 def _reach(neighbours: Any, sources: set[str]) -> set[str]:

@@ -240,6 +240,7 @@ def _candidates(sim: Simulator, swaps: Sequence[Swap]) -> list[tuple[Order, ...]
         later = [c for c, _ in readers if pos[c] > position]
         return max(later, key=pos.__getitem__) if later else None
 
+    triggers = _trigger_edges(swaps)
     found: set[tuple[Order, ...]] = set()
     for a in live:
         reader = last_reader(a)
@@ -261,7 +262,7 @@ def _candidates(sim: Simulator, swaps: Sequence[Swap]) -> list[tuple[Order, ...]
                 if c not in needed and pos[c] <= position and _orderable(model, c)
             }
             candidate = tuple(Order(op=c, after=reader) for c in sorted(ops))
-            if not joins_fused(sim.model, [(o.after, o.op) for o in candidate], _trigger_edges(swaps)):
+            if not joins_fused(sim.model, [(o.after, o.op) for o in candidate], triggers):
                 found.add(candidate)
     return sorted(found)
 
@@ -322,16 +323,18 @@ def late_triggers(
         pos = {op: i for i, op in enumerate(schedule)}
 
         moved, more = [], []
+        fused = (_trigger_edges(best_swaps), [])  # the triggers before the round, the round's new edges
         for s in best_swaps:
             ins = []
             for si in s.swap_ins:
                 start = max(pos.get(si.trigger, -1), pos.get(s.producer, -1)) if si.trigger else pos.get(s.producer, -1)
-                trigger = _later_trigger(model, schedule, pos, si, position, host_key) if start >= 0 else None
+                trigger = _later_trigger(model, schedule, pos, si, position, host_key, fused) if start >= 0 else None
                 if trigger is None or start > position:
                     ins.append(si)
                     continue
                 ins.append(dataclasses.replace(si, trigger=trigger, trigger_level=model.level(trigger)))
                 more += [Order(op=c, after=trigger) for c, _ in si.consumers if not model.dag.has_edge(trigger, c)]
+                fused[1].extend((trigger, c) for c, _ in si.consumers)
             moved.append(dataclasses.replace(s, swap_ins=tuple(ins)) if ins != list(s.swap_ins) else s)
         if moved == best_swaps:
             break
@@ -389,8 +392,11 @@ def _room_orders(sim: Simulator, swaps: Sequence[Swap]) -> tuple[Order, ...]:
                 continue  # late_triggers has an op to trigger it on
             useful = _leading_to_updates(model) if useful is None else useful
             orders.update(_room_for(model, first, s.tensor, s.bytes, pos, fed, useful))
-    triggers = _trigger_edges(swaps)
-    return tuple(sorted(o for o in orders if not joins_fused(model, [(o.after, o.op)], triggers)))
+    triggers, kept = _trigger_edges(swaps), []
+    for o in sorted(orders):  # each with those kept before it: together they may join a pair
+        if not joins_fused(model, [(o.after, o.op), *((k.after, k.op) for k in kept)], triggers):
+            kept.append(o)
+    return tuple(kept)
 
 
 def _room_for(
@@ -453,7 +459,7 @@ def _room_for(
 
 def _element_wise(model: GraphModel, op: str) -> bool:
     """An element-wise op that is not a sum: :func:`_room_orders` orders no other. A control
-    input on an op Grappler's remapper fuses with another changes the kernel that runs, and the
+    input on an op that oneDNN's graph pass fuses with another changes the kernel that runs, and the
     numbers (a ``Conv2DBackpropFilter`` ordered after its ``BiasAddGrad``: ResNet50's losses
     changed in the second step, 2026-11-27)."""
     from .simulator import FORWARDING_OP_TYPES
@@ -474,13 +480,21 @@ def _writes_into(model: GraphModel, op: str, tensor: Any, allowed: tuple[int, ..
 
 
 def _later_trigger(
-    model: GraphModel, schedule: Sequence[str], pos: dict[str, int], si: SwapIn, after: int, host_key: object
+    model: GraphModel,
+    schedule: Sequence[str],
+    pos: dict[str, int],
+    si: SwapIn,
+    after: int,
+    host_key: object,
+    fused: tuple[list[tuple[str, str]], list[tuple[str, str]]] | None = None,
 ) -> str | None:
     """The op :func:`late_triggers` would trigger ``si`` on: the last backward op on the device
     that computes data (not a constant, a shape op or a sum) that ``schedule`` runs after
     position ``after`` and before ``si``'s first consumer, and that no consumer leads to; None if
-    there is none, or if a consumer is a sum or not in ``schedule``. An op that a consumer would
-    then wait for across a fused pair (a filter gradient's bias gradient) is passed over."""
+    there is none, or if a consumer is a sum or not in ``schedule``. An op whose edges to the
+    consumers would join a fused pair (:func:`tflms.graph.joins_fused`; a filter gradient's bias
+    gradient) is passed over: ``fused`` holds the edges already there (the swap-ins' triggers) and
+    those added before (the late triggers of the same round)."""
     firsts = [pos.get(c) for c, _ in si.consumers]
     # Sums: a late trigger or an order on one could change how it associates (SUM_OP_TYPES).
     if None in firsts or any(model.dag.nodes[c]["type"] in SUM_OP_TYPES for c, _ in si.consumers):
@@ -492,7 +506,9 @@ def _later_trigger(
             and model.phase(op) == "backward"
             and node["type"] not in _UNORDERED_TYPES | SUM_OP_TYPES
             and (host_key is None or device_key(node.get("device", "")) != host_key)
-            and not joins_fused(model, [(op, c) for c, _ in si.consumers])
+            and not joins_fused(
+                model, [*((op, c) for c, _ in si.consumers), *(fused[1] if fused else ())], fused[0] if fused else ()
+            )
         ):
             return None if any(nx.has_path(model.dag, c, op) for c, _ in si.consumers) else op
     return None
