@@ -190,11 +190,13 @@ def test_resnet50_host_gated_swaps_free_real_memory_device_gated_do_not():
 
 
 def test_updates_ordered_after_the_reads_of_their_variable_copy_nothing():
-    """``order_updates=True`` against ``False`` on the CNN's plan, one profiled step each: with the
-    orders no Adam update allocates (TensorFlow copies a variable only while a value read from it is
-    held); without them some do, which pins that TensorFlow fact. Measured here (2026-11-27): no
-    copy with the orders in 3 processes; 2-4 copies (5-509 KiB) per profiled step without, in every
-    one of 9, which ones varying from process to process. Before the orders went on a gate in front
+    """``order_updates=True`` against ``False`` on the CNN's plan, three profiled steps each: with
+    the orders no Adam update allocates (TensorFlow copies a variable only while a value read from it
+    is held); without them some do, in at least one step, which pins that TensorFlow fact. Measured
+    here (2026-11-27): no copy with the orders in 3 processes; 2-4 copies (5-509 KiB) per profiled
+    step without, in every one of 9, which ones varying from process to process; then a CI run whose
+    one profiled step without the orders copied nothing (whether a read is still held when the
+    update runs is a matter of timing), hence three steps. Before the orders went on a gate in front
     of the optimizer's IdentityN (Grappler's dependency optimizer drops a control edge on the update
     as redundant, then removes the IdentityN), the ordered steps copied 1-3 variables too."""
     r = testbed.run_measured(
@@ -204,8 +206,8 @@ def test_updates_ordered_after_the_reads_of_their_variable_copy_nothing():
     ordered, copying = r.value["ordered"], r.value["copying"]
     assert ordered["losses"] == copying["losses"]
     assert ordered["n_orders"] > copying["n_orders"]
-    assert ordered["copies"] == [], ordered["copies"]
-    assert copying["copies"], "no update copied its variable without the orders: has TensorFlow changed?"
+    assert ordered["copies"] == [[]] * 3, ordered["copies"]
+    assert any(copying["copies"]), "no update copied its variable without the orders: has TensorFlow changed?"
 
 
 def test_left_out_tiles_allocate_nothing_of_an_activations_size():

@@ -89,9 +89,9 @@ def priorities() -> dict[str, Any]:
     return {"threads": threads, "new_thread": seen[0], "workers": workers}
 
 
-def update_copies(model: str = "cnn", batch: int = 32, warmup: int = 2) -> dict[str, Any]:
-    """The variable copies of one profiled step of ``model``'s rewritten step, with ``order_updates``
-    on and off, and the losses of every step.
+def update_copies(model: str = "cnn", batch: int = 32, warmup: int = 2, profiled: int = 3) -> dict[str, Any]:
+    """The variable copies of each of ``profiled`` profiled steps of ``model``'s rewritten step, with
+    ``order_updates`` on and off, and the losses of every step.
 
     An in-place update (``AssignSubVariableOp``) allocates only when TensorFlow copies the variable
     first, because a tensor read from it is still held (``PrepareToUpdateVariable``); the test bed's
@@ -118,12 +118,16 @@ def update_copies(model: str = "cnn", batch: int = 32, warmup: int = 2) -> dict[
         with tf.device(testbed.DEVICE), tflms.manual_memory_optimizer():
             for _ in range(warmup):
                 losses.append(float(lms(x, y)))
-            records, _ = tfi.profile_step(lambda lms=lms, losses=losses: losses.append(float(lms(x, y))))
-        copies = [
-            (r["op"], r["requested"])
-            for r in records
-            if r["kind"] == "alloc" and "AssignSubVariableOp" in (r["op"] or "")
-        ]
+            copies = []
+            for _ in range(profiled):
+                records, _ = tfi.profile_step(lambda lms=lms, losses=losses: losses.append(float(lms(x, y))))
+                copies.append(
+                    [
+                        (r["op"], r["requested"])
+                        for r in records
+                        if r["kind"] == "alloc" and "AssignSubVariableOp" in (r["op"] or "")
+                    ]
+                )
         out[name] = {"losses": losses, "copies": copies, "n_orders": len(plan.orders)}
     return out
 
