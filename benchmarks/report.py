@@ -219,15 +219,13 @@ def _within_10_percent(peaks: list[int]) -> str:
     if low > high:
         return "none"
     if math.ceil(low) <= math.floor(high):
-        low, high = math.ceil(low), math.floor(high)
-        return f"{low:,} MiB" if low == high else f"{low:,}-{high:,} MiB"
-    return f"{math.ceil(low * 10) / 10:.1f}-{math.floor(high * 10) / 10:.1f} MiB"
+        return _range([math.ceil(low), math.floor(high)], unit=" MiB")
+    return _range([math.ceil(low * 10) / 10, math.floor(high * 10) / 10], "{:.1f}", " MiB")
 
 
 def simulator_accuracy(data: dict) -> str:
-    # Runs since 2026-11-26 also keep every step's peak: then the table has the median step too.
-    # The last column: the figures within +-10 % of every step's peak (the largest / 1.1 up to the
-    # smallest * 1.1), "none" where the steps themselves spread wider than that.
+    # Runs since 2026-11-26 also keep every step's peak: then the table has their range, their
+    # median and the figures within ±10 % of all of them (_within_10_percent) too.
     steps = all("step_peaks" in r for r in data["rows"] if r["runs"])
     extra = " every step (all runs) | median step | median / predicted | within ±10 % of every step |" if steps else ""
     lines = [

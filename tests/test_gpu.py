@@ -22,7 +22,8 @@ def _train(lms: bool, steps: int = 3):
     The plain step runs with Grappler's layout optimizer off, as ``tflms.function`` runs the
     rewritten one (``LMSConfig.layout_optimizer``): with it on, the GPU's convolutions run in
     another layout, with other kernels, and the losses compared could differ for that reason
-    (two layouts gave other losses on a CPU asked to convert: tests/test_behaviour.py)."""
+    (on a CPU asked to convert, the two layouts gave other losses in a probe of 2026-11-27;
+    tests/test_behaviour.py compares each way with its own plain step)."""
     model, x, y, train_step = build("cnn", batch=64, size=64, seed=0)  # the same initial state both times
     with tf.device(GPU), tfi.memory_optimization(None, layout_off=not lms):
         x, y = tf.identity(x), tf.identity(y)

@@ -651,7 +651,8 @@ def test_fit_calls_the_step_with_the_layout_optimizer_off_unless_configured_othe
     transposes are buffers the plan does not count). On a CPU it converts only where the
     caller asks for it (``cpu_layout_conversion``), as here: the channels-first convolution
     then runs as NHWC between Transposes, unless the callback turns the optimizer off;
-    ``layout_optimizer=True`` leaves TensorFlow's setting. The losses are the same."""
+    ``layout_optimizer=True`` leaves TensorFlow's setting. Each way trains to the numbers of
+    the plain ``fit`` run the same way (the two layouts run other kernels)."""
     from tensorflow.core.protobuf import rewriter_config_pb2
 
     from tflms._tf_internal import rewrite_options
@@ -659,29 +660,37 @@ def test_fit_calls_the_step_with_the_layout_optimizer_off_unless_configured_othe
     from helpers import ran_op_types
 
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((16, 3, 32, 32), dtype=np.float32)
-    y = rng.standard_normal((16, 1), dtype=np.float32)
+    x = rng.standard_normal((48, 3, 32, 32), dtype=np.float32)
+    y = rng.standard_normal((48, 1), dtype=np.float32)
+    toggle = rewriter_config_pb2.RewriterConfig
 
-    def ran(**options):
+    def ran(lms=True, caller=None, **options):
         keras.utils.set_random_seed(0)
         inputs = keras.Input((3, 32, 32))
         h = keras.layers.Conv2D(8, 3, padding="same", data_format="channels_first", activation="relu")(inputs)
         h = keras.layers.Conv2D(8, 3, padding="same", data_format="channels_first", activation="relu")(h)
         m = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(h)))
         m.compile(optimizer="sgd", loss="mse", jit_compile=False)
-        cb = LMSCallback(device=DEVICE, batch_size=16, swapout_threshold=1, min_bytes=0, **options)
+        cb = LMSCallback(device=DEVICE, batch_size=16, swapout_threshold=1, min_bytes=0, **options) if lms else None
         history = []
 
         def fit():
             with tf.device(DEVICE):
-                history.append(m.fit(x, y, batch_size=16, epochs=1, verbose=0, shuffle=False, callbacks=[cb]))
+                history.append(
+                    m.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False, callbacks=[cb] if cb else [])
+                )
 
-        with rewrite_options(cpu_layout_conversion=rewriter_config_pb2.RewriterConfig.NCHW_TO_NHWC):
+        with rewrite_options(cpu_layout_conversion=toggle.NCHW_TO_NHWC, **(caller or {})):
             ops = ran_op_types(fit)
-        return {t for t in ops if t.endswith("Transpose")}, cb, history[0].history["loss"]
+        return {t for t in ops if t.endswith("Transpose")}, cb, history[0].history["loss"], m.get_weights()
 
-    default, cb, losses = ran()
-    tensorflows, _, tf_losses = ran(layout_optimizer=True)
+    default, cb, losses, weights = ran()
+    tensorflows, _, tf_losses, tf_weights = ran(layout_optimizer=True)
+    plain_off, _, plain_off_losses, plain_off_weights = ran(lms=False, caller={"layout_optimizer": toggle.OFF})
+    plain_on, _, plain_on_losses, plain_on_weights = ran(lms=False)
     assert cb.plan.swaps  # the step was rewritten
-    assert not default and tensorflows
-    assert losses == tf_losses
+    assert not default and not plain_off and tensorflows and plain_on
+    assert losses == plain_off_losses and tf_losses == plain_on_losses
+    for a, b in [*zip(weights, plain_off_weights, strict=True), *zip(tf_weights, plain_on_weights, strict=True)]:
+        np.testing.assert_array_equal(a, b)
+    assert losses[1] < losses[0]

@@ -200,14 +200,18 @@ def memory_optimization(level: str | None, keep_explicit: bool = False, layout_o
     ``AGGRESSIVE`` or an ``EXPERIMENTAL_*`` mode: anything but ``DEFAULT`` and ``OFF``)."""
     from tensorflow.core.protobuf import rewriter_config_pb2
 
+    if level is None and not layout_off:
+        yield
+        return
     rewriter = rewriter_config_pb2.RewriterConfig
-    options = _call_config().graph_options.rewrite_options
+    config = _call_config()
+    options = config.graph_options.rewrite_options
     fields: dict[str, int] = {}
     if level is not None and not (keep_explicit and options.memory_optimization != rewriter.DEFAULT_MEM_OPT):
         fields["memory_optimization"] = rewriter.MemOptType.Value(level)
     if layout_off and not (keep_explicit and options.layout_optimizer not in (rewriter.DEFAULT, rewriter.OFF)):
         fields["layout_optimizer"] = rewriter.OFF
-    with rewrite_options(**fields):
+    with _rewritten(config, fields):
         yield
 
 
@@ -228,6 +232,16 @@ def rewrite_options(**fields: int) -> Iterator[None]:
     """Within it, functions are instantiated with these ``RewriterConfig`` fields set
     (``cpu_layout_conversion=NCHW_TO_NHWC``, ``layout_optimizer=OFF``, ...) on the thread's
     function call options; the rest of its ``ConfigProto`` is kept. No fields: no change."""
+    if not fields:
+        yield
+        return
+    with _rewritten(_call_config(), fields):
+        yield
+
+
+@contextlib.contextmanager
+def _rewritten(config: Any, fields: dict[str, int]) -> Iterator[None]:
+    """:func:`rewrite_options` on ``config``, the thread's call options' ``ConfigProto`` as read."""
     from tensorflow.python.eager import context
 
     if not fields:
@@ -235,7 +249,6 @@ def rewrite_options(**fields: int) -> Iterator[None]:
         return
     ctx = context.context()
     previous = ctx.function_call_options
-    config = _call_config()
     for name, value in fields.items():
         setattr(config.graph_options.rewrite_options, name, value)
     ctx.function_call_options = context.FunctionCallOptions(executor_type=previous.executor_type, config_proto=config)

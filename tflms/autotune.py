@@ -267,11 +267,11 @@ def _serialized_search(
 
 def _finish_other_knobs(
     model: GraphModel, config: LMSConfig, sim: Simulator, budget: int
-) -> tuple[LMSConfig | None, int]:
+) -> tuple[LMSConfig | None, float]:
     """Step 5 for the other plans of the grid, on the step without step 4's orders: each
     threshold with the latest prefetch and ``config``'s grouping, all of its candidates, the
     fewest swaps first. ``(the first knobs whose finished plan fits or None, the lowest
-    finished peak)``.
+    finished peak, inf where there was no plan)``.
 
     Step 5 finishes the plan that was lowest before it, but which plan is lowest once finished
     is another matter: ResNet50 224² at batch 1,424 (``swap_gradients``, ``split_sums``,

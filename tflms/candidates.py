@@ -151,7 +151,7 @@ def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig, checked: b
         if not static and any(_waits_for_backward(model, c) for c in shape_readers):
             return None
         far = [item for item in far if nodes[item[1]]["type"] not in SHAPE_OP_TYPES]
-    if pins_inputs(config) and any((nodes[c]["type"], i) in PINNED_INPUTS for _, c, i in far):
+    if any((nodes[c]["type"], i) in PINNED_INPUTS for _, c, i in far) and pins_inputs(config):
         return None  # the device copy lives until that backward op anyway: a swap would free nothing
     if not far:
         return None

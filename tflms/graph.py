@@ -50,7 +50,8 @@ SUM_OP_TYPES = frozenset({"Add", "AddV2", "AddN"})
 #: (TensorFlow's CPU build) runs as one kernel (``_MklNativeConv2DBackpropFilterWithBias``),
 #: unless a path joins the two: then each runs alone, and the bias gradient's bits change
 #: (``tests/test_tf_internals.py``). No order or trigger of a plan may join them
-#: (:func:`fused_partners`).
+#: (:func:`fused_partners`). The rule holds for every device: a GPU does not fuse the two, so a
+#: plan for one may go without an order it could have had (none seen so far).
 FUSED_GRADIENT_TYPES = ("Conv2DBackpropFilter", "BiasAddGrad")
 
 #: Op types whose output shares its first input's buffer (no new allocation).
@@ -472,7 +473,10 @@ def with_constant_pushdown(model: GraphModel) -> tuple[GraphModel, list[tuple[st
     return pushed, pairs
 
 
-_FUSED_PARTNERS: weakref.WeakKeyDictionary[nx.DiGraph, tuple[int, dict[str, frozenset[str]]]] = (
+#: Per DAG: (node count when made, the fused pairs, the context edges of the last
+#: :func:`_fused_reach`, its result or None). A model's DAG is not edited once made; the node
+#: count is a cheap guard (as for ``_READY_STRUCTURES``).
+_FUSED: weakref.WeakKeyDictionary[nx.DiGraph, tuple[int, dict[str, frozenset[str]], tuple, dict | None]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -495,7 +499,7 @@ def fused_partners(model: GraphModel) -> dict[str, frozenset[str]]:
     >>> joins_fused(m, [("gradients/b", "gradients/w")]), joins_fused(m, [("x", "gradients/w")])
     (True, False)
     """
-    known = _FUSED_PARTNERS.get(model.dag)
+    known = _FUSED.get(model.dag)
     if known is not None and known[0] == model.dag.number_of_nodes():
         return known[1]
     filters, biases = FUSED_GRADIENT_TYPES
@@ -508,7 +512,7 @@ def fused_partners(model: GraphModel) -> dict[str, frozenset[str]]:
                 partners.setdefault(op, set()).add(c)
                 partners.setdefault(c, set()).add(op)
     result = {op: frozenset(p) for op, p in partners.items()}
-    _FUSED_PARTNERS[model.dag] = (model.dag.number_of_nodes(), result)
+    _FUSED[model.dag] = (model.dag.number_of_nodes(), result, (), None)
     return result
 
 
@@ -541,51 +545,49 @@ def joins_fused(model: GraphModel, edges: Iterable[tuple[str, str]], context: It
             starts.setdefault(u, []).append(v)
     if not starts:
         return False
-    extra: dict[str, list[str]] = {}
-    for u, v in [*context, *edges]:
-        extra.setdefault(u, []).append(v)
+    successors = _successors_with(model, [*context, *edges])
     partners = fused_partners(model)
     for u, vs in starts.items():
         targets = {q for p in reached_by[u] for q in partners[p]}
         seen: set[str] = set()
         frontier = list(vs)
-        while frontier:
+        while frontier:  # _reach, stopping at a target
             n = frontier.pop()
             if n in targets:
                 return True
             if n not in seen:
                 seen.add(n)
-                frontier.extend(model.dag.successors(n) if n in model.dag else ())
-                frontier.extend(extra.get(n, ()))
+                frontier.extend(successors(n))
     return False
 
 
-#: Per DAG: (node count, context edges, {op: the fused ops that reach it}) of the last call.
-_FUSED_REACH: weakref.WeakKeyDictionary[nx.DiGraph, tuple[int, tuple, dict[str, frozenset[str]]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _fused_reach(model: GraphModel, context: tuple[tuple[str, str], ...]) -> dict[str, frozenset[str]]:
-    """Each op that an op of a fused pair reaches (itself included) in ``model``'s DAG with the
-    ``context`` edges, with the fused ops that reach it. Their descendants are few (a gradient's
-    way to its variable's update), so this is cheap; kept for the last context per DAG."""
-    known = _FUSED_REACH.get(model.dag)
-    if known is not None and known[0] == model.dag.number_of_nodes() and known[1] == context:
-        return known[2]
+def _successors_with(model: GraphModel, edges: Sequence[tuple[str, str]]) -> Any:
+    """The successors of an op in ``model``'s DAG with ``edges`` added (ops outside it included)."""
     extra: dict[str, list[str]] = {}
-    for u, v in context:
+    for u, v in edges:
         extra.setdefault(u, []).append(v)
 
     def successors(n: str) -> list[str]:
         return [*model.dag.successors(n), *extra.get(n, ())] if n in model.dag else extra.get(n, [])
 
+    return successors
+
+
+def _fused_reach(model: GraphModel, context: tuple[tuple[str, str], ...]) -> dict[str, frozenset[str]]:
+    """Each op that an op of a fused pair reaches (itself included) in ``model``'s DAG with the
+    ``context`` edges, with the fused ops that reach it; kept for the last context per DAG. In a
+    Keras step their descendants are few (a gradient's way to its variable's update)."""
+    partners = fused_partners(model)
+    known = _FUSED[model.dag]
+    if known[2] == context and known[3] is not None:
+        return known[3]
+    successors = _successors_with(model, context)
     reached: dict[str, set[str]] = {}
-    for p in fused_partners(model):
+    for p in partners:
         for n in _reach(successors, {p}) | {p}:
             reached.setdefault(n, set()).add(p)
     result = {n: frozenset(ps) for n, ps in reached.items()}
-    _FUSED_REACH[model.dag] = (model.dag.number_of_nodes(), context, result)
+    _FUSED[model.dag] = (known[0], partners, context, result)
     return result
 
 

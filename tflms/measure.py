@@ -145,6 +145,13 @@ MEASURE_MODES = (
 )  # fmt: skip
 
 
+def _as_tflms_calls(plan: Any) -> tuple[bool, bool]:
+    """``(Grappler's memory optimizer at MANUAL, its layout optimizer off)``: how ``tflms.function``
+    calls a step it rewrote with ``plan`` (``LMSConfig.manual_memory_optimizer``,
+    ``LMSConfig.layout_optimizer``)."""
+    return plan.options["manual_memory_optimizer"], not plan.options["layout_optimizer"]
+
+
 def measure_step(
     model: str,
     batch: int,
@@ -279,8 +286,8 @@ def measure_step(
                 recompute_seconds=plan.recompute_seconds,
                 options=dict(plan.options),
             )
-            manual = manual or (memory_optimizer == "auto" and plan.options["manual_memory_optimizer"])
-            layout_off = memory_optimizer == "auto" and not plan.options.get("layout_optimizer", False)
+            if memory_optimizer == "auto":
+                manual, layout_off = _as_tflms_calls(plan)
         else:
             entry["predicted"] = plain_predicted
         peaks, losses, seconds = [], [], []
@@ -567,10 +574,8 @@ def anatomy_step(
         op = profile.schedule[position]
         return {"op": op, "op_phase": phase(op), **summary(buffers)}
 
-    # The rewritten step is called as tflms.function calls it (LMSConfig.manual_memory_optimizer,
-    # LMSConfig.layout_optimizer).
-    manual = mode == "lms" and plan.options["manual_memory_optimizer"]
-    layout_off = mode == "lms" and not plan.options.get("layout_optimizer", False)
+    # The rewritten step is called as tflms.function calls it.
+    manual, layout_off = _as_tflms_calls(plan) if mode == "lms" else (False, False)
     with tf.device(testbed.DEVICE), tfi.memory_optimization("MANUAL" if manual else None, layout_off=layout_off):
         for _ in range(warmup):
             step(x, y)

@@ -377,6 +377,7 @@ def _room_orders(sim: Simulator, swaps: Sequence[Swap]) -> tuple[Order, ...]:
     position, schedule = sim.requested_peak_position(swaps)
     pos = {op: i for i, op in enumerate(schedule)}
     fed = {c for s in swaps for si in s.swap_ins for c, _ in si.consumers}
+    triggers = _trigger_edges(swaps)
     orders: set[Order] = set()
     useful: set[str] | None = None
     for s in swaps:
@@ -388,11 +389,11 @@ def _room_orders(sim: Simulator, swaps: Sequence[Swap]) -> tuple[Order, ...]:
             first = schedule[min(firsts)]
             if first not in model.dag:
                 continue
-            if _later_trigger(model, schedule, pos, si, position, host_key) is not None:
+            if _later_trigger(model, schedule, pos, si, position, host_key, (triggers, [])) is not None:
                 continue  # late_triggers has an op to trigger it on
             useful = _leading_to_updates(model) if useful is None else useful
             orders.update(_room_for(model, first, s.tensor, s.bytes, pos, fed, useful))
-    triggers, kept = _trigger_edges(swaps), []
+    kept: list[Order] = []
     for o in sorted(orders):  # each with those kept before it: together they may join a pair
         if not joins_fused(model, [(o.after, o.op), *((k.after, k.op) for k in kept)], triggers):
             kept.append(o)
