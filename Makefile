@@ -10,8 +10,7 @@ STAMP := $(VENV)/.tflms-installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-DOCTESTS := tflms/autotune.py tflms/candidates.py tflms/config.py tflms/core.py tflms/devices.py tflms/graph.py tflms/keras.py tflms/measure.py tflms/plan.py \
-	tflms/plot.py tflms/rewrite.py tflms/schedule.py tflms/simulator.py tflms/sums.py tflms/testbed.py tflms/tiles.py tflms/horovod
+DOCTESTS := tflms
 PYTEST := $(PY) -m pytest -q
 
 .PHONY: run test install horovod lint bench test-unit test-integration test-distributed test-docs test-gpu
@@ -25,7 +24,7 @@ $(STAMP): setup.py
 install: $(STAMP)
 
 horovod: install
-	$(PY) -m tflms.build_horovod
+	$(PY) -m tflms.tools.build_horovod
 
 run: install
 	$(PY) -m tflms demo

@@ -38,7 +38,7 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.11,<3.12",
     packages=find_packages(include=["tflms", "tflms.*"]),
-    install_requires=tensorflow_requirement() + ["networkx>=3.2", "numpy>=1.26"],
+    install_requires=tensorflow_requirement() + ["lazy-loader>=0.4", "networkx>=3.2", "numpy>=1.26"],
     extras_require={
         "test": [
             "pytest>=8",

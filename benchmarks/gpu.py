@@ -76,7 +76,7 @@ def _gpu_setup(cap: int | None, max_pending: int = 0) -> None:
         config = tf.compat.v1.ConfigProto()
         config.gpu_options.experimental.kernel_tracker_max_pending = max_pending
         ops.enable_eager_execution_internal(config=config)
-    from tflms.testbed import setup_gpu
+    from tflms.testing.testbed import setup_gpu
 
     setup_gpu(cap or None)
 

@@ -8,7 +8,7 @@ Run with::
 (the venv's ``bin`` must be on PATH). Each rank trains a
 ``keras.applications`` model (``weights=None``) on its own random batch of
 ``--batch`` images through ``@tflms.function`` with
-``tflms.horovod.DistributedGradientTape``, after broadcasting rank 0's initial
+``tflms.integrations.horovod.DistributedGradientTape``, after broadcasting rank 0's initial
 variables; every rank checks that it made the same swap plan. Rank 0 alone
 prints each rank's throughput (images/s, timed steps after ``--warmup``) and
 the total, and writes ``--json``.
@@ -127,7 +127,7 @@ def build_model(args: argparse.Namespace):
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tflms.horovod as lms_hvd
+    import tflms.integrations.horovod as lms_hvd
 
     try:
         lms_hvd.init()
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
         "python": platform.python_version(),
     }
     if lms_hvd.is_root():
-        from tflms.plan import format_bytes
+        from tflms.plan.records import format_bytes
 
         if plan is not None and args.print_plan:
             print(plan.summary(), flush=True)

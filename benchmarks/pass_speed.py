@@ -7,7 +7,7 @@ the same with or without tflms). For each size it times, best of ``--repeat``:
 
 * ``model``: :meth:`tflms.GraphModel.from_func_graph`
 * ``plan``: :func:`tflms.make_plan` (candidates, groups, triggers, two simulations)
-* ``rewrite``: :func:`tflms.rewrite.apply_plan` + rebuild of the ConcreteFunction,
+* ``rewrite``: :func:`tflms.rewrite.apply.apply_plan` + rebuild of the ConcreteFunction,
   editing the traced graph in place as ``@tflms.function`` does on its own traces
 * ``copy``: the FuncGraph copy that ``tflms.optimize(cf)`` adds by default so that
   a user's function is never edited (not part of ``total``)
@@ -30,8 +30,8 @@ from report import save_result
 
 import tflms
 from tflms import _tf_internal as tfi
-from tflms.core import paused_gc
-from tflms.rewrite import apply_plan
+from tflms.integrations.function import paused_gc
+from tflms.rewrite.apply import apply_plan
 
 
 def transformer_step(blocks: int, seq: int = 64, dim: int = 128, batch: int = 8):

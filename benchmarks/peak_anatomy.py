@@ -1,6 +1,6 @@
 """What a measured peak holds on the test bed, next to what the simulator's peak holds.
 
-Each case runs in a fresh measured process (:func:`tflms.measure.anatomy_step`): a few
+Each case runs in a fresh measured process (:func:`tflms.testing.measure.anatomy_step`): a few
 warm-up Adam steps, one unprofiled step (its peak), then one step under TensorFlow's
 profiler, whose allocator events say which op allocated each chunk that was live when
 the allocator's bytes in use peaked. Bytes are grouped by phase (forward, backward,
@@ -8,9 +8,9 @@ update, swap, other) and compared with the simulator's live buffers at its predi
 peak and at the op that reached the measured one. Two more figures split the error:
 what the live chunks' ops requested (the measured peak without the allocator's
 rounding and unsplit rests), and the simulator's peak when it runs the ops in the
-order the profiled step started them (:func:`tflms.measure.recorded_order`); and the
+order the profiled step started them (:func:`tflms.testing.measure.recorded_order`); and the
 simulator's allocator emulation run on the profiled step's own allocations
-(:func:`tflms.measure.replay_allocations`), which isolates the allocator. The profiler slows the step, and on
+(:func:`tflms.testing.measure.replay_allocations`), which isolates the allocator. The profiler slows the step, and on
 the test bed a swapped tensor's device buffer lives until the link has sent it, so the
 profiled peak can be higher than the unprofiled one: both are printed.
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from report import PHASES, save_result
 from report import _mib_number as _mib
 
-from tflms.testbed import run_measured
+from tflms.testing.testbed import run_measured
 
 DEFAULT_CASES = ("cnn:32:plain", "cnn:32:lms", "transformer:8:plain", "resnet50:32:plain", "resnet50:32:lms")
 
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     print(head + "   (MiB; 'at': the peak's phase; phases: live buffers, measured / predicted)")
     for case in args.cases:
         model, batch, mode = case.split(":")
-        r = run_measured("tflms.measure:anatomy_step", {"model": model, "batch": int(batch), "mode": mode})
+        r = run_measured("tflms.testing.measure:anatomy_step", {"model": model, "batch": int(batch), "mode": mode})
         if not r.ok:
             print(f"{case:22} {r.status}: {r.error[-200:]}")
             rows.append({"case": case, "error": f"{r.status}: {r.error[-300:]}"})

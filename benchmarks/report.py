@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from tflms.measure import FENCE_WINDOW, MODELS
+from tflms.testing.measure import FENCE_WINDOW, MODELS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -356,7 +356,7 @@ def _chunks_requested(d: dict | None) -> str:
     return f"{_mib_number(d['in_use'] if 'in_use' in d else d['peak'])} / {_mib_number(d['requested'])}"
 
 
-#: The phases ``tflms.measure.anatomy_step`` sorts buffers into, in table order.
+#: The phases ``tflms.testing.measure.anatomy_step`` sorts buffers into, in table order.
 PHASES = ("forward", "backward", "update", "swap", "other")
 
 

@@ -1,11 +1,11 @@
 """Real memory on the test bed, and the simulator's accuracy: measured vs predicted peaks.
 
-Each case trains a few Adam steps of a model of :data:`tflms.measure.MODELS` in a
-fresh measured process (:func:`tflms.measure.measure`: TensorFlow's BFC allocator
+Each case trains a few Adam steps of a model of :data:`tflms.testing.measure.MODELS` in a
+fresh measured process (:func:`tflms.testing.measure.measure`: TensorFlow's BFC allocator
 on the CPU is the device, a second TensorFlow process is the host), plain and
 with the default LMS plan (and, for ``MODEL:BATCH:gated`` cases, the same plan with
 its swap-ins on the device: tflms 0.1's rewrite, the negative control; for ``:fenced``,
-the same swaps with ``swapout_window=tflms.measure.FENCE_WINDOW``; for ``:serialized``, the
+the same swaps with ``swapout_window=tflms.testing.measure.FENCE_WINDOW``; for ``:serialized``, the
 same swaps with ``serialize=True``; for ``:unordered``, with ``serialize=False``; for
 ``:ordered``, with ``order_updates=True``), from the same weights, and repeats that in
 ``--runs`` fresh processes. The tflms steps run first in each process and the plain step last
@@ -56,7 +56,7 @@ from pathlib import Path
 from report import save_result
 
 from tflms.config import LMSConfig
-from tflms.measure import measure
+from tflms.testing.measure import measure
 
 DEFAULT_CASES = ("cnn:32", "transformer:8", "transformer:16", "resnet50:16:gated", "resnet50:32", "resnet50:48")
 #: What an LMS step's row records of its plan.
@@ -64,11 +64,11 @@ PLAN_FIELDS = (
     "n_swaps", "swapped_bytes", "n_recomputes", "recomputed_bytes", "n_orders", "n_sums", "link_seconds",
     "recompute_seconds",
 )  # fmt: skip
-#: Case flags and the :func:`tflms.measure.measure_step` mode each adds.
+#: Case flags and the :func:`tflms.testing.measure.measure_step` mode each adds.
 FLAG_MODES = {"gated": "lms_device_gated", "recompute": "lms_recompute", "fenced": "lms_fenced",
               "serialized": "lms_serialized", "unordered": "lms_unordered", "sums": "lms_split_sums",
               "ordered": "lms_ordered_updates"}  # fmt: skip
-#: Case flags that set :func:`tflms.measure.measure_step`'s ``memory_optimizer`` for every step.
+#: Case flags that set :func:`tflms.testing.measure.measure_step`'s ``memory_optimizer`` for every step.
 LEVELS = ("manual", "default")
 
 

@@ -33,10 +33,10 @@ from pathlib import Path
 
 from report import save_result
 
-from tflms.autotune import largest_fitting
 from tflms.config import LMSConfig, parse_bytes
-from tflms.measure import MODELS, measure
-from tflms.testbed import DEVICE_NICE, oom_message
+from tflms.plan.autotune import largest_fitting
+from tflms.testing.measure import MODELS, measure
+from tflms.testing.testbed import DEVICE_NICE, oom_message
 
 
 def predicted(
@@ -66,7 +66,7 @@ def predicted(
     tf.config.experimental.enable_op_determinism()
 
     import tflms
-    from tflms.measure import build
+    from tflms.testing.measure import build
 
     _, x, y, step = build(model, 1, size)
     traced = tf.function(step)

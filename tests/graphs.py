@@ -1,6 +1,6 @@
 """Hand-built graph models for planner and simulator tests (no TensorFlow)."""
 
-from tflms.graph import GraphModel
+from tflms.ir.graph import GraphModel
 
 
 def f32(*shape):

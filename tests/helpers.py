@@ -3,8 +3,8 @@
 import networkx as nx
 
 from tflms import _tf_internal as tfi
-from tflms.devices import same_device
-from tflms.rewrite import (
+from tflms.ir.devices import same_device
+from tflms.rewrite.apply import (
     ORDER_SCOPE,
     RECOMPUTE_SCOPE,
     SWAP_ATTR,
@@ -19,7 +19,7 @@ from conftest import DEVICE
 
 
 def through_order_gates(tensor):
-    """``tensor``, or what the order gates in front of it read (:func:`tflms.rewrite.order_gate_name`)."""
+    """``tensor``, or what the order gates in front of it read (:func:`tflms.rewrite.apply.order_gate_name`)."""
     while tensor.op.type == "Identity" and f"/{ORDER_SCOPE}_" in tensor.op.name:
         assert tensor.op.get_attr(SWAP_ATTR) == b"order"
         tensor = tensor.op.inputs[0]

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import tflms
 from tflms import LMSConfig, LMSWarning
+from tflms.emulate.order import ready_order
 
 import zoo
 from conftest import DEVICE, HOST, SMALL
@@ -82,12 +83,12 @@ def test_a_plan_of_orders_only_is_applied_and_recognised(mlp):
     import networkx as nx
 
     from tflms import _tf_internal as tfi
-    from tflms.graph import GraphModel
-    from tflms.rewrite import apply_plan, is_rewritten
+    from tflms.ir.graph import GraphModel
+    from tflms.rewrite.apply import apply_plan, is_rewritten
 
     cf = tf.function(mlp.step_fn()).get_concrete_function(mlp.x, mlp.y)
     model = GraphModel.from_func_graph(cf.graph)
-    backward = [op for op in model.schedule() if model.phase(op) == "backward" and model.dag.in_degree(op)]
+    backward = [op for op in ready_order(model) if model.phase(op) == "backward" and model.dag.in_degree(op)]
     # The last backward op that the schedule runs before another one it does not lead to.
     op, after = next((a, b) for a, b in zip(backward[::-1][1:], backward[::-1]) if not nx.has_path(model.dag, a, b))
     empty = tflms.make_plan(model, LMSConfig(n_tensors=0))

@@ -36,7 +36,7 @@ def test_demo_shows_a_real_out_of_memory_plain_and_real_training_with_tflms():
     assert plain, out
     assert "real memory cap for the next runs: 520 MiB; tflms budget: 468 MiB (90% of the cap), serialize=True" in out
     assert re.search(r"2\. plain step, capped: +OUT OF MEMORY", out), out
-    # What the allocator logged (tflms.testbed.allocator_oom_report): no free chunk held the
+    # What the allocator logged (tflms.testing.testbed.allocator_oom_report): no free chunk held the
     # request, and its regions could not grow by it under the cap.
     held = re.search(
         r"the allocator held ([\d,.]+) MiB in use and ([\d,.]+) MiB free \(largest free chunk ([\d,.]+) MiB\) "
@@ -81,8 +81,8 @@ def test_plan_writes_json_that_fits_the_budget(tmp_path):
     assert plan["peak_bytes_after"] <= 75 * 2**20 < plan["peak_bytes_before"]
     assert len(plan["swaps"]) == plan["options"]["n_tensors"] >= 3
     # One fence per swap after the first two in execution order (no two swapped tensors share
-    # a producer here), but none on a sum (tflms.planner.UNFENCED_TYPES: Grappler's AddOpsRewrite).
-    from tflms.planner import UNFENCED_TYPES
+    # a producer here), but none on a sum (tflms.plan.planner.UNFENCED_TYPES: Grappler's AddOpsRewrite).
+    from tflms.plan.planner import UNFENCED_TYPES
 
     types = {s["producer"]: s["producer_type"] for s in plan["swaps"]}
     unsummed = sum(t not in UNFENCED_TYPES for t in types.values())
@@ -108,7 +108,7 @@ def test_plan_serializes_by_default_and_writes_its_orders(tmp_path):
 
 
 def test_plan_splits_sums_and_swaps_gradients_when_asked(tmp_path):
-    from tflms.sums import term_order
+    from tflms.plan.passes.sums import term_order
 
     path = tmp_path / "plan.json"
     args = ("--batch", "32", "--input-shape", "64,64,3", "--classes", "10", "--no-serialize", "--json", str(path))

@@ -3,7 +3,7 @@
 import keras
 import tensorflow as tf
 
-from tflms.graph import GraphModel
+from tflms.ir.graph import GraphModel
 
 
 def test_from_tf_graph_tags_phases_and_shapes():

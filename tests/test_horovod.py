@@ -1,8 +1,8 @@
-"""tflms.horovod: real ``horovodrun --gloo -np 2`` jobs on the CPU.
+"""tflms.integrations.horovod: real ``horovodrun --gloo -np 2`` jobs on the CPU.
 
 The workers live in tests/horovod_jobs/. These tests skip only when Horovod is
 not installed *and* the environment variable ``CI`` is unset; in CI a missing
-Horovod fails them (build it with ``python -m tflms.build_horovod``).
+Horovod fails them (build it with ``python -m tflms.tools.build_horovod``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tflms.horovod as lms_hvd
+import tflms.integrations.horovod as lms_hvd
 
 REPO = Path(__file__).resolve().parents[1]
 JOBS = Path(__file__).resolve().parent / "horovod_jobs"
@@ -51,8 +51,8 @@ def horovod_available() -> None:
     if missing is None:
         return
     if os.environ.get("CI"):
-        pytest.fail(f"CI is set but {missing}: build it with `python -m tflms.build_horovod`.", pytrace=False)
-    pytest.skip(f"{missing} (and CI is not set); build it with `python -m tflms.build_horovod`")
+        pytest.fail(f"CI is set but {missing}: build it with `python -m tflms.tools.build_horovod`.", pytrace=False)
+    pytest.skip(f"{missing} (and CI is not set); build it with `python -m tflms.tools.build_horovod`")
 
 
 def horovodrun(script: Path, *args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
@@ -240,7 +240,7 @@ def test_benchmark_script_prints_throughput_on_rank_0_only(horovod_available, tm
 
 # --------------------------------------------------------- without horovodrun
 def test_gradient_groups_are_cut_from_the_last_gradient():
-    from tflms.horovod.gradients import _split_groups
+    from tflms.integrations.horovod.gradients import _split_groups
 
     grads = [tf.zeros((n,)) for n in (10, 10, 300, 10, 10)]  # 40, 40, 1200, 40, 40 bytes
     assert _split_groups([0, 1, 2, 3, 4], grads, None) == [[0, 1, 2, 3, 4]]
@@ -253,7 +253,7 @@ def test_gradient_groups_are_cut_from_the_last_gradient():
 
 def test_importing_tflms_does_not_import_horovod():
     code = (
-        "import sys, tflms, tflms.horovod as h; "
+        "import sys, tflms, tflms.integrations.horovod as h; "
         "assert not [m for m in sys.modules if m.split('.')[0] == 'horovod'], 'horovod imported'; "
         "assert (h.rank(), h.size(), h.local_rank(), h.is_root(), h.is_initialized()) == (0, 1, 0, True, False); "
         "assert not [m for m in sys.modules if m.split('.')[0] == 'horovod'], 'horovod imported by helpers'"
@@ -265,15 +265,15 @@ def test_importing_tflms_does_not_import_horovod():
 
 
 def test_public_names_of_the_package():
-    """Every public name is importable from tflms.horovod (the callback's on first use, with Keras)."""
-    import tflms.horovod.callback
-    import tflms.keras
+    """Every public name is importable from tflms.integrations.horovod (the callback's on first use, with Keras)."""
+    import tflms.integrations.horovod.callback
+    import tflms.integrations.keras
 
     for name in lms_hvd.__all__:
         assert getattr(lms_hvd, name) is not None, name
     assert set(lms_hvd.__all__) <= set(dir(lms_hvd))
-    assert issubclass(lms_hvd.HorovodLMSCallback, tflms.keras.LMSCallback)
-    assert lms_hvd.HorovodLMSCallback is tflms.horovod.callback.HorovodLMSCallback
+    assert issubclass(lms_hvd.HorovodLMSCallback, tflms.integrations.keras.LMSCallback)
+    assert lms_hvd.HorovodLMSCallback is tflms.integrations.horovod.callback.HorovodLMSCallback
     assert issubclass(lms_hvd.PlanMismatchError, RuntimeError)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = lms_hvd.nope
@@ -301,7 +301,7 @@ class _FakeHorovod:
 
 def test_horovod_is_detected_in_one_place(monkeypatch):
     """``runtime.loaded`` decides whether Horovod runs here: imported *and* initialised; never imports it."""
-    from tflms.horovod import runtime
+    from tflms.integrations.horovod import runtime
 
     monkeypatch.delenv("HOROVOD_RANK", raising=False)
     monkeypatch.setitem(sys.modules, "horovod.tensorflow", _FakeHorovod(True))
@@ -313,7 +313,9 @@ def test_horovod_is_detected_in_one_place(monkeypatch):
         assert runtime.loaded() is None and not lms_hvd.is_initialized()
         assert (lms_hvd.rank(), lms_hvd.size(), lms_hvd.is_root()) == (0, 1, True)
         monkeypatch.setenv("HOROVOD_RANK", "0")  # ... but under horovodrun that is an error
-        with pytest.raises(RuntimeError, match=r"tflms.horovod.size\(\): this process was started by horovodrun"):
+        with pytest.raises(
+            RuntimeError, match=r"tflms.integrations.horovod.size\(\): this process was started by horovodrun"
+        ):
             lms_hvd.size()
         monkeypatch.delenv("HOROVOD_RANK")
 
@@ -356,5 +358,5 @@ def test_single_process_fallbacks_and_errors(monkeypatch):
     # Started by horovodrun but never initialised: refuse instead of acting alone.
     monkeypatch.setenv("HOROVOD_RANK", "1")
     for call in (lms_hvd.rank, lms_hvd.is_root, lambda: lms_hvd.allreduce_gradients([want[0]])):
-        with pytest.raises(RuntimeError, match=r"tflms.horovod.init\(\)"):
+        with pytest.raises(RuntimeError, match=r"tflms.integrations.horovod.init\(\)"):
             call()

@@ -1,4 +1,4 @@
-"""``model.fit`` under ``horovodrun`` with ``tflms.horovod.HorovodLMSCallback``.
+"""``model.fit`` under ``horovodrun`` with ``tflms.integrations.horovod.HorovodLMSCallback``.
 
 One real ``horovodrun --gloo -np 2`` job (tests/horovod_jobs/fit_job.py, about 20 s)
 trains several models with ``fit``, each rank on its own shard; the tests compare
@@ -26,8 +26,8 @@ import tensorflow as tf
 from test_horovod import JOBS, horovod_available, horovodrun  # noqa: F401 - horovod_available is a fixture
 
 import tflms
-import tflms.horovod as lms_hvd
-import tflms.keras
+import tflms.integrations.horovod as lms_hvd
+import tflms.integrations.keras
 from tflms import LMSWarning
 
 import zoo
@@ -321,7 +321,9 @@ def test_one_process_lmscallback_horovod_true_is_the_horovod_callback(one_proces
     plain = _fit(setup)
     cb = tflms.LMSCallback(device=DEVICE, **SMALL, horovod=True)
     assert type(cb) is lms_hvd.HorovodLMSCallback and isinstance(cb, tflms.LMSCallback) and cb.horovod
-    assert tflms.keras.averaging_train_step is lms_hvd.averaging_train_step  # still importable from tflms.keras
+    assert (
+        tflms.integrations.keras.averaging_train_step is lms_hvd.averaging_train_step
+    )  # still importable from tflms.integrations.keras
     _assert_same(_fit(setup, [cb]), plain)
     assert len(cb.plan.swaps) >= 1 and cb.fingerprint == cb.plan.fingerprint()
     # The plain callback trains the same numbers, without the Horovod parts.
@@ -426,7 +428,7 @@ def test_bad_setups(one_process, monkeypatch):
     # Started by horovodrun but Horovod never initialised: refuse instead of training alone.
     setup = _compile(zoo.mlp())
     monkeypatch.setenv("HOROVOD_RANK", "1")
-    with pytest.raises(RuntimeError, match=r"tflms.horovod.init\(\)"):
+    with pytest.raises(RuntimeError, match=r"tflms.integrations.horovod.init\(\)"):
         _fit(setup, [lms_hvd.HorovodLMSCallback(device=DEVICE, **SMALL)], epochs=1, verbose=1)
 
 

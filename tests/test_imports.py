@@ -9,7 +9,7 @@ import tflms
 
 def test_tensorflow_names_load_on_first_use():
     assert tf_loaded_after("import tflms; tflms.function")
-    assert tflms.SwapPlan is tflms.plan.SwapPlan
+    assert tflms.SwapPlan is tflms.plan.records.SwapPlan
     assert set(tflms.__all__) <= set(dir(tflms))
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         _ = tflms.nope

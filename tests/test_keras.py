@@ -19,11 +19,11 @@ import pytest
 import tensorflow as tf
 
 import tflms
-import tflms.core
+import tflms.integrations.function
 from tflms import LMSConfig, LMSWarning
 from tflms import _tf_internal as tfi
-from tflms.keras import LMSCallback, short_summary
-from tflms.plan import format_bytes
+from tflms.integrations.keras import LMSCallback, short_summary
+from tflms.plan.records import format_bytes
 
 import zoo
 from conftest import DEVICE, HOST, SMALL
@@ -223,8 +223,8 @@ def test_fit_with_tiles_left_out_is_bit_identical():
 
 def test_fit_twice_rewrites_once_and_continues_like_plain(mlp, monkeypatch):
     calls = []
-    optimize = tflms.core._optimize  # what tflms.function runs once per traced signature  # noqa: SLF001
-    monkeypatch.setattr(tflms.core, "_optimize", lambda *a, **k: calls.append(1) or optimize(*a, **k))
+    optimize = tflms.integrations.function._optimize  # what tflms.function runs once per traced signature  # noqa: SLF001
+    monkeypatch.setattr(tflms.integrations.function, "_optimize", lambda *a, **k: calls.append(1) or optimize(*a, **k))
     plain = _fit(mlp, epochs=1)
     plain_again = _fit(mlp, epochs=1, reset=False)
 
@@ -468,13 +468,13 @@ def test_bad_options():
 
 
 def test_the_plain_callback_imports_nothing_of_horovod():
-    """Horovod's callback is a subclass in tflms.horovod; the plain one never loads that package."""
+    """Horovod's callback is a subclass in tflms.integrations.horovod; the plain one never loads that package."""
     code = (
-        "import sys, tflms, tflms.keras\n"
+        "import sys, tflms, tflms.integrations.keras\n"
         "cb = tflms.LMSCallback(device='/device:CPU:1', horovod=False)\n"
-        "cb = tflms.keras.LMSCallback(swapout_threshold=3)\n"
-        "loaded = sorted(m for m in sys.modules if m.startswith(('tflms.horovod', 'horovod')))\n"
-        "assert not loaded and type(cb) is tflms.keras.LMSCallback and not cb.horovod, loaded\n"
+        "cb = tflms.integrations.keras.LMSCallback(swapout_threshold=3)\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith(('tflms.integrations.horovod', 'horovod')))\n"
+        "assert not loaded and type(cb) is tflms.integrations.keras.LMSCallback and not cb.horovod, loaded\n"
     )
     root = Path(__file__).resolve().parents[1]
     run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)

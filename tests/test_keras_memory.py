@@ -14,7 +14,7 @@ import textwrap
 
 import tensorflow as tf
 
-from tflms.keras import MEASURED_PEAK_KEY, PREDICTED_PEAK_KEY, LMSCallback
+from tflms.integrations.keras import MEASURED_PEAK_KEY, PREDICTED_PEAK_KEY, LMSCallback
 
 import zoo
 from conftest import DEVICE, SMALL

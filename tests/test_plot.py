@@ -8,8 +8,8 @@ from matplotlib.figure import Figure
 
 import tflms
 from tflms import SwapPlan
-from tflms.graph import GraphModel
-from tflms.plot import draw_memory, memory_plot_data
+from tflms.ir.graph import GraphModel
+from tflms.report.plot import draw_memory, memory_plot_data
 
 import zoo
 from conftest import DEVICE

@@ -17,9 +17,9 @@ from helpers import check_recomputes
 
 def test_recompute_plan_round_trips_and_rewrites_the_same():
     """A plan with recomputes saved as JSON and applied again gives the same graph and numbers."""
-    from tflms.graph import GraphModel
-    from tflms.plan import SwapPlan
-    from tflms.rewrite import apply_plan
+    from tflms.ir.graph import GraphModel
+    from tflms.plan.records import SwapPlan
+    from tflms.rewrite.apply import apply_plan
 
     setup = zoo.cnn()
     cf = tf.function(setup.step_fn()).get_concrete_function(setup.x, setup.y)
@@ -49,8 +49,9 @@ def test_recompute_plan_round_trips_and_rewrites_the_same():
 
 
 def test_the_callbacks_short_summary_counts_the_recomputes():
-    """LMSCallback(verbose=1) prints tflms.keras.short_summary: a plan with recomputes says so, one without does not."""
-    from tflms.keras import short_summary
+    """LMSCallback(verbose=1) prints tflms.integrations.keras.short_summary: a plan with
+    recomputes says so, one without does not."""
+    from tflms.integrations.keras import short_summary
 
     from graphs import bn_relu_model
 

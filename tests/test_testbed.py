@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import tflms
 from tflms import LMSConfig, testbed
-from tflms.measure import measure
+from tflms.testing.measure import measure
 
 from conftest import DEVICE, SMALL
 
@@ -245,7 +245,7 @@ def test_left_out_tiles_allocate_nothing_of_an_activations_size():
 # to step: at one plain peak two 16 MiB requests held 26 and 23 MiB chunks). The simulator-accuracy
 # runs of 2026-11-24 put the CNN at 0.71-1.09 per run, and a CI run of 2026-11-24 measured 114.15
 # against 114.06 MiB plain (1.001), so the CNN is held to 1.1 x plain. The first step is not
-# counted: the rewritten step's first peak measured up to 1.8x its later ones (see tflms.measure.measure_step).
+# counted: the rewritten step's first peak measured up to 1.8x its later ones (see tflms.testing.measure.measure_step).
 @functools.cache
 def _transformer_measured():
     """The transformer block at batch 8, plain, swaps and swaps with recompute, in one measured
@@ -302,7 +302,7 @@ def test_fenced_swap_outs_train_across_processes_within_the_prediction():
     # that the loss changed from step to step; the fenced losses follow the plain ones.
     assert len(set(plain["losses"])) == len(plain["losses"])
     np.testing.assert_allclose(fenced["losses"], plain["losses"], rtol=LOSS_RTOL)
-    # A fence per swap after the first four, but none on a sum (tflms.planner.UNFENCED_TYPES):
+    # A fence per swap after the first four, but none on a sum (tflms.plan.planner.UNFENCED_TYPES):
     # the layer norms' AddV2 outputs are swapped unfenced.
     assert 0 < fenced["n_fences"] < fenced["n_swaps"] - 4, (fenced["n_fences"], fenced["n_swaps"])
     assert max(fenced["peaks"]) <= 1.3 * fenced["predicted"], (fenced["peaks"], fenced["predicted"])
@@ -339,7 +339,9 @@ def test_peak_anatomy_names_what_the_measured_peak_holds():
     peak, add up to the allocator's bytes in use and belong to the traced step's ops. Measured
     here (2-CPU AMD EPYC, 2026-11-23): CNN b32 plain, unprofiled 132 MiB, profiled 137 MiB, at a
     backward op, 59 MiB forward and 75 MiB backward buffers (predicted 54 and 57)."""
-    r = testbed.run_measured("tflms.measure:anatomy_step", {"model": "cnn", "batch": 32, "mode": "plain"}, timeout=900)
+    r = testbed.run_measured(
+        "tflms.testing.measure:anatomy_step", {"model": "cnn", "batch": 32, "mode": "plain"}, timeout=900
+    )
     assert r.ok, r.error
     prof, pred = r.value["profiled"], r.value["predicted"]
     held = sum(prof["by_phase"].values())
@@ -381,7 +383,9 @@ def test_peak_anatomy_of_a_plan_with_recomputes_simulates_the_step_as_planned():
     does (without them it cannot place the swap-ins that feed clones): its predicted peak is the
     plan's, made in another fresh process."""
     args = {"model": "transformer", "batch": 8}
-    r = testbed.run_measured("tflms.measure:anatomy_step", {**args, "options": {"recompute": True}}, timeout=900)
+    r = testbed.run_measured(
+        "tflms.testing.measure:anatomy_step", {**args, "options": {"recompute": True}}, timeout=900
+    )
     assert r.ok, r.error
     planned = testbed.run_measured(
         "testbed_jobs:planned_peak", {**args, "recompute": True}, timeout=900, pythonpath=[os.path.dirname(__file__)]

@@ -76,20 +76,21 @@ def test_grappler_removes_unmarked_swap_identities():
 
 
 def test_grappler_pushes_constants_down_as_the_simulator_assumes():
-    """Rule 0 of the simulator (:func:`tflms.graph.with_constant_pushdown`) against the graphs
+    """Rule 0 of the simulator (:func:`tflms.ir.graph.with_constant_pushdown`) against the graphs
     the runtime ran for the transformer of the test bed.
 
     Plain step: in every pair it rewrites, the runtime's inner op no longer reads the
     gradient the rule moves out (or is gone), and the attention gradients' scaled softmax
     is computed from the softmax. Rewritten step: where a swap-in feeds the attention's
     inner op, Grappler pairs the constant as in the plain step, with the swapped-in softmax,
-    whose landing is named under the softmax (:func:`tflms.rewrite.landing_name`). With
+    whose landing is named under the softmax (:func:`tflms.rewrite.apply.landing_name`). With
     the landing named ``tflms_landing/...`` (before 2026-11-25) it paired the constant with
     the gradient. If a TensorFlow upgrade changes either, this fails."""
     import tflms
-    from tflms.graph import GraphModel, with_constant_pushdown
-    from tflms.measure import build
-    from tflms.rewrite import is_landing
+    from tflms.emulate.grappler import with_constant_pushdown
+    from tflms.ir.graph import GraphModel
+    from tflms.rewrite.apply import is_landing
+    from tflms.testing.measure import build
 
     from conftest import DEVICE, HOST
 
@@ -140,11 +141,11 @@ def test_grappler_removes_the_optimizers_identity_n_and_updates_start_before_the
     """Keras 3's optimizer passes every gradient through one ``IdentityN``, so in the traced step
     every update op waits for all gradients. Grappler removes it: the graphs the runtime ran have
     none, and a profiled step starts an update that reads a gradient before the last backward op.
-    :func:`tflms.measure.recorded_order` follows the runtime here; the simulator's own schedule
+    :func:`tflms.testing.measure.recorded_order` follows the runtime here; the simulator's own schedule
     keeps the ``IdentityN`` as a barrier (see the README's limits). If a TensorFlow or Keras
     upgrade changes either, this fails."""
-    from tflms.graph import GraphModel
-    from tflms.measure import build
+    from tflms.ir.graph import GraphModel
+    from tflms.testing.measure import build
 
     from conftest import DEVICE
 
@@ -212,8 +213,8 @@ def _terms(xs, names):
 
 
 def _chain(terms, tag=True):
-    """The sum of ``terms`` as tflms.sums builds it: AddV2 ops in the AddN kernel's groups."""
-    from tflms.sums import ADD_OPS_TAG, kernel_groups
+    """The sum of ``terms`` as tflms.plan.passes.sums builds it: AddV2 ops in the AddN kernel's groups."""
+    from tflms.plan.passes.sums import ADD_OPS_TAG, kernel_groups
 
     def add(a, b):
         out = tf.raw_ops.AddV2(x=a, y=b)
@@ -231,10 +232,10 @@ def _chain(terms, tag=True):
 
 
 def test_an_addn_sums_like_tflms_chain_over_its_inputs_sorted_by_name():
-    """What split_sums relies on for bit-identity (tflms.sums): Grappler sorts an AddN's inputs
+    """What split_sums relies on for bit-identity (tflms.plan.passes.sums): Grappler sorts an AddN's inputs
     by name, and the AddN kernel adds them in kernel_groups' association. The chain over the
     terms in graph order rounds differently."""
-    from tflms.sums import term_order
+    from tflms.plan.passes.sums import term_order
 
     rng = np.random.default_rng(1)
     names = ["zeta", "alpha", "mid", "beta", "omega", "gamma", "aa", "zz", "k", "b2", "b10", "q"]
@@ -257,7 +258,7 @@ def test_an_addn_sums_like_tflms_chain_over_its_inputs_sorted_by_name():
 
 def test_grappler_folds_an_add_chain_into_one_addn_unless_its_ops_carry_the_tag():
     """Grappler's AddOpsRewrite turns a chain of AddV2 into one AddN, and leaves alone the ops
-    that carry tflms.sums.ADD_OPS_TAG (the mark it puts on what it has rewritten)."""
+    that carry tflms.plan.passes.sums.ADD_OPS_TAG (the mark it puts on what it has rewritten)."""
 
     def ran(tag):
         fn = tf.function(lambda *xs: tf.reduce_sum(_chain([tf.exp(x) for x in xs], tag=tag)))
@@ -270,7 +271,7 @@ def test_grappler_folds_an_add_chain_into_one_addn_unless_its_ops_carry_the_tag(
 
 def test_onednn_runs_a_filter_gradient_and_its_bias_gradient_as_one_kernel_unless_a_path_joins_them():
     """Why no order or trigger of a plan joins a ``Conv2DBackpropFilter`` and the ``BiasAddGrad``
-    of the same gradient (tflms.graph.fused_partners): oneDNN's graph pass runs the two as one
+    of the same gradient (tflms.ir.graph.fused_partners): oneDNN's graph pass runs the two as one
     kernel, and with a control edge between them each runs alone and the bias gradient's bits
     change."""
     import os
@@ -303,7 +304,7 @@ def test_onednn_runs_a_filter_gradient_and_its_bias_gradient_as_one_kernel_unles
     fused_ops, (filt, bias) = ran(joined=False)
     apart_ops, (filt_apart, bias_apart) = ran(joined=True)
     # If this fails after a TensorFlow upgrade, oneDNN no longer fuses the two and the rule
-    # (tflms.graph.fused_partners) may go.
+    # (tflms.ir.graph.fused_partners) may go.
     assert any(op.endswith("Conv2DBackpropFilterWithBias") for op in fused_ops), sorted(fused_ops)
     assert "BiasAddGrad" in apart_ops and not any(op.endswith("WithBias") for op in apart_ops)
     np.testing.assert_array_equal(filt_apart, filt)

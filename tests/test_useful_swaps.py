@@ -15,8 +15,8 @@ import pytest
 import tensorflow as tf
 
 import tflms
-from tflms.candidates import RESIDENT_OP_TYPES, SHAPE_OP_TYPES, buffer_owner
-from tflms.measure import build
+from tflms.plan.candidates import RESIDENT_OP_TYPES, SHAPE_OP_TYPES, buffer_owner
+from tflms.testing.measure import build
 
 from conftest import DEVICE, HOST
 
@@ -34,7 +34,7 @@ def _unet_step():
     model = keras.Model(inp, out)
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     _KEEP.append(model)
-    return tflms.autotune.keras_train_step(model), 64
+    return tflms.plan.autotune.keras_train_step(model), 64
 
 
 def _measure_step(name, batch, size):

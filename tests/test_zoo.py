@@ -26,10 +26,10 @@ from helpers import (
 #: - transformer (one ULP in one loss of three): Grappler's constant folding pushes a
 #:   constant down ``Mul(C, Mul(x, y))`` only when the parent and both leaves are on one
 #:   device; read straight from the host swap-in, the GELU gradient's product rounded
-#:   differently. The consumers read a landing Identity on the device (tflms.rewrite).
+#:   differently. The consumers read a landing Identity on the device (tflms.rewrite.apply).
 #: - nasnet, unet3d (drift from step 2 on): oneDNN's MaxPoolGrad/MaxPool3DGrad need the
 #:   pooled output straight from the MaxPool; the planner never swaps it
-#:   (tflms.candidates.PINNED_INPUTS, test_pooled_outputs_stay_on_the_device_for_onednn).
+#:   (tflms.plan.candidates.PINNED_INPUTS, test_pooled_outputs_stay_on_the_device_for_onednn).
 NOT_BIT_IDENTICAL: dict[str, float] = {}
 
 
@@ -146,7 +146,7 @@ def test_swapout_fences_keep_training_bit_identical(name):
     check_structure(fenced.get_concrete_function(setup.x, setup.y), plan, DEVICE, HOST)
     # A fence on a tensor the plan does not swap (a hand-edited plan) is refused by name,
     # before the graph is edited.
-    from tflms.rewrite import apply_plan
+    from tflms.rewrite.apply import apply_plan
 
     bad = dataclasses.replace(plan, fences=(tflms.Fence("no/such:0", plan.fences[0].op),))
     graph = tfi.copy_graph(plain.get_concrete_function(setup.x, setup.y))
@@ -211,8 +211,8 @@ def test_updates_wait_for_the_reads_of_their_variable_and_training_stays_bit_ide
     BatchNorm gradient's product), so the simulator sees no variable copied (its rule 6), and
     predicts a lower peak; the plan's other decisions are those of ``order_updates=False``, and
     the step trains to the plain step's numbers."""
-    from tflms.schedule import update_orders
-    from tflms.simulator import VARIABLE_WRITE_TYPES, Simulator
+    from tflms.emulate.simulator import VARIABLE_WRITE_TYPES, Simulator
+    from tflms.plan.passes.schedule import update_orders
 
     shared = zoo.shared("resnet50")
     ordered, plan = tflms.optimize(shared.cf, device=DEVICE, order_updates=True, **SMALL)
@@ -226,7 +226,7 @@ def test_updates_wait_for_the_reads_of_their_variable_and_training_stays_bit_ide
     # Only readers whose results are used: the input gradient of the first convolution is not.
     assert not any(o.after.endswith("conv1_conv_1/convolution/Conv2DBackpropInput") for o in updates)
     assert plan.swaps == copying.swaps and set(copying.orders).isdisjoint(updates)
-    sim, ordered_sim = Simulator(traced), Simulator(tflms.graph.with_orders(traced, updates))
+    sim, ordered_sim = Simulator(traced), Simulator(tflms.ir.graph.with_orders(traced, updates))
     copied = {c[3] for c in sim._run(()).copies}  # noqa: SLF001 (the writes rule 6 copies)
     still = {c[3] for c in ordered_sim._run(()).copies}  # noqa: SLF001
     assert {types[op] for op in copied} <= VARIABLE_WRITE_TYPES
@@ -251,7 +251,7 @@ def _assert_hand_made_plan_holds(shared, plan):
     """Rewrite the shared plain step with ``plan`` (made by hand from a tflms plan): the exact
     structure, the swap ops and orders survive Grappler and hold in the graphs TensorFlow ran,
     and the step trains to the plain step's numbers."""
-    from tflms.rewrite import apply_plan
+    from tflms.rewrite.apply import apply_plan
 
     graph = tfi.copy_graph(shared.cf)
     apply_plan(graph, plan, device=DEVICE, host=HOST)
@@ -266,7 +266,7 @@ def _assert_hand_made_plan_holds(shared, plan):
 
 
 def test_late_triggers_off_the_consumers_path_keep_training_bit_identical():
-    """The kind of plan :func:`tflms.schedule.late_triggers` makes (near a budget's limit, at
+    """The kind of plan :func:`tflms.plan.passes.schedule.late_triggers` makes (near a budget's limit, at
     batches too large for this suite: ResNet50 96² batch 80, DenseNet121 224² batch 1,260):
     a swap-in triggered by the op the schedule runs right before its first consumer, which is
     not on a path into that consumer, and an order that makes each consumer wait for it. Made
@@ -275,9 +275,9 @@ def test_late_triggers_off_the_consumers_path_keep_training_bit_identical():
     step's numbers."""
     import networkx as nx
 
-    from tflms.graph import with_orders
-    from tflms.schedule import _later_trigger
-    from tflms.simulator import Simulator
+    from tflms.emulate.simulator import Simulator
+    from tflms.ir.graph import with_orders
+    from tflms.plan.passes.schedule import _later_trigger
 
     shared = zoo.shared("resnet50")
     _, plan = tflms.optimize(shared.cf, device=DEVICE, **SMALL)
@@ -301,15 +301,15 @@ def test_late_triggers_off_the_consumers_path_keep_training_bit_identical():
 
 
 def test_room_for_later_triggers_keeps_training_bit_identical():
-    """The orders :func:`tflms.schedule.finish` adds to make room for a later trigger (near a
+    """The orders :func:`tflms.plan.passes.schedule.finish` adds to make room for a later trigger (near a
     budget's limit, at batches too large for this suite: DenseNet121 224² batch 1,300): in a
     BatchNorm gradient, ``dy * x`` (``x`` swapped in) waits for the sum of ``dy``, and
     ``dy * scale`` for both, so that it reads ``dy`` last. Made here for the first consumer of
     every swap-in of ResNet50's default plan: the rewrite adds the orders, they hold in the
     graphs TensorFlow runs, and the step trains to the plain step's numbers."""
-    from tflms.graph import with_orders
-    from tflms.schedule import _leading_to_updates, _room_for
-    from tflms.simulator import Simulator
+    from tflms.emulate.simulator import Simulator
+    from tflms.ir.graph import with_orders
+    from tflms.plan.passes.schedule import _leading_to_updates, _room_for
 
     shared = zoo.shared("resnet50")
     _, plan = tflms.optimize(shared.cf, device=DEVICE, **SMALL)
@@ -363,9 +363,9 @@ def test_pooled_outputs_stay_on_the_device_for_onednn():
     ``MaxPoolGrad``/``MaxPool3DGrad`` stops oneDNN's rewrite of it, and TensorFlow's own
     kernel gives other numbers. The planner never swaps such a tensor on a CPU; for a GPU it
     does."""
-    from tflms.candidates import PINNED_INPUTS
-    from tflms.plan import Swap, SwapIn
-    from tflms.rewrite import apply_plan
+    from tflms.plan.candidates import PINNED_INPUTS
+    from tflms.plan.records import Swap, SwapIn
+    from tflms.rewrite.apply import apply_plan
 
     setup = zoo.unet3d()
     cf = tf.function(setup.step_fn()).get_concrete_function(setup.x, setup.y)
@@ -427,8 +427,8 @@ def test_consumers_read_swap_ins_through_a_device_landing():
     (constant folding checks that all leaves share the parent's device) and the second
     loss moved by one ULP. On a 2-CPU AMD EPYC that bypass was bit-identical with both
     oneDNN's and Eigen's kernels, so only the 1e-6 bound is held for it here."""
-    from tflms.devices import same_device
-    from tflms.rewrite import SWAP_IN_SCOPE, is_landing
+    from tflms.ir.devices import same_device
+    from tflms.rewrite.apply import SWAP_IN_SCOPE, is_landing
 
     setup = zoo.transformer()
     cf = tf.function(setup.step_fn()).get_concrete_function(setup.x, setup.y)
@@ -457,14 +457,14 @@ def test_consumers_read_swap_ins_through_a_device_landing():
 
 
 def test_the_measured_transformer_trains_bit_identically_with_swaps_recompute_and_fences():
-    """``tflms.measure``'s transformer (2 blocks, sequence 256, batch 8), the one the test bed
+    """``tflms.testing.measure``'s transformer (2 blocks, sequence 256, batch 8), the one the test bed
     measures. Until 2026-11-25 its rewritten steps missed the plain step's second loss by one
     ULP (2.1153388 against 2.1153390): the swapped-in softmax's landing, named
     ``tflms_landing/...``, sorted after the attention gradient, and Grappler's constant
     push-down paired the constant with the gradient instead of the softmax. Named under the
-    softmax (:func:`tflms.rewrite.landing_name`), it pairs as in the plain step. With fences
-    it missed the same way until sums got none (:data:`tflms.planner.UNFENCED_TYPES`)."""
-    from tflms.measure import build
+    softmax (:func:`tflms.rewrite.apply.landing_name`), it pairs as in the plain step. With fences
+    it missed the same way until sums got none (:data:`tflms.plan.planner.UNFENCED_TYPES`)."""
+    from tflms.testing.measure import build
 
     model, x, y, step = build("transformer", 8)
     state = list(model.variables) + list(step.optimizer.variables)
@@ -502,7 +502,7 @@ def test_an_order_grappler_would_drop_waits_through_a_gate_in_the_graph_tensorfl
     control edge loses it. (Bit-identity of this plan: the test above, default options.)"""
     import networkx as nx
 
-    from tflms.measure import build
+    from tflms.testing.measure import build
 
     _, x, y, step = build("transformer", 8)
     cf = tf.function(step).get_concrete_function(x, y)
@@ -576,7 +576,7 @@ def test_split_sums_keep_training_bit_identical_and_survive_grappler(name):
     AddV2 in Grappler's order of its inputs and the AddN kernel's association; the step trains
     to the plain step's numbers, and Grappler keeps the chains (it would fold them back into one
     AddN without the tag they carry)."""
-    from tflms.sums import ADD_OPS_TAG, chain_ops
+    from tflms.plan.passes.sums import ADD_OPS_TAG, chain_ops
 
     shared = zoo.shared(name)
     lms, plan = tflms.optimize(shared.cf, device=DEVICE, split_sums=True, **SMALL)
@@ -606,7 +606,7 @@ def test_dropped_tiles_keep_training_bit_identical_and_survive_grappler(name):
     LayerNorm's means) are left out; the ops that read their values are made again with the
     smaller input and broadcast it. The step trains to the plain step's numbers; the tiles are
     gone from the graph Grappler makes, and the ops made again are there, with the smaller shapes."""
-    from tflms.tiles import SUFFIX
+    from tflms.plan.passes.tiles import SUFFIX
 
     shared = zoo.shared(name)
     lms, plan = tflms.optimize(shared.cf, device=DEVICE, split_sums=True, drop_tiles=True, **SMALL)

@@ -6,7 +6,7 @@ from typing import Any
 
 
 def decorated_step_reports_memory(model: str = "cnn", batch: int = 32, steps: int = 3) -> dict[str, Any]:
-    """A model of tflms.measure.MODELS through ``@tflms.function`` with the test bed's device and host:
+    """A model of tflms.testing.measure.MODELS through ``@tflms.function`` with the test bed's device and host:
     losses of the plain and rewritten steps from the same state (one warm-up step, then
     ``steps``), each one's steady-state measured peak, and the rewritten step's
     ``LMSFunction.memory_report`` over the same steps next to the prediction."""
@@ -14,7 +14,7 @@ def decorated_step_reports_memory(model: str = "cnn", batch: int = 32, steps: in
 
     import tflms
     from tflms import testbed
-    from tflms.measure import build
+    from tflms.testing.measure import build
 
     tf.config.experimental.enable_op_determinism()
     keras_model, x, y, step = build(model, batch)
@@ -40,14 +40,14 @@ def decorated_step_reports_memory(model: str = "cnn", batch: int = 32, steps: in
 
 
 def planned_peak(model: str = "transformer", batch: int = 8, **options: Any) -> int:
-    """The predicted peak of the test bed's plan for a model of tflms.measure.MODELS under ``options``,
-    made in a fresh process as :func:`tflms.measure.anatomy_step` makes it (graph names and so
+    """The predicted peak of the test bed's plan for a model of tflms.testing.measure.MODELS under ``options``,
+    made in a fresh process as :func:`tflms.testing.measure.anatomy_step` makes it (graph names and so
     ties in the simulator's order depend on what the process traced before)."""
     import tensorflow as tf
 
     import tflms
     from tflms import testbed
-    from tflms.measure import build
+    from tflms.testing.measure import build
 
     _, x, y, step = build(model, batch)
     cf = tf.function(step).get_concrete_function(x, y)
@@ -58,7 +58,7 @@ def planned_peak(model: str = "transformer", batch: int = 8, **options: Any) -> 
 
 def priorities() -> dict[str, Any]:
     """Nice values inside a measured process: of its threads (TensorFlow's among them), of a
-    thread started now, and of its host worker (the child running ``tflms.testbed --port``)."""
+    thread started now, and of its host worker (the child running ``tflms.testing.testbed --port``)."""
     import os
     import threading
 
@@ -84,7 +84,7 @@ def priorities() -> dict[str, Any]:
                 cmdline = f.read().split(b"\0")
         except OSError:
             continue
-        if ppid == os.getpid() and b"tflms.testbed" in cmdline and b"--port" in cmdline:
+        if ppid == os.getpid() and b"tflms.testing.testbed" in cmdline and b"--port" in cmdline:
             workers.append(os.getpriority(os.PRIO_PROCESS, int(pid)))
     return {"threads": threads, "new_thread": seen[0], "workers": workers}
 
@@ -102,7 +102,7 @@ def update_copies(model: str = "cnn", batch: int = 32, warmup: int = 2, profiled
     import tflms
     from tflms import _tf_internal as tfi
     from tflms import testbed
-    from tflms.measure import build
+    from tflms.testing.measure import build
 
     tf.config.experimental.enable_op_determinism()
     keras_model, x, y, step = build(model, batch)
@@ -144,7 +144,7 @@ def tile_allocations(model: str = "cnn", batch: int = 32, warmup: int = 1) -> di
     import tflms
     from tflms import _tf_internal as tfi
     from tflms import testbed
-    from tflms.measure import build
+    from tflms.testing.measure import build
 
     tf.config.experimental.enable_op_determinism()
     keras_model, x, y, step = build(model, batch)

@@ -170,7 +170,7 @@ def lstm() -> Setup:
 
 def nasnet(batch: int = 2) -> Setup:
     """NASNetMobile at 32x32 with SGD: separable convolutions, many small concatenations
-    and ``MaxPool`` in the reduction cells (see ``tflms.candidates.PINNED_INPUTS``)."""
+    and ``MaxPool`` in the reduction cells (see ``tflms.plan.candidates.PINNED_INPUTS``)."""
     keras.utils.set_random_seed(6)
     model = keras.applications.NASNetMobile(
         weights=None, input_shape=(32, 32, 3), classes=10, classifier_activation=None
@@ -180,7 +180,7 @@ def nasnet(batch: int = 2) -> Setup:
 
 def unet3d(batch: int = 2, size: int = 16) -> Setup:
     """A small 3-D U-Net: Conv3D (bias, ReLU) pairs, MaxPool3D down, UpSampling3D up, skip
-    concatenations, per-voxel softmax (see ``tflms.candidates.PINNED_INPUTS``)."""
+    concatenations, per-voxel softmax (see ``tflms.plan.candidates.PINNED_INPUTS``)."""
     keras.utils.set_random_seed(7)
     L = keras.layers
 

@@ -190,7 +190,7 @@ def grappler_optimize(cf: ConcreteFunction, device: str, config: Any = None) -> 
 @contextlib.contextmanager
 def memory_optimization(level: str | None, keep_explicit: bool = False, layout_off: bool = False) -> Iterator[None]:
     """Within it, functions are instantiated with Grappler's memory optimizer at ``level``, a
-    ``RewriterConfig.MemOptType`` name (``'MANUAL'``: why, :func:`tflms.core.manual_memory_optimizer`),
+    ``RewriterConfig.MemOptType`` name (``'MANUAL'``: why, :func:`tflms.integrations.function.manual_memory_optimizer`),
     and with ``layout_off=True`` with Grappler's layout optimizer off (why:
     ``LMSConfig.layout_optimizer``); the rest of the current ``ConfigProto`` is kept.
     ``level=None`` and ``layout_off=False`` change nothing.
@@ -370,7 +370,7 @@ def op_type_registered(op_type: str) -> bool:
     return op_def_registry.get(op_type) is not None
 
 
-# -- Keras 3 internals (tflms.keras, tflms.horovod.callback; pinned in tests/test_keras.py) --
+# -- Keras 3 internals (tflms.integrations.keras, tflms.integrations.horovod.callback; pinned in tests/test_keras.py) --
 # Imported inside the functions: a step without Keras never imports it through this module.
 
 

@@ -160,8 +160,8 @@ def build_model(spec: str, input_shape: tuple[int, ...], classes: int = 1000) ->
 
 
 def demo(args: argparse.Namespace) -> int:
-    """The demo (``tflms demo``, what ``make run`` runs): see :mod:`tflms.demo`."""
-    from .demo import run_demo
+    """The demo (``tflms demo``, what ``make run`` runs): see :mod:`tflms.testing.demo`."""
+    from .testing.demo import run_demo
 
     try:
         return run_demo(args)
@@ -196,7 +196,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     import tflms
-    from tflms.autotune import _specs_text, keras_step_source, keras_train_step
+    from tflms.plan.autotune import _specs_text, keras_step_source, keras_train_step
 
     # The options first: a bad one fails before the model is built and traced.
     schedule = {} if args.serialize is None else {"serialize": args.serialize}  # None: LMSConfig's default
@@ -243,7 +243,7 @@ def _plan(args: argparse.Namespace) -> int:
         Path(args.json).write_text(plan.to_json() + "\n")
         print(f"wrote {args.json}")
     if args.plot:
-        from tflms.plot import plot_memory
+        from tflms.report.plot import plot_memory
 
         plot_memory(gm, plan, args.plot)
         print(f"wrote {args.plot}")
@@ -274,7 +274,7 @@ def bench(args: argparse.Namespace) -> int:
 
 
 def build_horovod(args: argparse.Namespace) -> int:
-    from . import build_horovod as bh
+    from .tools import build_horovod as bh
 
     return bh.main(args.rest)
 
@@ -375,7 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.set_defaults(func=bench)
 
     p = sub.add_parser("build-horovod", help="build/install the Horovod wheel (options: build-horovod -- --help)")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to python -m tflms.build_horovod")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to python -m tflms.tools.build_horovod")
     p.set_defaults(func=build_horovod)
 
     args = parser.parse_args(argv)

@@ -22,8 +22,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from . import devices
-from .devices import KNOWN_DEVICE_TYPES
+from .ir import devices
+from .ir.devices import KNOWN_DEVICE_TYPES
 
 __all__ = [
     "LMSConfig",
@@ -131,7 +131,7 @@ def _check_seconds(name: str, value: Any) -> float:
 
 
 def _check_device(name: str, value: Any, allow_none: bool) -> str | None:
-    """Return the canonical form of a device string (:func:`tflms.devices.canonical`), or raise.
+    """Return the canonical form of a device string (:func:`tflms.ir.devices.canonical`), or raise.
 
     Job, replica and task are kept: ``/job:worker/replica:0/task:0/device:CPU:0`` names a
     CPU in another process and is never taken for this process's ``/device:CPU:0``.
@@ -203,7 +203,7 @@ class LMSConfig:
         budget: device memory budget in bytes (an int, or a string such as
             ``"16GiB"``/``"500MB"``). When set, the planner chooses
             ``swapout_threshold``, ``swapin_ahead``, ``swapin_groupby`` and ``n_tensors``
-            itself (:mod:`tflms.autotune`); an unreachable budget raises
+            itself (:mod:`tflms.plan.autotune`); an unreachable budget raises
             :class:`tflms.BudgetError` carrying the best achievable predicted peak.
         link_bandwidth: bytes per second of the device-host link, each direction (an int
             or a size string read as per second: ``"25GB"``); default
@@ -215,7 +215,7 @@ class LMSConfig:
             element-wise ops over tensors that are on the device anyway at the backward
             pass (weights, tensors under ``min_bytes``, other swapped tensors) is
             recomputed just before its backward consumers instead of swapped, if the
-            cost model (:mod:`tflms.recompute`) predicts less time. Default ``False``.
+            cost model (:mod:`tflms.plan.passes.recompute`) predicts less time. Default ``False``.
         device_bandwidth: device memory bandwidth in bytes per second (like
             ``link_bandwidth``); the recompute cost model's compute speed. Default
             :data:`DEVICE_BANDWIDTH`.
@@ -226,7 +226,7 @@ class LMSConfig:
             until the link has sent it, so when the forward pass runs ahead of the link,
             several wait at once and the peak exceeds the prediction. A producer that is an
             ``Add``, ``AddV2`` or ``AddN`` gets no fence (a control input there changes
-            how Grappler associates the sum; :data:`tflms.planner.UNFENCED_TYPES`).
+            how Grappler associates the sum; :data:`tflms.plan.planner.UNFENCED_TYPES`).
             ``'auto'`` (default): :data:`GPU_SWAPOUT_WINDOW` where the device is a GPU
             (there the executor only enqueues kernels, and without fences the forward
             pass ran far ahead of the link: measured, README "Fences on the GPU"), no
@@ -234,7 +234,7 @@ class LMSConfig:
             record the value used. ``None``: no fences.
         serialize: when ``True``, a memory-aware schedule: ordering edges
             (:class:`tflms.Order`) that make one branch of the backward pass wait for
-            another where the simulator predicts a lower peak (:mod:`tflms.schedule`).
+            another where the simulator predicts a lower peak (:mod:`tflms.plan.passes.schedule`).
             Default ``True`` (since 2026-11-25; measured lower peaks on the test bed, see the
             README); ``False``: the swaps alone, and faster planning (a ResNet50 step 3-4 s,
             a ResNet152 224² step 40 s faster on 2 CPUs).
@@ -248,7 +248,7 @@ class LMSConfig:
             (a gradient that several consumers contribute to) becomes a chain of ``AddV2`` ops
             that adds each term as it arrives, in the association of TensorFlow's ``AddN``
             kernel and Grappler's order of its inputs, so the numbers are bit-identical
-            (:mod:`tflms.sums`). The terms already added are freed instead of waiting on the
+            (:mod:`tflms.plan.passes.sums`). The terms already added are freed instead of waiting on the
             device for the last one. Default ``False``: lower predicted peaks on DenseNet121
             and ResNet50, no measured capacity gain yet, a few more ops and memory traffic per sum
             (README, "Sums added as their terms arrive").
@@ -256,12 +256,12 @@ class LMSConfig:
             the backward pass that copies a value to an activation's size where broadcasting gives the same
             numbers (the gradient of a mean: two per BatchNorm and LayerNorm of Keras 3) is
             left out, and the element-wise ops that read its value broadcast it, bit-identically
-            (:mod:`tflms.tiles`). Default ``False``: see the README, "Tiles left out".
+            (:mod:`tflms.plan.passes.tiles`). Default ``False``: see the README, "Tiles left out".
         order_updates: when ``True``, each in-place update of a variable
             (``AssignSubVariableOp``, ``AssignAddVariableOp``: the optimizer's) waits for the
             ops that still hold a value read from that variable earlier in the step (a
             kernel's ``Conv2DBackpropInput``), through ordering edges (:class:`tflms.Order`,
-            :func:`tflms.schedule.update_orders`). Otherwise TensorFlow copies the variable
+            :func:`tflms.plan.passes.schedule.update_orders`). Otherwise TensorFlow copies the variable
             before updating it (``PrepareToUpdateVariable``) and the copy becomes the variable,
             in the middle of the memory the activations need. Kept only where the simulator
             predicts no higher plain peak with them. Default ``False``: measured on the test bed

@@ -1,6 +1,6 @@
 """Worker of tests/test_horovod_keras.py, started by ``horovodrun --gloo -np 2``.
 
-``model.fit`` with ``tflms.horovod.HorovodLMSCallback`` (in one place spelt
+``model.fit`` with ``tflms.integrations.horovod.HorovodLMSCallback`` (in one place spelt
 ``tflms.LMSCallback(horovod=True)``, which makes the same), each rank on its own shard
 of the data. Cases (``--cases``, run in this order in one process):
 
@@ -20,7 +20,7 @@ of the data. Cases (``--cases``, run in this order in one process):
   still averaged), rank-dependent seed.
 * ``own_step``: a model with its own ``train_step`` passed as
   ``HorovodLMSCallback(train_step=...)``: once averaging its gradients with
-  ``tflms.horovod.allreduce_gradients``, once forgetting to (a warning, ranks differ).
+  ``tflms.integrations.horovod.allreduce_gradients``, once forgetting to (a warning, ranks differ).
 
 Per rank ``<out>/<case>_rank<r>.npz`` (final model + optimizer variables) and
 ``<out>/rank<r>.json`` (histories, batch logs, plans, structure, broadcast calls).
@@ -176,7 +176,7 @@ def rewritten_structure(cb, x, y) -> dict:
     """Swap and Horovod ops in the rewritten step of ``cb`` for one batch."""
     import tensorflow as tf
 
-    from tflms.rewrite import SWAP_IN_SCOPE, SWAP_OUT_SCOPE
+    from tflms.rewrite.apply import SWAP_IN_SCOPE, SWAP_OUT_SCOPE
 
     graph = cb.step.get_concrete_function((tf.constant(x[:B]), tf.constant(y[:B]))).graph
     ops = graph.get_operations()
@@ -212,7 +212,7 @@ def save(out: str, name: str, arrays: list) -> None:
 
 def run_horovod(out: str, rank: int, size: int, report: dict) -> None:
     import tflms
-    import tflms.horovod as lms_hvd
+    import tflms.integrations.horovod as lms_hvd
 
     model = compile_model(jobkit.build_cnn(rank_seed(rank)))
     x, y = shard(train_data(size), rank, size)
@@ -266,7 +266,7 @@ def run_plain(out: str, rank: int, size: int, report: dict) -> None:
 def run_bn(out: str, rank: int, size: int, report: dict) -> None:
     import numpy as np
 
-    import tflms.horovod as lms_hvd
+    import tflms.integrations.horovod as lms_hvd
 
     model = compile_model(build_bn_cnn(rank_seed(rank)), steps_per_execution=2)
     bn = model.layers[1]
@@ -292,7 +292,7 @@ def run_bn(out: str, rank: int, size: int, report: dict) -> None:
 
 
 def run_subclassed(out: str, rank: int, size: int, report: dict) -> None:
-    import tflms.horovod as lms_hvd
+    import tflms.integrations.horovod as lms_hvd
 
     model = compile_model(subclassed_mlp(rank_seed(rank)))
     assert not model.built and not model.variables
@@ -307,7 +307,7 @@ def run_eager(out: str, rank: int, size: int, report: dict) -> None:
     import warnings
 
     import tflms
-    import tflms.horovod as lms_hvd
+    import tflms.integrations.horovod as lms_hvd
 
     model = compile_model(build_mlp(rank_seed(rank)), run_eagerly=True)
     x, y = shard(features(STEPS * size * B, seed=14), rank, size)
@@ -328,7 +328,7 @@ def own_step_model(seed: int, average: bool):
     import keras
     import tensorflow as tf
 
-    import tflms.horovod as lms_hvd
+    import tflms.integrations.horovod as lms_hvd
 
     class OwnStep(keras.Model):
         def train_step(self, data):
@@ -352,7 +352,7 @@ def run_own_step(out: str, rank: int, size: int, report: dict) -> None:
     import warnings
 
     import tflms
-    import tflms.horovod as lms_hvd
+    import tflms.integrations.horovod as lms_hvd
 
     x, y = shard(features(STEPS * size * B, seed=15), rank, size)
     report["own_step"] = {}
@@ -388,7 +388,7 @@ def main() -> None:
     args = parser.parse_args()
 
     jobkit.split_cpu()
-    import tflms.horovod as lms_hvd
+    import tflms.integrations.horovod as lms_hvd
 
     lms_hvd.init()
     rank, size = lms_hvd.rank(), lms_hvd.size()

@@ -111,7 +111,7 @@ def reference_run(
 def lms_step(model: keras.Model, opt: keras.optimizers.Optimizer, tape_kind: str, **options) -> tflms.LMSFunction:
     """A ``@tflms.function`` training step whose gradients are averaged by Horovod.
 
-    ``tape_kind``: ``"tflms"`` (tflms.horovod.DistributedGradientTape on Keras
+    ``tape_kind``: ``"tflms"`` (tflms.integrations.horovod.DistributedGradientTape on Keras
     variables), ``"grouped"`` (the same with 1 KiB allreduce groups, so several
     groups) or ``"workaround"`` (hvd.DistributedGradientTape on
     ``[v.value for v in model.trainable_variables]``).
@@ -120,7 +120,7 @@ def lms_step(model: keras.Model, opt: keras.optimizers.Optimizer, tape_kind: str
     options = {**LMS_OPTIONS, **options}
 
     if tape_kind in ("tflms", "grouped"):
-        import tflms.horovod as lms_hvd
+        import tflms.integrations.horovod as lms_hvd
 
         group_bytes = 1024 if tape_kind == "grouped" else lms_hvd.DEFAULT_GROUP_BYTES
 

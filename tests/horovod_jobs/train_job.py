@@ -3,7 +3,7 @@
 Each rank: splits the CPU (/device:CPU:1 = compute device), initialises
 Horovod, builds the CNN of jobkit with a rank-dependent seed, broadcasts
 rank 0's variables, then trains ``--steps`` steps through ``@tflms.function``
-from the same state once per tape: ``tflms.horovod.DistributedGradientTape`` on
+from the same state once per tape: ``tflms.integrations.horovod.DistributedGradientTape`` on
 Keras variables (default groups, and 1 KiB groups) and ``hvd.DistributedGradientTape``
 on ``[v.value for v in ...]``. It writes ``<out>/<kind>_rank<r>.npz`` (final
 model + optimizer state), ``<out>/initial.npz`` (rank 0, after the broadcast)
@@ -26,7 +26,7 @@ CRASH_MESSAGE = "tflms-test: rank {rank} fails on purpose at step {step}"
 
 def rewritten_structure(lms_fn, x, y) -> dict:
     """What the rewritten graph holds: Horovod ops, swap-out inputs, swap-in triggers."""
-    from tflms.rewrite import SWAP_IN_SCOPE, SWAP_OUT_SCOPE
+    from tflms.rewrite.apply import SWAP_IN_SCOPE, SWAP_OUT_SCOPE
 
     graph = lms_fn.get_concrete_function(x, y).graph
     ops = graph.get_operations()
@@ -56,9 +56,9 @@ def collective_report(rank: int) -> dict:
     import tensorflow as tf
 
     import tflms
-    import tflms.horovod as lms_hvd
-    from tflms import candidates, planner
-    from tflms.graph import GraphModel
+    import tflms.integrations.horovod as lms_hvd
+    from tflms.plan import candidates, planner
+    from tflms.ir.graph import GraphModel
 
     keras.utils.set_random_seed(7)
     first = keras.layers.Dense(256, activation="relu")
@@ -130,7 +130,7 @@ def main() -> None:
     import tensorflow as tf
 
     import tflms
-    import tflms.horovod as lms_hvd
+    import tflms.integrations.horovod as lms_hvd
 
     lms_hvd.init()
     rank, size = lms_hvd.rank(), lms_hvd.size()

@@ -8,7 +8,7 @@ import pytest
 import tflms
 from tflms import BudgetError, LMSConfig, Simulator, make_plan
 from tflms.config import parse_bytes
-from tflms.planner import candidate_swaps
+from tflms.plan.planner import candidate_swaps
 
 from graphs import chain_model
 

@@ -1,6 +1,8 @@
 """GraphModel of hand-built graphs: levels, phases, edges, the byte estimate."""
 
-from tflms.graph import GraphModel, estimate_bytes, with_constant_pushdown
+from tflms.emulate.grappler import with_constant_pushdown
+from tflms.emulate.order import ready_order
+from tflms.ir.graph import GraphModel, estimate_bytes
 
 from graphs import chain_model, chained_pushdown_model, f32, op
 
@@ -15,7 +17,7 @@ def test_levels_phases_and_edges_of_hand_built_graph():
     (t,) = m.dag.edges["f1", "gradient_tape/b1"]["tensors"]
     assert (t.name, t.dtype, t.shape, t.bytes) == ("f1:0", "float32", (8, 128), 8 * 128 * 4)
     assert m.tensors["f1:0"].consumers == (("f2", 0), ("gradient_tape/b1", 1))
-    assert m.schedule()[:3] == ["x", "f0", "f1"]
+    assert ready_order(m)[:3] == ["x", "f0", "f1"]
 
 
 def test_control_edges_are_kept_and_marked():

@@ -6,9 +6,9 @@ import json
 import pytest
 
 from tflms import LMSConfig, SwapPlan, make_plan
-from tflms.graph import GraphModel
-from tflms.planner import UNFENCED_TYPES, fences_for
-from tflms.simulator import Simulator
+from tflms.emulate.simulator import Simulator
+from tflms.ir.graph import GraphModel
+from tflms.plan.planner import UNFENCED_TYPES, fences_for
 
 from graphs import chain_model, f32, op
 

@@ -12,7 +12,8 @@ from matplotlib.image import imread
 
 import tflms
 from tflms import LMSConfig, SwapPlan, make_plan, simulate
-from tflms.plot import MemoryPlotData, draw_memory, memory_plot_data
+from tflms.emulate.order import ready_order
+from tflms.report.plot import MemoryPlotData, draw_memory, memory_plot_data
 
 from graphs import bn_relu_model, chain_model
 
@@ -33,7 +34,7 @@ def test_plot_data_is_the_simulators_timeline_plus_variables():
     plain, planned = simulate(model, host=plan.options["host"]), simulate(model, plan.swaps, plan.options["host"])
     np.testing.assert_array_equal(data.before, plain.timeline + 100)
     np.testing.assert_array_equal(data.after, planned.timeline + 100)
-    assert data.schedule == tuple(model.schedule()) == plain.schedule
+    assert data.schedule == tuple(ready_order(model)) == plain.schedule
     assert data.variable_bytes == 100
     assert (data.peak_before, data.peak_after) == (plan.peak_bytes_before, plan.peak_bytes_after)
     assert data.peak_after < data.peak_before
@@ -54,7 +55,7 @@ def test_plot_data_is_the_simulators_timeline_plus_variables():
 
 
 def test_plot_of_a_plan_with_recomputes_maps_the_clones_onto_the_plain_schedule():
-    from tflms.graph import with_recomputes
+    from tflms.ir.graph import with_recomputes
 
     # x, the scale and the offset made in the step, not arguments (held for the whole step): their
     # last reads are clones, so the step's memory drops after the clones ran.
@@ -63,7 +64,7 @@ def test_plot_of_a_plan_with_recomputes_maps_the_clones_onto_the_plain_schedule(
     assert plan.recomputes
     data = memory_plot_data(model, plan)
     planned = simulate(with_recomputes(model, plan.recomputes), plan.swaps, plan.options["host"])
-    assert data.schedule == tuple(model.schedule()) and len(data.after) == len(data.before)
+    assert data.schedule == tuple(ready_order(model)) and len(data.after) == len(data.before)
     assert len(planned.schedule) == len(data.schedule) + sum(len(r.ops) for r in plan.recomputes)
     # Each original op shows the highest memory since the previous original op ran, so the
     # clones' memory is not lost: the plotted peak is the planned step's peak.
@@ -81,7 +82,7 @@ def test_plot_of_a_plan_with_recomputes_maps_the_clones_onto_the_plain_schedule(
 def test_phase_spans_cover_the_drawn_ops_in_order():
     model, plan = chain_plan()
     data = memory_plot_data(model, plan)
-    spans = data.phase_spans(resolution=len(model.schedule()))
+    spans = data.phase_spans(resolution=len(ready_order(model)))
     # One op per window, x (level 0) not drawn: the spans are the runs of phases of the drawn ops.
     assert spans == [("forward", 0, 9), ("backward", 9, 17), ("update", 17, 18)]
 
@@ -212,7 +213,7 @@ def test_importing_tflms_does_not_need_matplotlib():
         "            raise ImportError('blocked ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
         "import tflms\n"
-        "from tflms.graph import GraphModel\n"
+        "from tflms.ir.graph import GraphModel\n"
         "m = GraphModel.from_ops([{'name': 'a', 'type': 'Relu', 'inputs': [], 'outputs': []}])\n"
         "try:\n"
         "    tflms.plot_memory(m, tflms.make_plan(m, tflms.LMSConfig()), 'x.png')\n"

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from tflms import LMSConfig, SwapPlan, make_plan
-from tflms.plan import RECOMPUTE_SCOPE
-from tflms.recompute import plan_recomputes, recompute_cost, recomputed_model, swap_cost
-from tflms.simulator import Simulator
+from tflms.emulate.simulator import Simulator
+from tflms.plan.passes.recompute import plan_recomputes, recompute_cost, recomputed_model, swap_cost
+from tflms.plan.records import RECOMPUTE_SCOPE
 
 from graphs import bn_relu_model, two_group_model
 

@@ -5,9 +5,9 @@ import json
 import pytest
 
 from tflms import LMSConfig, Order, SwapPlan, make_plan
-from tflms.graph import GraphModel
-from tflms.schedule import memory_orders
-from tflms.simulator import Simulator
+from tflms.emulate.simulator import Simulator
+from tflms.ir.graph import GraphModel
+from tflms.plan.passes.schedule import memory_orders
 
 from graphs import f32, op
 
@@ -70,7 +70,7 @@ def test_the_searchs_simulator_of_an_ordered_step_agrees_with_building_that_step
     """``memory_orders`` tries each candidate with ``Simulator._ordered_requested_peak`` and
     moves on with ``Simulator._ordered`` (no new push-down pass, no levels): the same order,
     peaks and push-downs as a simulator of ``with_orders(model, orders)``."""
-    from tflms.graph import with_orders
+    from tflms.ir.graph import with_orders
 
     # A constant push-down in the backward pass (Grappler's C * (dy * f2) -> dy * (C * f2)).
     ops = fork_ops() + [
@@ -134,9 +134,9 @@ def test_orders_alone_are_the_plan_where_no_tensor_qualifies_for_a_swap():
 def test_a_budget_met_only_with_orders_gets_them_from_the_autotuner():
     """With ``serialize=True`` and a budget that no plan meets unordered, the autotuner orders
     the step for its lowest plan and tunes again on the ordered step (``tune_ordered``)."""
-    from tflms.autotune import tune_ordered
     from tflms.errors import BudgetError
-    from tflms.graph import with_orders
+    from tflms.ir.graph import with_orders
+    from tflms.plan.autotune import tune_ordered
 
     model = GraphModel.from_ops(fork_ops())
     order = Order(op=G + "b1", after=G + "a2")
@@ -194,7 +194,7 @@ def test_a_plateau_is_crossed_by_tentative_rounds(monkeypatch):
     # x, the step's argument, is held by the caller throughout (one more small buffer).
     assert sim.requested_peak() == 2 * big + 3 * 4096 + 4 and Simulator(ordered).requested_peak() == big + 4 * 4096
     # Without look-ahead (one tentative round and no more) the first round pays nothing: no orders.
-    monkeypatch.setattr("tflms.schedule.LOOKAHEAD", 1)
+    monkeypatch.setattr("tflms.plan.passes.schedule.LOOKAHEAD", 1)
     assert memory_orders(model) == ((), model)
 
 
@@ -225,7 +225,7 @@ def _stem_ops(m1_type="Sum"):
 
 
 def test_late_triggers_wait_for_the_op_that_runs_before_the_consumer():
-    from tflms.schedule import late_triggers
+    from tflms.plan.passes.schedule import late_triggers
 
     model = GraphModel.from_ops(_stem_ops())
     plan = make_plan(model, LMSConfig(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1))
@@ -261,7 +261,7 @@ def test_late_triggers_never_join_a_filter_gradient_and_its_bias_gradient(monkey
     swapped ``c`` and the gradient ``g``) and ``m``, which runs right before it, the bias gradient
     of ``g``. oneDNN runs the two as one kernel unless a path joins them, and then the bias
     gradient's bits change (tests/test_tf_internals.py): ``m`` triggers nothing for ``m1``."""
-    from tflms.schedule import _later_trigger, late_triggers
+    from tflms.plan.passes.schedule import _later_trigger, late_triggers
 
     small = f32(8)
     ops = [op("sizes", "Const", outputs=[f32(4)])] + [o for o in _stem_ops() if o["name"] not in (G + "m", G + "m1")]
@@ -281,13 +281,13 @@ def test_late_triggers_never_join_a_filter_gradient_and_its_bias_gradient(monkey
     swaps, orders, _ = late_triggers(sim, plan.swaps)
     assert swaps == list(plan.swaps) and orders == ()
     # Without the rule m would be the trigger, with an order of m1 after it.
-    monkeypatch.setattr("tflms.schedule.joins_fused", lambda *args: False)
+    monkeypatch.setattr("tflms.plan.passes.schedule.joins_fused", lambda *args: False)
     assert _later_trigger(model, order, pos, swap_in, pos[G + "g"], None) == G + "m"
     assert late_triggers(sim, plan.swaps)[1] == (Order(op=G + "m1", after=G + "m"),)
 
 
 def test_a_budget_met_only_with_late_triggers_gets_them_from_make_plan(monkeypatch):
-    from tflms import schedule
+    from tflms.plan.passes import schedule
     from tflms.errors import BudgetError
 
     model = GraphModel.from_ops(_stem_ops())
@@ -330,7 +330,7 @@ def _tight_stem_ops():
 
 
 def test_room_for_a_later_trigger_is_made_by_orders():
-    from tflms.schedule import _room_orders, finish, late_triggers
+    from tflms.plan.passes.schedule import _room_orders, finish, late_triggers
 
     model = GraphModel.from_ops(_tight_stem_ops())
     options = dict(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1)
@@ -346,7 +346,7 @@ def test_room_for_a_later_trigger_is_made_by_orders():
         Order(op=G + "m", after=G + "m1"),
         Order(op=G + "m1", after=G + "b"),
     )
-    from tflms.schedule import _acyclic
+    from tflms.plan.passes.schedule import _acyclic
 
     assert _acyclic(sim, plan.swaps, _room_orders(sim, plan.swaps))
     assert not _acyclic(sim, plan.swaps, (Order(op=G + "g", after=G + "m"),))  # m reads g

@@ -3,9 +3,10 @@
 import pytest
 
 from tflms import LMSConfig, make_plan
-from tflms.graph import GraphModel
-from tflms.plan import Swap, SwapIn
-from tflms.simulator import Simulator, simulate
+from tflms.emulate.order import ready_order
+from tflms.emulate.simulator import Simulator, simulate
+from tflms.ir.graph import GraphModel
+from tflms.plan.records import Swap, SwapIn
 
 from graphs import chain_model, chained_pushdown_model, f32, op, variable_update_model
 
@@ -97,7 +98,7 @@ def test_allocator_regions_double_to_fit():
 def test_allocator_under_a_limit_runs_out_with_free_bytes_split_over_regions():
     import pytest
 
-    from tflms.simulator import _BFC, OutOfMemory
+    from tflms.emulate.simulator import _BFC, OutOfMemory
 
     bfc = _BFC(limit=5 << 20)
     a = bfc.alloc(1 << 20)  # the first region, 2 MiB, splits: 1 MiB taken, 1 MiB free
@@ -120,7 +121,7 @@ def test_schedule_is_depth_first_like_the_executor():
         op("c", "Relu", ["b:0"], [f32(1)]),
     ]
     # Level order would be a, b, d, c; the executor goes on with what b made ready.
-    assert GraphModel.from_ops(ops).schedule() == ["a", "b", "c", "d"]
+    assert ready_order(GraphModel.from_ops(ops)) == ["a", "b", "c", "d"]
 
 
 def _f0_swap(trigger, trigger_level):
@@ -279,7 +280,7 @@ def test_recorded_order_lets_an_update_start_after_its_own_gradient_not_after_id
     the runtime starts each update once its own gradient exists (seen in ResNet50's profiled
     kernels). Replayed in that order, the first gradient (400 bytes) is freed before the second
     is made."""
-    from tflms.measure import recorded_order
+    from tflms.testing.measure import recorded_order
 
     model = GraphModel.from_ops(
         [
@@ -307,8 +308,8 @@ def test_recorded_order_lets_an_update_start_after_its_own_gradient_not_after_id
 def test_reads_moved_by_chained_pushdowns_map_to_the_op_that_reads_them_as_run():
     """``c * (x * (y * z))`` becomes ``x * (y * (c * z))``: every traced read lands where the
     step as run has that tensor."""
-    from tflms.graph import with_constant_pushdown
-    from tflms.simulator import _moved_reads
+    from tflms.emulate.grappler import with_constant_pushdown
+    from tflms.emulate.simulator import _moved_reads
 
     model = chained_pushdown_model()
     executed, pairs = with_constant_pushdown(model)
@@ -371,8 +372,8 @@ def test_an_ordered_step_derives_its_variable_copies_from_the_unordered_one():
     write wait for more reads. Ordering ``update`` after ``dx`` leaves no copy of v, as the
     control input of ``variable_update_model(wait=True)`` does; an order that does not make
     ``update`` wait for ``dx`` keeps it. Both derivations equal a fresh one."""
-    from tflms import simulator
-    from tflms.plan import Order
+    from tflms.emulate import simulator
+    from tflms.plan.records import Order
 
     sim = Simulator(variable_update_model())
     ordered = sim._ordered([Order(op="update", after="gradient_tape/dx")])  # noqa: SLF001

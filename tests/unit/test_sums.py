@@ -5,10 +5,10 @@ import json
 import pytest
 
 from tflms import LMSConfig, SwapPlan, make_plan
-from tflms.graph import GraphModel
-from tflms.plan import Sum
-from tflms.simulator import Simulator
-from tflms.sums import chain_ops, kernel_groups, splittable_sums, with_split_sums
+from tflms.emulate.simulator import Simulator
+from tflms.ir.graph import GraphModel
+from tflms.plan.passes.sums import chain_ops, kernel_groups, splittable_sums, with_split_sums
+from tflms.plan.records import Sum
 
 from graphs import f32, op
 
@@ -135,7 +135,7 @@ def test_a_sum_that_does_not_fit_the_model_is_refused():
 
 
 def test_the_memory_plot_of_a_plan_with_sums_shows_the_chains():
-    from tflms.plot import memory_plot_data
+    from tflms.report.plot import memory_plot_data
 
     model = sum_model()
     plan = make_plan(model, LMSConfig(split_sums=True, min_bytes=0, swapout_threshold=2, serialize=False))

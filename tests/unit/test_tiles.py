@@ -5,9 +5,9 @@ import json
 import pytest
 
 from tflms import LMSConfig, SwapPlan, make_plan
-from tflms.graph import GraphModel
-from tflms.simulator import Simulator
-from tflms.tiles import broadcast_shape, droppable_tiles, new_name, with_dropped_tiles
+from tflms.emulate.simulator import Simulator
+from tflms.ir.graph import GraphModel
+from tflms.plan.passes.tiles import broadcast_shape, droppable_tiles, new_name, with_dropped_tiles
 
 from graphs import f32, op
 
@@ -51,7 +51,7 @@ def bn_gradient(tile_type="Tile", reader="Mul", dynamic=False):
 
 
 def split(model):
-    from tflms.sums import with_split_sums
+    from tflms.plan.passes.sums import with_split_sums
 
     return with_split_sums(model)[0]
 
@@ -126,7 +126,7 @@ def test_the_option_needs_split_sums_and_the_plan_records_its_tiles():
 
 
 def test_the_memory_plot_of_a_plan_with_tiles_left_out_runs_the_ops_made_again():
-    from tflms.plot import memory_plot_data
+    from tflms.report.plot import memory_plot_data
 
     model = bn_gradient()
     plan = make_plan(model, LMSConfig(split_sums=True, drop_tiles=True, min_bytes=0, swapout_threshold=2))
@@ -167,6 +167,6 @@ def test_two_tiles_that_meet_in_an_op_that_stays_full_are_both_left_out_and_an_o
 
 
 def _ops(model):
-    from tflms.graph import _records
+    from tflms.ir.graph import op_records
 
-    return list(_records(model).values())
+    return list(op_records(model).values())

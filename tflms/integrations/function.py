@@ -1,0 +1,453 @@
+"""The one core call and the decorator over it.
+
+* :func:`optimize`: traced step -> graph model -> plan -> rewritten copy -> new
+  ConcreteFunction (the integrations all go through it);
+* :func:`function` / :class:`LMSFunction`: ``tf.function`` with LMS, one rewritten
+  function per input signature, with :meth:`LMSFunction.memory_report`;
+* device helpers: :func:`resolve_device` (which device LMS relieves), :func:`check_host`,
+  :func:`device_memory` (measured memory where the device reports it);
+* :func:`paused_gc`, used around every pass;
+* :func:`manual_memory_optimizer`: call steps with Grappler's memory optimizer at ``MANUAL``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import threading
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any, overload
+
+import tensorflow as tf
+
+from .. import _tf_internal as tfi
+from .._util import paused_gc
+from ..config import LMSConfig, resolve_swapout_window
+from ..emulate.simulator import Simulator
+from ..errors import LMSWarning
+from ..ir.devices import device_key
+from ..ir.graph import GraphModel
+from ..plan.planner import empty_plan, make_plan
+from ..plan.records import SwapPlan
+from ..rewrite.apply import apply_plan, is_rewritten
+
+__all__ = [
+    "optimize",
+    "function",
+    "LMSFunction",
+    "resolve_device",
+    "check_host",
+    "device_memory",
+    "paused_gc",
+    "manual_memory_optimizer",
+]
+
+log = logging.getLogger("tflms")
+
+# Rebuilt functions -> their plan, so that optimizing one again changes nothing.
+_REWRITTEN: weakref.WeakKeyDictionary[Any, SwapPlan] = weakref.WeakKeyDictionary()
+
+
+def manual_memory_optimizer() -> contextlib.AbstractContextManager[None]:
+    """A context in which steps are called (and instantiated) with Grappler's memory optimizer at ``MANUAL``.
+
+    By default that optimizer rewrites an ``AddN`` of more than two inputs, when its static
+    estimate puts the step's peak above 80 % of the device's memory (a CPU device reports
+    256 MiB), into an accumulation: a temporary variable that each input is added to as it
+    arrives, initialised from a constant of zeros of the sum's size. The constant stays in
+    device memory while the function exists, and the sum's order varies from run to run.
+    ``MANUAL`` turns that rewrite off (see the README's "Grappler's AddN rewrite").
+
+    The setting is read when a function is instantiated: call a step always within it, or
+    never (outside it, the same function is instantiated a second time, with the default).
+    ``tflms.function`` and ``tflms.LMSCallback`` call their steps within it already
+    (``LMSConfig.manual_memory_optimizer``, default ``True``); wrap the calls of a step from
+    :func:`tflms.optimize` yourself.
+
+    Example:
+        >>> import tensorflow as tf
+        >>> import tflms
+        >>> @tf.function
+        ... def total(x):
+        ...     return tf.math.add_n([tf.sin(x), tf.cos(x), tf.tanh(x)])
+        >>> with tflms.manual_memory_optimizer():
+        ...     y = total(tf.ones((2, 2)))
+        >>> float(y[0, 0]) == float(tf.sin(1.0) + tf.cos(1.0) + tf.tanh(1.0))
+        True
+    """
+    return tfi.memory_optimization("MANUAL")
+
+
+def resolve_device(config: LMSConfig) -> str | None:
+    """The compute device LMS targets: ``config.device``, else the Horovod
+    local-rank GPU when Horovod is initialised and several GPUs are visible, else
+    the first GPU, else ``None``.
+
+    An explicit device that does not exist raises ``ValueError``.
+    """
+    if config.device is not None:
+        logical = tf.config.list_logical_devices()
+        if device_key(config.device) not in {device_key(d.name) for d in logical}:
+            raise ValueError(_missing_device_message("device", config.device, logical))
+        return config.device
+    gpus = tf.config.list_logical_devices("GPU")
+    if not gpus:
+        return None
+    index = 0
+    hvd_rank = _horovod_local_rank()
+    if hvd_rank is not None and hvd_rank < len(gpus) and len(gpus) > 1:
+        index = hvd_rank
+    return f"/device:GPU:{index}"
+
+
+def device_memory(device: str) -> dict[str, int] | None:
+    """``tf.config.experimental.get_memory_info(device)``, or ``None`` where the device
+    does not report memory: a CPU reports it only when its allocator is BFC
+    (``TF_CPU_ALLOCATOR_USE_BFC=true`` set before TensorFlow started); otherwise TensorFlow
+    answers zeros, which are not a measurement."""
+    from ..ir.devices import parse
+
+    if parse(device).type == "CPU" and os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() != "true":
+        return None
+    try:
+        return dict(tf.config.experimental.get_memory_info(device))
+    except (ValueError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
+        return None
+
+
+def check_host(config: LMSConfig) -> None:
+    """Raise ``ValueError`` when ``config.host`` names no device TensorFlow knows."""
+    logical = tf.config.list_logical_devices()
+    if device_key(config.host) not in {device_key(d.name) for d in logical}:
+        raise ValueError(_missing_device_message("host", config.host, logical))
+
+
+def _missing_device_message(name: str, value: str, logical: list) -> str:
+    names = ", ".join(sorted(d.name for d in logical))
+    remote = not value.startswith(("/device:", "/job:localhost/"))
+    if remote:
+        hint = (
+            "A device of another process appears only after connecting to it, e.g. "
+            "tf.config.experimental_connect_to_cluster(cluster_spec, make_master_device_default=False) "
+            "or tflms.testing.testbed.connect(worker)."
+        )
+    elif not tf.config.list_logical_devices("GPU"):
+        hint = (
+            "This machine has no GPU. To test on CPU, split the CPU into two logical devices before "
+            "TensorFlow starts: tf.config.set_logical_device_configuration(tf.config.list_physical_devices"
+            "('CPU')[0], [tf.config.LogicalDeviceConfiguration()] * 2), then pass device='/device:CPU:1'; "
+            "to measure real memory use tflms.testing.testbed (see the README)."
+        )
+    else:
+        hint = "Pass one of those, or device=None for the first GPU."
+    return f"{name} {value!r} does not exist here (devices: {names}). {hint} Received: {name}={value!r}"
+
+
+def _horovod_local_rank() -> int | None:
+    from .horovod.runtime import loaded  # imports nothing of Horovod itself
+
+    hvd = loaded()
+    return None if hvd is None else int(hvd.local_rank())
+
+
+def _no_device_message() -> str:
+    return (
+        "tflms: no GPU found and no `device` given, so the step runs without swapping "
+        "(the plan was still made: see get_plan). Run on a GPU machine, or pass device= "
+        "e.g. '/device:CPU:1' after splitting the CPU into two logical devices for testing."
+    )
+
+
+def optimize(
+    concrete_function: Any, config: LMSConfig | None = None, *, copy: bool = True, **options: Any
+) -> tuple[Any, SwapPlan]:
+    """Plan and apply LMS to a traced step: ``(new_concrete_function, plan)``.
+
+    The given function and its graph are not modified: the rewrite works on a
+    copy of the graph. ``copy=False`` edits ``concrete_function.graph`` itself,
+    which saves the copy (the slowest part of the pass on large graphs); the given
+    function still runs the plain step, but its ``.graph`` then shows the swap ops.
+    ``tflms.function`` does this on the traces it makes itself. When the plan is
+    empty, when no device is available (a warning says so), or when the function
+    is already rewritten, the given function is returned unchanged.
+
+    Example (a small CNN's Adam step; without a GPU, or ``device=``, a warning says
+    the step runs unrewritten, and ``new_cf`` is ``cf``):
+        >>> import tflms
+        >>> from tflms.testing.measure import build
+        >>> model, x, y, train_step = build("cnn", batch=8, size=32)
+        >>> cf = tf.function(train_step).get_concrete_function(x, y)
+        >>> new_cf, plan = tflms.optimize(cf, swapout_threshold=20)
+        >>> len(plan.swaps) > 0 and plan.peak_bytes_after < plan.peak_bytes_before
+        True
+        >>> loss = new_cf(x, y)
+    """
+    config = LMSConfig.from_options(config, **options)
+    if not isinstance(concrete_function, tfi.ConcreteFunction):
+        raise TypeError(
+            "optimize expects a tf ConcreteFunction, e.g. tf.function(f).get_concrete_function(*args). "
+            f"Received: concrete_function={concrete_function!r}"
+        )
+    known = _REWRITTEN.get(concrete_function)
+    if known is not None:
+        return concrete_function, known
+    _refuse_xla(concrete_function)
+    with paused_gc():
+        new_cf, plan, _ = _optimize(concrete_function, config, copy, stacklevel=3)
+    return new_cf, plan
+
+
+def _refuse_xla(concrete_function: Any) -> None:
+    if tfi.must_compile_with_xla(concrete_function):
+        raise ValueError(
+            "tflms cannot rewrite a step compiled with XLA: XLA would drop the swap ops. Trace it without "
+            "XLA: tf.function(step) or tf.function(step, jit_compile=False). "
+            f"Received: a function with jit_compile=True ({concrete_function.name.decode()!r})"
+        )
+
+
+def _optimize(
+    concrete_function: Any, config: LMSConfig, copy: bool, stacklevel: int
+) -> tuple[Any, SwapPlan, str | None]:
+    """:func:`optimize`'s work: ``(new_cf, plan, device the rewrite targets or None)``.
+
+    ``stacklevel`` makes a warning point at the user's frame (1 = this function).
+    """
+    graph = concrete_function.graph
+    model = GraphModel.from_func_graph(graph, batch_size=config.batch_size)
+    if is_rewritten(graph):
+        reason = "the function is already rewritten by tflms; left unchanged"
+        return concrete_function, empty_plan(model, config, Simulator(model, config.host).peak(), reason), None
+    # A device or host that does not exist is an error even when nothing is swapped.
+    device = resolve_device(config)
+    check_host(config)
+    plan = make_plan(model, resolve_swapout_window(config, device))
+    if not plan.swaps and not plan.recomputes and not plan.orders and not plan.sums and not plan.tiles:
+        return concrete_function, plan, None
+    if device is None:
+        warnings.warn(_no_device_message(), LMSWarning, stacklevel=stacklevel)
+        return concrete_function, plan, None
+    new_graph = tfi.copy_graph(concrete_function) if copy else graph
+    new_graph.name = f"{graph.name}_tflms"
+    counts = apply_plan(new_graph, plan, device=device, host=config.host)
+    new_cf = tfi.rebuild(concrete_function, new_graph)
+    _REWRITTEN[new_cf] = plan
+    log.info(
+        "tflms: %s: Identity +%d (swap-out %d, swap-in %d) on %s/%s, %d recompute clones, %d sum ops",
+        graph.name,
+        counts["swap_out"] + counts["swap_in"],
+        counts["swap_out"],
+        counts["swap_in"],
+        device,
+        config.host,
+        counts["recompute"],
+        counts["sum"],
+    )
+    return new_cf, plan, device
+
+
+class LMSFunction:
+    """A callable like ``tf.function`` whose traced steps are rewritten by tflms.
+
+    One rewritten ConcreteFunction per input signature, cached. Made by
+    :func:`tflms.function`.
+    """
+
+    def __init__(
+        self,
+        python_function: Callable[..., Any],
+        config: LMSConfig,
+        input_signature: Any = None,
+        reduce_retracing: bool = False,
+        _owns_traces: bool | None = None,
+    ) -> None:
+        self._config = config
+        if isinstance(python_function, tf.types.experimental.PolymorphicFunction):
+            if getattr(python_function, "_jit_compile", None):
+                raise ValueError(
+                    "tflms.function cannot rewrite a tf.function compiled with XLA: XLA would drop the swap "
+                    "ops. Pass the plain function or tf.function(fn, jit_compile=False). "
+                    f"Received: fn={python_function!r} with jit_compile=True"
+                )
+            # The user's tf.function: its traces are theirs, so rewrite copies.
+            self._tf_function = python_function
+            self.python_function = python_function.python_function
+            self._owns_traces = bool(_owns_traces)
+        else:
+            self._owns_traces = True
+            self._tf_function = tf.function(
+                python_function, input_signature=input_signature, reduce_retracing=reduce_retracing
+            )
+            self.python_function = python_function
+        self._cache: dict[Any, tuple[Any, SwapPlan, str | None]] = {}
+        self._lock = threading.Lock()
+        self._warned_eager = False
+        self._bound: weakref.WeakKeyDictionary[Any, LMSFunction] = weakref.WeakKeyDictionary()
+        functools.update_wrapper(self, self.python_function)
+
+    @property
+    def config(self) -> LMSConfig:
+        return self._config
+
+    def _entry(self, args: tuple, kwargs: dict) -> tuple[Any, SwapPlan, str | None]:
+        cf = self._tf_function.get_concrete_function(*args, **kwargs)
+        entry = self._cache.get(cf)
+        if entry is None:
+            with self._lock:
+                entry = self._cache.get(cf)
+                if entry is None:
+                    known = _REWRITTEN.get(cf)
+                    if known is not None:
+                        entry = (cf, known, None)
+                    else:
+                        _refuse_xla(cf)
+                        with paused_gc():
+                            # user -> __call__ / get_plan / ... -> _entry -> _optimize
+                            entry = _optimize(cf, self._config, not self._owns_traces, stacklevel=4)
+                    self._cache[cf] = entry
+        return entry
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if tf.config.functions_run_eagerly():
+            if not self._warned_eager:
+                self._warned_eager = True
+                warnings.warn(
+                    "tflms: tf.config.run_functions_eagerly(True) is set, so the step runs eagerly "
+                    "without LMS. Turn it off to swap tensors.",
+                    LMSWarning,
+                    stacklevel=2,
+                )
+            return self.python_function(*args, **kwargs)
+        new_cf, _, device = self._entry(args, kwargs)
+        level = "MANUAL" if self._config.manual_memory_optimizer else None
+        layout_off = device is not None and not self._config.layout_optimizer  # only for a rewritten step
+        with tfi.memory_optimization(level, keep_explicit=True, layout_off=layout_off):
+            if device is None:
+                return new_cf(*args, **kwargs)
+            with tf.device(device):
+                return new_cf(*args, **kwargs)
+
+    def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
+        """The rewritten ConcreteFunction for these arguments (traced and planned on first use)."""
+        return self._entry(args, kwargs)[0]
+
+    def get_plan(self, *args: Any, **kwargs: Any) -> SwapPlan:
+        """The :class:`~tflms.SwapPlan` for these arguments' input signature."""
+        return self._entry(args, kwargs)[1]
+
+    def _measured_device(self, args: tuple, kwargs: dict) -> str | None:
+        device = self._entry(args, kwargs)[2] if args or kwargs else None
+        return device or self._config.device or resolve_device(self._config)
+
+    def reset_peak(self, *args: Any, **kwargs: Any) -> None:
+        """Reset the compute device's measured peak (where the device reports memory)."""
+        device = self._measured_device(args, kwargs)
+        if device is not None and device_memory(device) is not None:
+            tf.config.experimental.reset_memory_stats(device)
+
+    def memory_report(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The device's measured peak since :meth:`reset_peak`, next to the plan's predictions.
+
+        ``{'device', 'measured_peak_bytes', 'predicted_peak_bytes', 'predicted_plain_peak_bytes'}``
+        for these arguments' signature. ``measured_peak_bytes`` is ``None`` where the device
+        does not report memory: a CPU reports it only in a process started with
+        ``TF_CPU_ALLOCATOR_USE_BFC=true`` (see :mod:`tflms.testing.testbed`); a GPU always does.
+        """
+        plan = self.get_plan(*args, **kwargs)
+        device = self._measured_device(args, kwargs)
+        info = device_memory(device) if device is not None else None
+        return {
+            "device": device,
+            "measured_peak_bytes": None if info is None else int(info["peak"]),
+            "predicted_peak_bytes": plan.peak_bytes_after,
+            "predicted_plain_peak_bytes": plan.peak_bytes_before,
+        }
+
+    @property
+    def plans(self) -> list[SwapPlan]:
+        """Plans of every signature traced so far, in tracing order (see :attr:`plans_by_signature`)."""
+        return [plan for _, plan, _ in self._cache.values()]
+
+    @property
+    def plans_by_signature(self) -> dict[str, SwapPlan]:
+        """Each traced input signature, as text (e.g. ``'x: float32[64, 64], y: int32[64]'``), and its plan."""
+        return {_signature_text(cf): plan for cf, (_, plan, _) in self._cache.items()}
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        bound = self._bound.get(instance)
+        if bound is None:
+            bound = LMSFunction(
+                self._tf_function.__get__(instance, owner), self._config, _owns_traces=self._owns_traces
+            )
+            self._bound[instance] = bound
+        return bound
+
+    def __repr__(self) -> str:
+        return f"<tflms.LMSFunction {getattr(self.python_function, '__name__', '?')} {self._config}>"
+
+
+def _signature_text(cf: Any) -> str:
+    """``'x: float32[64, 64], y: int32[64]'`` for a ConcreteFunction's flat tensor inputs."""
+    args, kwargs = cf.structured_input_signature
+    names = [a.name for a in cf.graph.inputs[: len(cf.graph.inputs) - len(cf.graph.captures)]]
+    specs = [s for s in tf.nest.flatten((args, kwargs)) if isinstance(s, tf.TensorSpec)]
+    parts = []
+    for i, spec in enumerate(specs):
+        name = spec.name or (names[i].split(":")[0] if i < len(names) else f"arg{i}")
+        dims = (
+            ", ".join("?" if d is None else str(d) for d in spec.shape.as_list())
+            if spec.shape.rank is not None
+            else "..."
+        )
+        parts.append(f"{name}: {spec.dtype.name}[{dims}]")
+    return ", ".join(parts)
+
+
+@overload
+def function(fn: Callable[..., Any], *, config: LMSConfig | None = None, **options: Any) -> LMSFunction: ...
+@overload
+def function(
+    fn: None = None, *, config: LMSConfig | None = None, **options: Any
+) -> Callable[[Callable[..., Any]], LMSFunction]: ...
+
+
+def function(
+    fn: Callable[..., Any] | None = None,
+    *,
+    config: LMSConfig | None = None,
+    input_signature: Any = None,
+    reduce_retracing: bool = False,
+    **options: Any,
+) -> Any:
+    """``tf.function`` with large model support.
+
+    Use as ``@tflms.function``, ``@tflms.function(swapout_threshold=40)`` or
+    ``tflms.function(fn, config=cfg)``. Keyword options are those of
+    :class:`tflms.LMSConfig`; ``input_signature`` and ``reduce_retracing`` go to
+    ``tf.function``. ``fn`` may itself be a ``tf.function``.
+
+    Example (``build`` makes a small CNN, Adam and data; the decorator works on any step):
+        >>> import tflms
+        >>> from tflms.testing.measure import build
+        >>> model, x, y, plain_step = build("cnn", batch=8, size=32)
+        >>> @tflms.function(swapout_threshold=20, swapin_ahead=4)
+        ... def train_step(x, y):
+        ...     return plain_step(x, y)
+        >>> loss = train_step(x, y)
+        >>> print(train_step.get_plan(x, y).summary().splitlines()[0])  # doctest: +ELLIPSIS
+        tflms plan for ...: ... tensors swapped (... out, ... swap-ins), ... ops
+    """
+    cfg = LMSConfig.from_options(config, **options)
+
+    def wrap(f: Callable[..., Any]) -> LMSFunction:
+        if not callable(f):
+            raise TypeError(f"tflms.function expects a callable. Received: fn={f!r}")
+        return LMSFunction(f, cfg, input_signature=input_signature, reduce_retracing=reduce_retracing)
+
+    return wrap if fn is None else wrap(fn)

@@ -1,0 +1,542 @@
+"""Large model support for Keras 3 ``model.fit``: :class:`LMSCallback`.
+
+How it hooks into Keras 3 (TensorFlow backend; pinned by ``tests/test_keras.py``):
+
+* ``fit`` calls ``model.make_train_function()``, then ``callbacks.on_train_begin()``,
+  then ``model.train_function(iterator)`` once per step (or per ``steps_per_execution``
+  steps), and ``callbacks.on_train_end()`` after the last epoch.
+* ``make_train_function`` is ``model._make_function(model.train_step)``: it wraps the
+  step it is given in ``one_step_on_data`` (a ``tf.function`` that runs the step through
+  the distribute strategy) and that in ``multi_step_on_iterator`` (the
+  ``steps_per_execution`` loop), and returns the Python ``function(iterator)`` that
+  ``fit`` calls.
+
+At train begin the callback hands ``_make_function`` a :class:`tflms.LMSFunction` around
+the model's ``train_step`` instead of the bare method. That step is the one graph that
+holds forward, backward and optimizer ops, so it is the one tflms rewrites (the outer
+Keras functions only *call* it; tflms never rewrites inside call ops). Everything else,
+the ``steps_per_execution`` loop, optionals, metric logs, distribute-strategy reduction,
+is Keras's own code. At train end the plain Keras function is put back, so ``fit``
+without the callback, ``train_on_batch``, ``evaluate`` and ``predict`` run as if the
+callback had never been used. A later ``fit`` with the same callback re-installs the
+same rewritten step: nothing is traced or rewritten twice (until ``model.compile``
+makes Keras build a new train function). The Keras internals used are wrapped in
+:mod:`tflms._tf_internal` (``keras_*``).
+
+Data parallelism under ``horovodrun`` is the subclass
+:class:`tflms.integrations.horovod.HorovodLMSCallback` (in ``tflms.integrations.horovod.callback``; pinned by
+``tests/test_horovod_keras.py``), which ``LMSCallback(horovod=True)`` also makes. This
+module imports nothing of Horovod until that is asked for.
+
+Example (without a GPU, or ``device=``, a warning says the step trains unrewritten;
+the plan is made all the same)::
+
+    >>> import keras, numpy as np, tflms
+    >>> L = keras.layers
+    >>> model = keras.Sequential([keras.Input((64,)), L.Dense(1024, activation="relu"),
+    ...                           L.Dense(1024, activation="relu"), L.Dense(1)])
+    >>> model.compile(optimizer="adam", loss="mse", jit_compile=False)
+    >>> cb = tflms.LMSCallback(swapout_threshold=2)
+    >>> history = model.fit(np.ones((128, 64)), np.zeros((128, 1)), batch_size=64, epochs=2,
+    ...                     callbacks=[cb], verbose=0)
+    >>> print(cb.plan.summary().splitlines()[0])  # doctest: +ELLIPSIS
+    tflms plan for train_step: 2 tensors swapped (512.0 KiB out, 2 swap-ins), ... ops
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import logging
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from .. import _tf_internal as tfi
+from ..config import LMSConfig
+from ..errors import LMSWarning
+from ..plan.records import SwapPlan, format_bytes
+from .function import LMSFunction, device_memory, resolve_device
+from .function import function as lms_function
+
+__all__ = ["LMSCallback", "XLA_MODES"]
+
+log = logging.getLogger("tflms")
+
+#: A replacement for ``model.train_step``: called as ``train_step(model, data)``, returns the logs.
+TrainStep = Callable[[keras.Model, Any], Any]
+
+#: Values of ``LMSCallback(xla=...)``: what to do with a model whose ``jit_compile`` is on.
+XLA_MODES = ("disable", "error")
+
+#: Keys of the epoch logs the callback adds where the device reports its memory.
+MEASURED_PEAK_KEY = "measured_peak_bytes"
+PREDICTED_PEAK_KEY = "predicted_peak_bytes"
+
+
+class _InitSignature:
+    """``cls.__signature__``: the parameters of ``cls.__init__`` (without ``self``), for any subclass too."""
+
+    def __get__(self, obj: Any, cls: type) -> inspect.Signature | None:
+        if obj is not None:
+            return None  # an instance: inspect's usual rules
+        sig = inspect.signature(cls.__init__)
+        return sig.replace(parameters=list(sig.parameters.values())[1:], return_annotation=inspect.Signature.empty)
+
+
+@dataclasses.dataclass
+class _Installation:
+    """What the callback built for one model's Keras train function."""
+
+    model: weakref.ReferenceType
+    keras_function: Callable[[Any], Any]  # what Keras built (restored at train end)
+    step: LMSFunction | None  # the rewritten per-batch step (None: runs eagerly, no LMS)
+    function: Callable[[Any], Any]  # what is installed as model.train_function while fitting
+
+
+class LMSCallback(keras.callbacks.Callback):
+    """Train with large model support in Keras 3 ``model.fit``.
+
+    At train begin the callback makes the per-batch training step an LMS step
+    (activations swapped to the host, see :func:`tflms.function`) and installs it
+    as ``model.train_function``; at train end the plain one is put back.
+
+    Args:
+        config: a :class:`tflms.LMSConfig`; keyword ``options`` override its fields.
+        verbose: 0 prints nothing; 1 (or True) prints a short summary once, when
+            the step is first traced (during the first training step): tensors
+            swapped, bytes moved per step, the predicted device peak before and
+            after, and where the device reports its memory the measured peak of that
+            first step; 2 prints the full plan table (:meth:`tflms.SwapPlan.summary`)
+            instead. On rank 0 only under Horovod.
+        xla: what to do with a model compiled with XLA (``model.jit_compile`` true),
+            whose swap ops XLA would drop. ``"disable"`` (default): when the XLA
+            setting can come from Keras's default ``jit_compile="auto"`` (which turns
+            XLA on when a GPU is present), build the rewritten training step without
+            XLA and warn once (:class:`tflms.LMSWarning`); Keras's own ``evaluate``
+            and ``predict`` keep XLA. ``"error"``: raise ``ValueError`` instead.
+            Where ``"auto"`` would not have chosen XLA (no GPU, a distribution
+            strategy, a model XLA does not support), ``jit_compile=True`` was an
+            explicit request and raises in both modes. Keras keeps only the
+            resolved value, so on a GPU an explicit ``jit_compile=True`` looks like
+            ``"auto"``: pass ``xla="error"`` to be sure XLA is never turned off.
+        train_step: optional replacement for ``model.train_step``, called as
+            ``train_step(model, data)`` inside the rewritten step; it must return the
+            logs like ``Model.train_step``. Subclasses can override
+            :meth:`make_train_step` instead.
+        horovod: ``True`` makes a :class:`tflms.integrations.horovod.HorovodLMSCallback`
+            (data-parallel training under ``horovodrun``; the same as constructing
+            that class, which documents it), also for a subclass of this class.
+            ``False`` or ``None`` (default): this plain callback.
+        **options: :class:`tflms.LMSConfig` fields, e.g. ``device='/device:GPU:0'``,
+            ``swapout_threshold=40``, ``batch_size=64``. Pass ``batch_size`` when the
+            batches have no static size (a partial last batch, a dataset batched
+            without ``drop_remainder``): the planner then needs it to size tensors,
+            and the callback warns when it is missing.
+
+    Epoch logs (Keras ``logs``, hence ``History`` and the progress bar): where the
+    compute device reports its memory (``tf.config.experimental.get_memory_info``:
+    a GPU; a CPU device only in a process started with
+    ``TF_CPU_ALLOCATOR_USE_BFC=true``) the callback adds, at each epoch end,
+
+    * ``measured_peak_bytes``: the *measured* peak of the device's allocator during
+      the epoch (training and validation; the statistics are reset at each epoch
+      begin with ``tf.config.experimental.reset_memory_stats``);
+    * ``predicted_peak_bytes``: the simulator's predicted peak of the rewritten
+      step, ``plan.peak_bytes_after`` (the largest over the traced signatures).
+
+    Elsewhere (or when the rewrite is skipped for lack of a device) neither is added.
+
+    Attributes:
+        plan: the :class:`tflms.SwapPlan` of the step (``None`` until the first
+            training step has traced it).
+        plans: plans of every input signature traced so far (usually one).
+        horovod: False here, True in :class:`tflms.integrations.horovod.HorovodLMSCallback`.
+        fingerprint: under Horovod, the plan fingerprint that every rank was
+            checked to share; always ``None`` here.
+
+    Raises:
+        TypeError: unknown option (the message lists the valid ones), a
+            ``train_step`` that is not callable, or a ``horovod`` that is not a bool.
+        ValueError: an invalid option value; at train begin, a model compiled with
+            ``jit_compile=True`` where that cannot be Keras's ``"auto"``, or with
+            ``xla="error"`` (XLA would drop the swap ops).
+
+    The model runs plain, with a :class:`tflms.LMSWarning`, when it was compiled with
+    ``run_eagerly=True`` or trains under a distribution strategy with several replicas.
+
+    Example (one process; ``device=None`` is the first GPU, and without one the step
+    trains unrewritten, with a warning):
+        >>> import keras, tensorflow as tf, tflms
+        >>> from tflms.testing.measure import build
+        >>> model, x, y, _ = build("cnn", batch=32, size=32)
+        >>> model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+        >>> ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)
+        >>> cb = tflms.LMSCallback(swapout_threshold=20)
+        >>> history = model.fit(ds, epochs=2, callbacks=[cb], verbose=0)
+        >>> cb.plan.swaps[0].tensor  # doctest: +ELLIPSIS
+        '...:0'
+    """
+
+    #: Whether the callback trains data-parallel under Horovod (the subclass's answer is True).
+    horovod: bool = False
+
+    #: What help() and inspect show as the class's parameters: its ``__init__``'s, not ``__new__``'s.
+    __signature__ = _InitSignature()
+
+    def __new__(cls, *args: Any, horovod: bool | None = None, **kwargs: Any) -> LMSCallback:
+        _check_horovod(horovod)
+        if horovod and not cls.horovod:
+            from .horovod.callback import horovod_class  # imports Horovod's integration only when asked
+
+            cls = horovod_class(cls)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        config: LMSConfig | None = None,
+        *,
+        verbose: bool | int = 0,
+        train_step: TrainStep | None = None,
+        horovod: bool | None = None,
+        xla: str = "disable",
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        self.config = LMSConfig.from_options(config, **options)
+        if isinstance(verbose, bool):
+            verbose = int(verbose)
+        if not isinstance(verbose, int) or verbose < 0:
+            raise ValueError(f"verbose must be a bool or an integer >= 0. Received: verbose={verbose!r}")
+        if train_step is not None and not callable(train_step):
+            raise TypeError(
+                f"train_step must be a callable (model, data) -> logs, or None. Received: train_step={train_step!r}"
+            )
+        _check_horovod(horovod)
+        if horovod is not None and horovod != self.horovod:
+            raise ValueError(
+                f"{type(self).__name__} always trains {'under' if self.horovod else 'without'} Horovod; use "
+                f"tflms.LMSCallback(horovod={horovod}) instead. Received: horovod={horovod!r}"
+            )
+        if xla not in XLA_MODES:
+            raise ValueError(f"xla must be one of {', '.join(map(repr, XLA_MODES))}. Received: xla={xla!r}")
+        self.verbose = verbose
+        self.xla = xla
+        self.fingerprint: str | None = None
+        self._train_step = train_step
+        self._installation: _Installation | None = None
+        self._shown = 0  # plans already reported
+        self._checked_batch = False  # batch dimension of the fed data looked at
+        self._measured_device: str | None = None  # device whose peak this epoch's logs report
+
+    # -- extension point -------------------------------------------------------------
+
+    def make_train_step(self, model: keras.Model) -> Callable[[Any], Any]:
+        """The per-batch step to rewrite: ``step(data) -> logs``.
+
+        Default: ``model.train_step`` (so a model that overrides ``train_step`` keeps
+        its own), or the ``train_step`` given to the constructor. Override this to
+        wrap or replace the step; whatever it returns is traced into the one graph
+        that tflms rewrites.
+        """
+        if self._train_step is not None:
+            return functools.partial(self._train_step, model)
+        return model.train_step
+
+    # -- public state -----------------------------------------------------------------
+
+    @property
+    def plans(self) -> list[SwapPlan]:
+        """Plans of every input signature traced so far for the current model."""
+        inst = self._installation
+        return [] if inst is None or inst.step is None else inst.step.plans
+
+    @property
+    def plan(self) -> SwapPlan | None:
+        """The plan of the first traced step (``None`` before the first training step)."""
+        plans = self.plans
+        return plans[0] if plans else None
+
+    @property
+    def step(self) -> LMSFunction | None:
+        """The rewritten per-batch step (an :class:`tflms.LMSFunction`), once built."""
+        return None if self._installation is None else self._installation.step
+
+    @property
+    def async_safe(self) -> bool:
+        """Keras may call the batch-end hooks from a thread pool (they do nothing here)."""
+        return True
+
+    # -- Keras hooks ------------------------------------------------------------------
+
+    def on_train_begin(self, logs: dict | None = None) -> None:
+        model = self.model
+        if self._supported(model):
+            self._install(model, lms=True)
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        self._measured_device = self._memory_device()
+        if self._measured_device is not None:
+            try:
+                tf.config.experimental.reset_memory_stats(self._measured_device)
+            except (ValueError, tf.errors.OpError):
+                self._measured_device = None
+
+    def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs is not None:
+            logs.update(self._memory_logs())
+
+    def on_train_end(self, logs: dict | None = None) -> None:
+        self.uninstall()
+
+    def uninstall(self) -> None:
+        """Put Keras's plain train function back (done at train end).
+
+        Call it after a ``fit`` that was interrupted by an exception, so that a
+        later ``fit`` without the callback runs without LMS.
+        """
+        inst = self._installation
+        model = None if inst is None else inst.model()
+        if model is not None and model.train_function is inst.function:
+            model.train_function = inst.keras_function
+
+    # -- hooks of tflms.integrations.horovod.HorovodLMSCallback --------------------------------------
+
+    #: Appended to the ``run_eagerly=True`` warning.
+    _eager_note = ""
+
+    def _several_replicas(self, replicas: int) -> bool:
+        """A distribution strategy with ``replicas`` > 1: warn and train plain (False), or raise."""
+        warnings.warn(
+            f"tflms.LMSCallback does not support a distribution strategy with {replicas} replicas; "
+            "fit runs without LMS. Use one replica per process (e.g. Horovod).",
+            LMSWarning,
+            stacklevel=3,
+        )
+        return False
+
+    def _step_to_trace(self, model: keras.Model) -> Callable[[Any], Any]:
+        """What is traced (and rewritten) as the per-batch step: :meth:`make_train_step`'s step."""
+        return self.make_train_step(model)
+
+    def _before_run(self, model_ref: weakref.ReferenceType, iterator: Any) -> None:
+        """Called by the installed train function before each run of the step."""
+
+    def _first_plan(self, plan: SwapPlan) -> None:
+        """Called once per installation, with the first plan, on every rank."""
+
+    def _prints(self) -> bool:
+        """Whether this process prints the plan (``verbose``)."""
+        return True
+
+    # -- internals --------------------------------------------------------------------
+
+    def _install(self, model: keras.Model, lms: bool) -> None:
+        """Install the callback's train function (built at most once per Keras train function)."""
+        inst = self._installation
+        current = model.train_function
+        if inst is not None and inst.model() is model and current is inst.function:
+            return  # still installed (a previous fit ended without on_train_end)
+        if inst is None or inst.model() is not model or current is not inst.keras_function:
+            if current is None:  # fit always builds it first; train_on_batch-style callers may not
+                model.make_train_function()
+                current = model.train_function
+            inst = self._build(model, current, lms)
+            self._installation = inst
+            self._shown = 0
+            self._checked_batch = False
+            self.fingerprint = None
+        model.train_function = inst.function
+
+    def _supported(self, model: keras.Model) -> bool:
+        """Whether the model's step can be rewritten (warns or raises when not)."""
+        if model.run_eagerly:
+            warnings.warn(
+                f"tflms.LMSCallback: the model was compiled with run_eagerly=True, so fit runs eagerly "
+                f"without LMS{self._eager_note}. Compile with run_eagerly=False to swap tensors.",
+                LMSWarning,
+                stacklevel=2,
+            )
+            return False
+        if model.jit_compile and (self.xla == "error" or not _auto_would_choose_xla(model)):
+            why = (
+                "LMSCallback(xla='error') was given"
+                if self.xla == "error"
+                else "jit_compile=True was asked for explicitly (Keras's default 'auto' would not choose XLA here)"
+            )
+            raise ValueError(
+                "tflms.LMSCallback cannot swap tensors in an XLA-compiled train step: XLA compiles the "
+                f"whole step and drops the swap ops, and {why}. Compile the model with jit_compile=False, or "
+                "leave Keras's default jit_compile='auto' and LMSCallback(xla='disable') to train the rewritten "
+                f"step without XLA. Received: model.jit_compile={model.jit_compile!r}, xla={self.xla!r}"
+            )
+        replicas = model.distribute_strategy.num_replicas_in_sync
+        if replicas > 1:
+            return self._several_replicas(replicas)
+        return True
+
+    def _build(self, model: keras.Model, keras_function: Callable[[Any], Any], lms: bool = True) -> _Installation:
+        # Traced as Keras traces its one_step_on_data: without AutoGraph (do_not_convert) and
+        # with reduce_retracing=True.
+        step = tf.autograph.experimental.do_not_convert(self._step_to_trace(model))
+        lms_step = lms_function(step, config=self.config, reduce_retracing=True) if lms else None
+        xla = bool(model.jit_compile)
+        if lms and xla:  # only where it may be Keras's jit_compile="auto": _supported raised otherwise
+            warnings.warn(
+                "tflms.LMSCallback: the model is compiled with XLA (model.jit_compile=True; Keras's default "
+                "jit_compile='auto' turns XLA on when a GPU is present), which would drop the swap ops, so the "
+                "callback builds its training step without XLA; Keras's own evaluate and predict keep XLA. "
+                "Compile with jit_compile=False to silence this, or pass LMSCallback(xla='error') to make it "
+                "an error.",
+                LMSWarning,
+                stacklevel=4,
+            )
+        run = tfi.keras_make_function(model, lms_step if lms else step, jit_compile=xla and not lms)
+        model_ref = weakref.ref(model)
+        level = "MANUAL" if lms and self.config.manual_memory_optimizer else None
+        layout_off = lms and not self.config.layout_optimizer
+        installation: _Installation
+
+        def train_function(iterator: Any) -> Any:
+            if not self._checked_batch:
+                self._checked_batch = True
+                if lms:
+                    self._check_batch_dimension(iterator)
+            self._before_run(model_ref, iterator)
+            # Keras inlines the step into its own function, so the outer call's config counts.
+            with tfi.memory_optimization(level, keep_explicit=True, layout_off=layout_off):
+                logs = run(iterator)
+            if lms and len(lms_step.plans) > self._shown:
+                self._report(installation)
+            return logs
+
+        installation = _Installation(model_ref, keras_function, lms_step, train_function)
+        return installation
+
+    def _check_batch_dimension(self, iterator: Any) -> None:
+        """Warn when the planner would size tensors with batch 1 for lack of ``batch_size``."""
+        if self.config.batch_size is not None:
+            return
+        spec = getattr(iterator, "element_spec", None)
+        specs = [s for s in tf.nest.flatten(spec) if isinstance(s, tf.TensorSpec) and s.shape.rank]
+        if any(s.shape[0] is None for s in specs):
+            warnings.warn(
+                "tflms.LMSCallback: the batches fit feeds have an unknown batch dimension (a partial last "
+                "batch, or a dataset batched without drop_remainder=True), so the planner sizes tensors "
+                "as if the batch were 1 and may swap little or nothing. Pass batch_size=<your batch size> "
+                "to LMSCallback. Received: batch_size=None",
+                LMSWarning,
+                stacklevel=3,
+            )
+
+    def _report(self, inst: _Installation) -> None:
+        plans = inst.step.plans
+        if self._shown == 0 and plans:
+            self._first_plan(plans[0])
+        root = self._prints()
+        measured = self._measured_peak() if self.verbose == 1 and root else None
+        for plan in plans[self._shown :]:
+            log.info("tflms.LMSCallback: %d tensors swapped in %s", len(plan.swaps), plan.function)
+            if self.verbose and root:
+                print(plan.summary() if self.verbose >= 2 else short_summary(plan, measured))
+        self._shown = len(plans)
+
+    def _memory_device(self) -> str | None:
+        """The compute device of the installed rewritten step, if it reports its memory here.
+
+        A GPU, or a CPU device in a process started with ``TF_CPU_ALLOCATOR_USE_BFC=true``
+        (:func:`tflms.integrations.function.device_memory`); None without an installed LMS step or a device.
+        """
+        inst = self._installation
+        model = None if inst is None else inst.model()
+        if inst is None or inst.step is None or model is None or model.train_function is not inst.function:
+            return None
+        try:
+            device = resolve_device(self.config)
+        except ValueError:
+            return None
+        return device if device is not None and device_memory(device) is not None else None
+
+    def _measured_peak(self) -> int | None:
+        """The measured device peak since the epoch began, or None where not measured."""
+        info = None if self._measured_device is None else device_memory(self._measured_device)
+        return None if info is None else int(info["peak"])
+
+    def _memory_logs(self) -> dict[str, int]:
+        """The epoch-end log entries on device memory (see the class doc); empty where not measured."""
+        peak, plans = self._measured_peak(), self.plans
+        if not peak or not plans:
+            return {}
+        return {MEASURED_PEAK_KEY: peak, PREDICTED_PEAK_KEY: max(p.peak_bytes_after for p in plans)}
+
+
+def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
+    """Two lines on ``plan`` (what ``LMSCallback(verbose=1)`` prints): swaps, recomputes, bytes moved, peaks.
+
+    ``measured_peak`` (bytes, the device's measured peak of the first step) is shown
+    next to the predicted one when given.
+
+    Example (for ``cb.plan`` after ``fit`` with ``cb = LMSCallback(...)``; here a plan of
+    :func:`tflms.optimize`):
+        >>> import tensorflow as tf, tflms
+        >>> from tflms.testing.measure import build
+        >>> _, x, y, train_step = build("cnn", batch=16, size=64)
+        >>> cf = tf.function(train_step).get_concrete_function(x, y)
+        >>> plan = tflms.make_plan(tflms.GraphModel.from_func_graph(cf.graph), tflms.LMSConfig(swapout_threshold=20))
+        >>> print(short_summary(plan))  # doctest: +ELLIPSIS
+        tflms plan for ...: ... tensors swapped, ... MiB out and ... MiB back in per step (... swap-ins)
+        predicted device peak (simulator): ... MiB -> ... MiB (...% less); full table: LMSCallback(verbose=2)
+    """
+    before, after = plan.peak_bytes_before, plan.peak_bytes_after
+    back = sum(s.bytes * len(s.swap_ins) for s in plan.swaps)
+    less = (1 - after / before) * 100 if before else 0.0
+    clones = sum(len(r.ops) * len(r.groups) for r in plan.recomputes)
+    lines = [
+        f"tflms plan for {plan.function or '<function>'}: {len(plan.swaps)} tensors swapped, "
+        f"{format_bytes(plan.swapped_bytes)} out and {format_bytes(back)} back in per step "
+        f"({plan.n_swap_ins} swap-ins)"
+        + (f"; {_count(len(plan.recomputes), 'tensor')} recomputed ({clones} op clones)" if plan.recomputes else "")
+        + (f"; {_count(len(plan.orders), 'ordering edge')}" if plan.orders else "")
+        + (f"; {_count(len(plan.sums), 'sum')} added as the terms arrive" if plan.sums else "")
+        + (f"; {_count(len(plan.tiles), 'tile')} left out" if plan.tiles else ""),
+        f"predicted device peak (simulator): {format_bytes(before)} -> {format_bytes(after)} "
+        f"({abs(less):.0f}% {'less' if less >= 0 else 'more'})"
+        + (f"; measured peak of the first step: {format_bytes(measured_peak)}" if measured_peak else "")
+        + "; full table: LMSCallback(verbose=2)",
+    ]
+    if plan.reason:
+        lines.append(f"note: {plan.reason}")
+    return "\n".join(lines)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
+def _check_horovod(horovod: Any) -> None:
+    if horovod is not None and not isinstance(horovod, bool):
+        raise TypeError(f"horovod must be True or False. Received: horovod={horovod!r}")
+
+
+def _auto_would_choose_xla(model: keras.Model) -> bool:
+    """Whether Keras's ``jit_compile="auto"`` turns XLA on for ``model`` here (a GPU, no strategy, ...).
+
+    Then ``model.jit_compile == True`` may be Keras's default rather than the user's request.
+    Keras's own resolution (pinned in tests/test_keras.py); when it cannot be asked, True.
+    """
+    auto = tfi.keras_auto_jit_compile(model)
+    return True if auto is None else auto
+
+
+def __getattr__(name: str) -> Any:
+    # Moved to tflms.integrations.horovod.callback: still reachable here.
+    if name == "averaging_train_step":
+        from .horovod.callback import averaging_train_step
+
+        return averaging_train_step
+    raise AttributeError(f"module 'tflms.integrations.keras' has no attribute {name!r}")

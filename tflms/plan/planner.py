@@ -1,0 +1,180 @@
+"""The planner: which tensors to swap, where they come back, and what triggers them.
+
+Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`tflms.LMSConfig`):
+
+* Candidates are outputs of *forward* ops that have at least one *backward*
+  consumer more than ``swapout_threshold`` levels after the producer ("far"
+  consumers). Excluded: tensors smaller than ``min_bytes``, of rank < 2 or unknown
+  rank, with an unknown dimension other than the leading one (their size would be a
+  guess), of dtype resource/variant/string/int32; outputs of ``Const``,
+  ``Placeholder`` (the caller holds function arguments anyway), constant fills
+  (``Fill``/``ZerosLike``/``OnesLike``: cheaper to keep than to move), variable
+  reads (they alias the variable), Horovod collectives and functional control flow
+  (their bodies are never edited); ops already on the host; scope and type filters.
+* One swap-out per tensor. Far consumers, sorted by level, are grouped: each
+  consumer within ``swapin_groupby`` levels of its group's first consumer shares
+  that group's swap-in. Near consumers keep reading the device tensor.
+* Not swapped either: a tensor with a far consumer in ``tflms.plan.candidates.PINNED_INPUTS``
+  (the pooled output read by ``MaxPoolGrad``/``MaxPool3DGrad``, the ``LRN`` output read
+  by ``LRNGrad``): oneDNN runs those gradients with its own kernel only when that input
+  comes straight from the forward op, and TensorFlow's kernel gives other numbers. Only
+  where ``config.device`` is not a GPU (``tflms.plan.candidates.pins_inputs``): ``device=None`` is a GPU.
+* Each swap-in's trigger is a backward op on a path into the group's first
+  consumer, at level >= (first consumer's level - ``swapin_ahead``) and above the
+  producer; the lowest such level wins, ties broken by name. When that window
+  holds none, the highest-level backward ancestor below it is used; with no
+  backward ancestor at all, there is no trigger. A tensor of the backward pass
+  (``swap_gradients``) takes only a trigger that descends from its producer: a sibling
+  (an op reading the same gradient) may run first, and the swap-in would then come back
+  as soon as it left. With no trigger, the tensor is not swapped.
+* ``n_tensors`` keeps the largest candidates (bytes, then distance, then name).
+* ``budget`` (bytes) hands the choice of ``swapout_threshold``, ``swapin_ahead``,
+  ``swapin_groupby`` and ``n_tensors`` to :mod:`tflms.plan.autotune`.
+* ``swapout_window`` adds fences (:class:`tflms.Fence`): with the swapped tensors in
+  the simulator's execution order, the producer of the k-th waits for the swap-out of
+  the (k - window)-th, when it runs strictly later (several outputs of one op share it)
+  and is not an op of :data:`UNFENCED_TYPES`.
+* ``recompute=True`` first takes the candidates that :mod:`tflms.plan.passes.recompute` predicts
+  cheaper to recompute than to swap (with the options as given, before any tuning),
+  applies them to the model (:func:`tflms.plan.passes.recompute.recomputed_model`), and plans the
+  swaps, tuning included, on that model: a recompute's clones are backward consumers
+  like any other, and its sources may be swapped. The predicted peak after is the
+  simulator's on that model.
+* ``split_sums=True`` first splits the backward pass's ``AddN`` sums of three or more terms
+  into chains of ``AddV2`` (:mod:`tflms.plan.passes.sums`) and plans everything else on that model.
+* ``drop_tiles=True`` then leaves out the backward pass's ``Tile`` ops whose values the ops
+  that read them can broadcast (:mod:`tflms.plan.passes.tiles`), on the step with the sums split.
+* ``order_updates=True`` then makes each in-place variable update wait for the
+  ops still holding a value read from that variable (:func:`tflms.plan.passes.schedule.update_orders`),
+  so that TensorFlow does not copy the variable, where the simulator predicts no higher
+  plain peak with them; the plan's ``orders`` list these edges first.
+* ``serialize=True`` then adds ordering edges (:class:`tflms.Order`) within the backward
+  pass, chosen by :func:`tflms.plan.passes.schedule.memory_orders` on the model with the swaps
+  applied; the predicted peak after, and the fences, are the simulator's with them.
+  With a budget that no plan meets without orders, the autotuner first orders the
+  step for the lowest plan it saw and tunes the swaps on the ordered step
+  (:func:`tflms.plan.autotune.tune_ordered`); such a plan is reproduced by its JSON (its
+  orders and swaps), not by its options alone.
+
+Deterministic: the same graph and options give the same plan, byte for byte.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+
+from .._util import format_bytes, format_sizes
+from ..config import LMSConfig, resolve_swapout_window
+from ..emulate.simulator import Simulator
+from ..ir.graph import SUM_OP_TYPES, GraphModel
+from .candidates import EXCLUDED_DTYPES, EXCLUDED_PRODUCER_TYPES, candidate_swaps, is_collective
+from .records import Fence, Swap, SwapPlan
+
+__all__ = [
+    "make_plan",
+    "empty_plan",
+    "UNFENCED_TYPES",
+    "fences_for",
+    "candidate_swaps",
+    "is_collective",
+    "EXCLUDED_PRODUCER_TYPES",
+    "EXCLUDED_DTYPES",
+]
+
+
+def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None = None) -> SwapPlan:
+    """Plan swaps for ``model`` under ``config``; predicted peaks included.
+
+    With ``config.budget`` set, the swap knobs are chosen by
+    :func:`tflms.plan.autotune.tune` and recorded in the plan's options. ``swapout_window='auto'``
+    is resolved for ``config.device`` (:func:`tflms.config.resolve_swapout_window`; with no
+    device, no fences: :func:`tflms.optimize` passes the device it rewrites for).
+    """
+    config = resolve_swapout_window(config, config.device)
+    sim = simulator or Simulator(model, config.host)
+    before = sim.peak()
+    original = model
+
+    def empty(reason: str, cfg: LMSConfig = config) -> SwapPlan:
+        return empty_plan(original, cfg, before, reason)
+
+    if not model.has_backward():
+        return empty(
+            "the step has no backward ops (no gradient_tape/ or gradients/ scope): nothing to swap; "
+            "the function runs unchanged"
+        )
+    if config.budget is not None and before <= config.budget:
+        return empty(
+            f"the predicted peak ({format_bytes(before)}) fits the budget ({format_sizes(config.budget)}) "
+            "without swapping",
+            dataclasses.replace(config, n_tensors=0),
+        )
+    from .autotune import prepare, tune_ordered
+
+    model, sim, sums, tiles, recomputes, orders = prepare(model, config, sim)
+    if config.budget is not None:
+        config, more, sim = tune_ordered(model, config, sim)
+        model, orders = sim.model, orders + more  # with the orders, if the budget needed them
+    swaps = candidate_swaps(model, config)
+    if config.n_tensors is not None:
+        swaps = swaps[: config.n_tensors]
+    swaps.sort(key=lambda s: (s.level, s.tensor))
+    if config.serialize:  # also where no tensor qualifies: the orders alone can be the plan
+        from .passes.schedule import finish
+
+        swaps, more, sim = finish(sim, swaps, config)  # sim: of ``model`` (with the budget's orders)
+        orders += more
+    if not swaps and not recomputes and not orders and not sums and not tiles:
+        return empty(
+            f"no tensor qualifies (forward output >= min_bytes={config.min_bytes} with a backward "
+            f"consumer more than swapout_threshold={config.swapout_threshold} levels later)"
+            + (" and no ordering edge lowers the predicted peak" if config.serialize else "")
+        )
+    return SwapPlan(
+        function=model.name,
+        options=config.to_dict(),
+        swaps=tuple(swaps),
+        n_ops=original.dag.number_of_nodes(),
+        peak_bytes_before=before,
+        peak_bytes_after=sim.peak(swaps),
+        variable_bytes=model.variable_bytes,
+        recomputes=tuple(recomputes),
+        fences=fences_for(sim.pos, swaps, config.swapout_window) if config.swapout_window else (),
+        orders=orders,
+        sums=tuple(sums),
+        tiles=tuple(tiles),
+    ).with_model(original)
+
+
+#: Producers that get no fence: Grappler's arithmetic optimizer folds a tree of these into
+#: one ``AddN`` (``AddOpsRewrite``) only where no member has a control input, so a fence on
+#: one changes how the sum associates, and the step's numbers (one ULP in the second loss of
+#: ``tflms.testing.measure``'s transformer, on a layer norm's ``AddV2``, 2026-11-25).
+UNFENCED_TYPES = SUM_OP_TYPES
+
+
+def fences_for(pos: Mapping[str, int], swaps: list[Swap], window: int) -> tuple[Fence, ...]:
+    """The fences that keep at most ``window`` of ``swaps`` in flight (see :class:`tflms.LMSConfig`);
+    ``pos``: each op's position in the execution order (:attr:`tflms.Simulator.pos`). A swap
+    produced by an op of :data:`UNFENCED_TYPES` gets none: its window is open by one more."""
+    ordered = sorted(swaps, key=lambda s: (pos[s.producer], s.tensor))
+    return tuple(
+        Fence(tensor=earlier.tensor, op=later.producer)
+        for earlier, later in zip(ordered, ordered[window:])
+        if pos[later.producer] > pos[earlier.producer] and later.producer_type not in UNFENCED_TYPES
+    )
+
+
+def empty_plan(model: GraphModel, config: LMSConfig, peak_bytes: int, reason: str) -> SwapPlan:
+    """A plan that swaps nothing, saying why."""
+    return SwapPlan(
+        function=model.name,
+        options=config.to_dict(),
+        swaps=(),
+        n_ops=model.dag.number_of_nodes(),
+        peak_bytes_before=peak_bytes,
+        peak_bytes_after=peak_bytes,
+        variable_bytes=model.variable_bytes,
+        reason=reason,
+    ).with_model(model)

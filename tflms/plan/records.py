@@ -1,0 +1,532 @@
+"""``SwapPlan``: the frozen, JSON-serialisable result of planning.
+
+The planner and the rewriter meet only here. A plan can be printed
+(:meth:`SwapPlan.summary`), saved and loaded (:meth:`SwapPlan.to_json`,
+:meth:`SwapPlan.from_json`), edited by hand, compared against a golden, and
+broadcast so that every Horovod rank applies the same plan.
+
+JSON format (``format_version`` 6; version 1, without ``recomputes``, version 2,
+without ``fences``, version 3, without ``orders``, version 4, without ``sums``, and version 5,
+without ``tiles``, are still read), a top-level object::
+
+    {"format_version": 6, "function": "...", "options": {...LMSConfig...},
+     "n_ops": 1234, "peak_bytes_before": ..., "peak_bytes_after": ...,
+     "variable_bytes": ..., "reason": "",
+     "swaps": [{"tensor": "conv1/Relu:0", "producer": "conv1/Relu",
+                "producer_type": "Relu", "dtype": "float32", "shape": [8, 32, 32, 64],
+                "bytes": 2097152, "level": 12, "distance": 57,
+                "swap_ins": [{"consumers": [["gradient_tape/conv1/ReluGrad", 1]],
+                              "trigger": "gradient_tape/conv2/...", "level": 69,
+                              "trigger_level": 66}]}],
+     "recomputes": [{"tensor": "conv2/Relu:0", "producer": "conv2/Relu",
+                     "ops": ["conv2/bn/mul_1", "conv2/bn/add_1", "conv2/Relu"],
+                     "bytes": 2097152, "work_bytes": 14680064, "level": 20, "distance": 50,
+                     "groups": [{"consumers": [["gradient_tape/conv3/Conv2DBackpropFilter", 0]],
+                                 "trigger": "gradient_tape/conv3/...", "level": 70,
+                                 "trigger_level": 69}]}],
+     "fences": [{"tensor": "conv1/Relu:0", "op": "conv3/Conv2D"}],
+     "orders": [{"op": "gradient_tape/bn0/mul", "after": "gradient_tape/bn3/Sum"}],
+     "sums": [{"op": "AddN_12", "terms": ["gradient_tape/a/mul", "gradient_tape/b/mul",
+                                          "gradient_tape/c/Sum"]}],
+     "tiles": ["gradient_tape/bn/moments/Tile"]}
+
+A swap's consumer may be a recompute's clone (``tflms_recompute/<producer>/<group>/<op>``):
+the recompute reads a swapped tensor. The rewrite applies the recomputes first.
+
+A sum (``split_sums``) is an ``AddN`` of the backward pass that the rewrite replaces by a chain
+of ``AddV2`` ops over ``terms`` (in Grappler's order), which adds each term as it arrives
+(:mod:`tflms.plan.passes.sums`). The rewrite applies the sums first; the other decisions name the chain's ops.
+
+A tile (``drop_tiles``) is a ``Tile`` op of the backward pass that the rewrite leaves out: the
+element-wise ops that read its value are made again under ``<op>/tflms_bcast`` and broadcast the
+``Tile``'s input (:mod:`tflms.plan.passes.tiles`). The rewrite applies the tiles after the sums and before
+the other decisions, which name the ops made again.
+
+A fence (``swapout_window``) is an ordering edge: ``op``, a forward op, starts only after
+``tensor``'s swap-out has reached the host. An order is an ordering edge: ``op`` starts only
+after ``after`` has run; ``serialize`` adds them within the backward pass, ``order_updates``
+from the ops still reading a variable to that variable's in-place update (listed first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from .._util import format_bytes, format_sizes
+from .passes.sums import Sum
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ..ir.graph import GraphModel
+
+__all__ = [
+    "SwapIn",
+    "Swap",
+    "Recompute",
+    "Fence",
+    "Order",
+    "Sum",
+    "SwapPlan",
+    "FORMAT_VERSION",
+    "RECOMPUTE_SCOPE",
+    "OP_LATENCY",
+    "format_bytes",
+    "format_sizes",
+    "link_seconds",
+    "recompute_seconds",
+]
+
+FORMAT_VERSION = 6
+#: Plan format versions :meth:`SwapPlan.from_dict` reads (1: before recompute existed; 2: before fences;
+#: 3: before orders; 4: before sums; 5: before tiles).
+READ_VERSIONS = (1, 2, 3, 4, 5, 6)
+#: Name scope of the ops a recompute adds (clones of forward ops).
+RECOMPUTE_SCOPE = "tflms_recompute"
+#: Fixed cost of one recomputed op in seconds (a kernel launch), in the recompute cost model.
+OP_LATENCY = 5e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class SwapIn:
+    """One swap-in: the consumers it feeds and the op that triggers it.
+
+    ``consumers`` are ``(op_name, input_index)`` pairs; ``level`` is the level of the
+    first consumer; ``trigger`` is ``None`` when no suitable op exists (then the
+    swap-in may run as soon as the swap-out has finished).
+    """
+
+    consumers: tuple[tuple[str, int], ...]
+    trigger: str | None
+    level: int
+    trigger_level: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Swap:
+    """One swapped tensor: a swap-out to the host and one or more swap-ins."""
+
+    tensor: str
+    producer: str
+    producer_type: str
+    dtype: str
+    shape: tuple[int | None, ...] | None
+    bytes: int
+    level: int
+    distance: int
+    swap_ins: tuple[SwapIn, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Recompute:
+    """One recomputed tensor: its forward producer chain is run again before each group
+    of its backward consumers, instead of swapping it.
+
+    ``ops`` are the forward ops cloned, in execution order; the last is ``producer``.
+    Their other inputs are on the device at the backward pass anyway (weights, small
+    tensors, tensors swapped in for other backward ops). ``groups`` are the consumer
+    groups, each with its own clones and a trigger (a :class:`SwapIn` record: the clones
+    run after ``trigger``). ``work_bytes`` is what one run of the chain reads and writes.
+    """
+
+    tensor: str
+    producer: str
+    ops: tuple[str, ...]
+    bytes: int
+    work_bytes: int
+    level: int
+    distance: int
+    groups: tuple[SwapIn, ...]
+
+    def clone(self, op: str, group: int) -> str:
+        """Name of the clone of ``op`` for consumer group ``group``."""
+        return f"{RECOMPUTE_SCOPE}/{self.producer}/{group}/{op}"
+
+    def clone_tensor(self, tensor: str, group: int) -> str:
+        """Name of the clone of ``tensor`` (an output of one of ``ops``) for group ``group``."""
+        op, _, index = tensor.rpartition(":")
+        return f"{self.clone(op, group)}:{index}"
+
+    def output(self, group: int) -> str:
+        """Name of the tensor that feeds group ``group``'s consumers."""
+        return self.clone_tensor(self.tensor, group)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fence:
+    """An ordering edge: the forward op ``op`` starts only after the swap-out of ``tensor``
+    (a swapped tensor of the same plan) has reached the host. It bounds how far the forward
+    pass runs ahead of the link (see ``LMSConfig.swapout_window``)."""
+
+    tensor: str
+    op: str
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class Order:
+    """An ordering edge: ``op`` starts only after ``after`` has run. The memory-aware schedule
+    (``LMSConfig.serialize``) makes a backward op wait for another, so that two branches of the
+    backward pass do not hold their buffers at the same time; ``LMSConfig.order_updates`` makes
+    a variable's in-place update wait for an op still reading the variable, so that TensorFlow
+    does not copy it (:func:`tflms.plan.passes.schedule.update_orders`)."""
+
+    op: str
+    after: str
+
+
+def recompute_seconds(recomputes: Iterable[Recompute], device_bandwidth: float) -> float:
+    """Predicted compute time the recomputes add per step: per group, ``OP_LATENCY`` per op
+    plus ``work_bytes / device_bandwidth`` (element-wise ops are memory-bound).
+
+    >>> r = Recompute("b:0", "b", ("a", "b"), 10**6, 4 * 10**6, 3, 40, (SwapIn((("g", 0),), "t", 43, 42),))
+    >>> round(recompute_seconds([r], device_bandwidth=1e12), 6)  # 2 x 5 us + 4 us
+    1.4e-05
+    """
+    return sum(len(r.groups) * (len(r.ops) * OP_LATENCY + r.work_bytes / device_bandwidth) for r in recomputes)
+
+
+def link_seconds(swaps: Iterable[Swap], bandwidth: float, latency: float) -> float:
+    """Predicted link time of ``swaps`` per step: ``latency + bytes / bandwidth`` per transfer.
+
+    Every swap-out and every swap-in is one transfer.
+
+    >>> s = Swap("a:0", "a", "Relu", "float32", (1000, 250), 10**6, 3, 40, (SwapIn((("g", 0),), "t", 43, 41),) * 2)
+    >>> round(link_seconds([s], bandwidth=1e9, latency=1e-5), 6)  # 3 transfers of 1 ms + 10 us
+    0.00303
+    """
+    return sum((1 + len(s.swap_ins)) * (latency + s.bytes / bandwidth) for s in swaps)
+
+
+@dataclasses.dataclass(frozen=True)
+class SwapPlan:
+    """Which tensors to swap, where their copies come back, and what that buys.
+
+    ``peak_bytes_before``/``peak_bytes_after`` are the simulator's predicted device
+    peaks (see :mod:`tflms.emulate.simulator`), variables included. ``reason`` explains an
+    empty plan.
+
+    A plan made in this process (:func:`tflms.make_plan`, :func:`tflms.optimize`,
+    ``tflms.function``, ``LMSCallback``) also holds the :class:`~tflms.GraphModel` it
+    was made from, for :meth:`plot`. That reference is not a field: it is not in the
+    JSON, equality or the fingerprint; a plan loaded from JSON or copied with
+    ``dataclasses.replace`` has none.
+    """
+
+    function: str
+    options: Mapping[str, Any]
+    swaps: tuple[Swap, ...]
+    n_ops: int
+    peak_bytes_before: int
+    peak_bytes_after: int
+    variable_bytes: int
+    reason: str = ""
+    format_version: int = FORMAT_VERSION
+    recomputes: tuple[Recompute, ...] = ()
+    fences: tuple[Fence, ...] = ()
+    orders: tuple[Order, ...] = ()
+    sums: tuple[Sum, ...] = ()
+    tiles: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Frozen means frozen: the options are a read-only view of a private copy.
+        object.__setattr__(self, "options", MappingProxyType(dict(self.options)))
+
+    def __hash__(self) -> int:
+        return hash(self.fingerprint())
+
+    def __reduce__(self) -> tuple:
+        return (SwapPlan.from_dict, (self.to_dict(),))
+
+    # ------------------------------------------------------------- derived facts
+    @property
+    def swapped_bytes(self) -> int:
+        """Bytes moved to the host per step (each swap-out once)."""
+        return sum(s.bytes for s in self.swaps)
+
+    @property
+    def n_swap_ins(self) -> int:
+        return sum(len(s.swap_ins) for s in self.swaps)
+
+    @property
+    def link_seconds(self) -> float:
+        """Predicted time the swaps keep the device-host link busy per step (seconds).
+
+        :func:`link_seconds` at the plan's ``link_bandwidth`` and ``link_latency`` options
+        (their defaults for a plan saved before those options existed). While the step
+        waits for a swap-in, the link is busy, in one direction or the other, with that
+        swap-in, its swap-out or transfers queued before them, so this bounds the time
+        the transfers add to a step, as long as they do not take processors from the
+        compute (on a GPU copies run on copy engines; on the CPU test bed they compete
+        for the same cores, so the bound does not apply there).
+        """
+        return link_seconds(self.swaps, *self._link())
+
+    @property
+    def recompute_seconds(self) -> float:
+        """Predicted compute time the recomputes add per step (seconds): :func:`recompute_seconds`
+        at the plan's ``device_bandwidth`` option."""
+        from ..config import DEVICE_BANDWIDTH
+
+        return recompute_seconds(self.recomputes, self.options.get("device_bandwidth", DEVICE_BANDWIDTH))
+
+    @property
+    def step_seconds(self) -> float:
+        """Predicted time the plan adds to a step, at most: :attr:`link_seconds` + :attr:`recompute_seconds`."""
+        return self.link_seconds + self.recompute_seconds
+
+    @property
+    def recomputed_bytes(self) -> int:
+        """Bytes of the tensors recomputed instead of kept or swapped."""
+        return sum(r.bytes for r in self.recomputes)
+
+    def _link(self) -> tuple[float, float]:
+        """(bandwidth, latency) of the plan's options, their defaults where absent."""
+        from ..config import LINK_BANDWIDTH, LINK_LATENCY
+
+        return self.options.get("link_bandwidth", LINK_BANDWIDTH), self.options.get("link_latency", LINK_LATENCY)
+
+    def __len__(self) -> int:
+        """Number of decisions: swapped plus recomputed tensors."""
+        return len(self.swaps) + len(self.recomputes)
+
+    # ---------------------------------------------------------------- plotting
+    def with_model(self, model: GraphModel) -> SwapPlan:
+        """This plan, remembering the graph model it was made from (for :meth:`plot`); returns ``self``.
+
+        The model is not a field: not in the JSON, equality, hash or fingerprint.
+        """
+        object.__setattr__(self, "_model", model)
+        return self
+
+    @property
+    def model(self) -> GraphModel | None:
+        """The graph model the plan was made from, or ``None`` (loaded from JSON, built by hand)."""
+        return getattr(self, "_model", None)
+
+    def planned_step(self, model: GraphModel) -> GraphModel:
+        """``model`` (the step the plan was made from) as the plan changes it before swapping: its
+        sums split, tiles left out, recomputes and orders applied, in the rewrite's order. The
+        simulator runs the swaps on it."""
+        from ..ir.graph import with_orders, with_recomputes
+        from .passes.sums import with_split_sums
+        from .passes.tiles import with_dropped_tiles
+
+        step = with_dropped_tiles(with_split_sums(model, self.sums)[0], self.tiles)[0]
+        return with_orders(with_recomputes(step, self.recomputes), self.orders)
+
+    def plot(self, path: str | Path, model: GraphModel | None = None, **kwargs: Any) -> Path:
+        """Save the predicted memory timeline, before and after this plan, as a PNG.
+
+        ``model`` defaults to the graph model the plan was made from; a plan loaded
+        from JSON has none, so pass ``model=tflms.GraphModel.from_func_graph(cf.graph)``
+        of the (not rewritten) traced step. ``kwargs`` go to :func:`tflms.plot_memory`.
+
+        Example:
+            >>> import tempfile, tensorflow as tf, tflms
+            >>> from tflms.testing.measure import build
+            >>> model, x, y, train_step = build("cnn", batch=8, size=32)
+            >>> cf = tf.function(train_step).get_concrete_function(x, y)
+            >>> graph = tflms.GraphModel.from_func_graph(cf.graph)
+            >>> plan = tflms.make_plan(graph, tflms.LMSConfig(swapout_threshold=20))
+            >>> plan.plot(tempfile.mkdtemp() + "/memory.png").name
+            'memory.png'
+        """
+        from ..report.plot import plot_memory
+
+        model = model if model is not None else self.model
+        if model is None:
+            raise ValueError(
+                "This plan holds no graph model (it was loaded from JSON, built by hand, or made "
+                "by tflms.optimize for an already rewritten function), so it "
+                "cannot be simulated for plotting. Pass the traced step's graph model, e.g. "
+                "plan.plot(path, model=tflms.GraphModel.from_func_graph(cf.graph, "
+                f"batch_size={self.options.get('batch_size')!r})) where cf is the step's "
+                "ConcreteFunction before tflms rewrote it. Received: model=None"
+            )
+        return plot_memory(model, self, path, **kwargs)
+
+    # ------------------------------------------------------------ serialisation
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["swaps"] = [dataclasses.asdict(s) for s in self.swaps]
+        d["recomputes"] = [dataclasses.asdict(r) for r in self.recomputes]
+        d["fences"] = [dataclasses.asdict(f) for f in self.fences]
+        d["orders"] = [dataclasses.asdict(o) for o in self.orders]
+        d["sums"] = [dataclasses.asdict(x) for x in self.sums]
+        d["tiles"] = list(self.tiles)
+        d["options"] = dict(self.options)
+        return _jsonable(d)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """Deterministic JSON: same plan, same bytes."""
+        return json.dumps(self.to_dict(), sort_keys=True, indent=indent)
+
+    def fingerprint(self) -> str:
+        """SHA-256 of the compact JSON; equal on every rank that planned the same."""
+        return hashlib.sha256(self.to_json(indent=None).encode()).hexdigest()
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> SwapPlan:
+        version = d.get("format_version")
+        if version not in READ_VERSIONS:
+            raise ValueError(
+                f"Unsupported plan format_version; this tflms reads {' and '.join(map(str, READ_VERSIONS))}. "
+                f"Received: format_version={version!r}"
+            )
+        missing = [k for k in ("swaps", "peak_bytes_before", "peak_bytes_after", "options") if k not in d]
+        if missing:
+            raise ValueError(f"Plan JSON lacks required keys: {', '.join(missing)}.")
+        swaps = tuple(
+            Swap(
+                tensor=s["tensor"],
+                producer=s["producer"],
+                producer_type=s["producer_type"],
+                dtype=s["dtype"],
+                shape=None if s["shape"] is None else tuple(s["shape"]),
+                bytes=s["bytes"],
+                level=s["level"],
+                distance=s["distance"],
+                swap_ins=tuple(_swap_in(si) for si in s["swap_ins"]),
+            )
+            for s in d["swaps"]
+        )
+        recomputes = tuple(
+            Recompute(
+                tensor=r["tensor"],
+                producer=r["producer"],
+                ops=tuple(r["ops"]),
+                bytes=r["bytes"],
+                work_bytes=r["work_bytes"],
+                level=r["level"],
+                distance=r["distance"],
+                groups=tuple(_swap_in(g) for g in r["groups"]),
+            )
+            for r in d.get("recomputes", ())
+        )
+        return cls(
+            function=d.get("function", ""),
+            options=dict(d["options"]),
+            swaps=swaps,
+            n_ops=d.get("n_ops", 0),
+            peak_bytes_before=d["peak_bytes_before"],
+            peak_bytes_after=d["peak_bytes_after"],
+            variable_bytes=d.get("variable_bytes", 0),
+            reason=d.get("reason", ""),
+            recomputes=recomputes,
+            fences=tuple(Fence(tensor=f["tensor"], op=f["op"]) for f in d.get("fences", ())),
+            orders=tuple(Order(op=o["op"], after=o["after"]) for o in d.get("orders", ())),
+            sums=tuple(Sum(op=x["op"], terms=tuple(x["terms"])) for x in d.get("sums", ())),
+            tiles=tuple(d.get("tiles", ())),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> SwapPlan:
+        return cls.from_dict(json.loads(text))
+
+    # ---------------------------------------------------------------- printing
+    def summary(self, max_rows: int | None = 50) -> str:
+        """A table of the swaps (and recomputes) plus the predicted peaks and time."""
+        before, after = self.peak_bytes_before, self.peak_bytes_after
+        saved = (1 - after / before) * 100 if before else 0.0
+        recomputed = (
+            f", {len(self.recomputes)} recomputed ({format_bytes(self.recomputed_bytes)})" if self.recomputes else ""
+        )
+        lines = [
+            f"tflms plan for {self.function or '<function>'}: {len(self.swaps)} tensors swapped "
+            f"({format_bytes(self.swapped_bytes)} out, {self.n_swap_ins} swap-ins){recomputed}, {self.n_ops} ops",
+            f"predicted device peak (simulator): {format_bytes(before)} -> {format_bytes(after)} "
+            f"({abs(saved):.1f}% {'less' if saved >= 0 else 'more'}; variables {format_bytes(self.variable_bytes)})",
+        ]
+        if self.swaps:
+            bandwidth, latency = self._link()
+            lines.append(
+                f"predicted link time per step: {self.link_seconds * 1e3:.2f} ms at {bandwidth / 1e9:g} GB/s and "
+                f"{latency * 1e6:g} us per transfer (at most what the transfers add to a step, when they do "
+                "not compete with compute)"
+            )
+        if self.recomputes:
+            from ..config import DEVICE_BANDWIDTH
+
+            bandwidth = self.options.get("device_bandwidth", DEVICE_BANDWIDTH)
+            lines.append(
+                f"predicted recompute time per step: {self.recompute_seconds * 1e3:.2f} ms at {bandwidth / 1e9:g} GB/s "
+                f"of device memory and {OP_LATENCY * 1e6:g} us per op"
+            )
+        if self.fences:
+            window = self.options.get("swapout_window")
+            lines.append(
+                f"swap-out fences: {len(self.fences)} (a forward op waits until the swap-out {window} swaps "
+                "before it has reached the host)"
+            )
+        if self.orders:
+            lines.append(
+                f"memory-aware schedule: {len(self.orders)} ordering edge{'s' * (len(self.orders) != 1)} "
+                "(an op waits for another: a backward op for another branch's, so that two branches do not "
+                "hold their buffers at once, or a variable's update for the ops still reading the variable, so "
+                "that it is not copied)"
+            )
+        if self.sums:
+            terms = sum(len(x.terms) for x in self.sums)
+            lines.append(
+                f"sums added as their terms arrive: {len(self.sums)} AddN ops ({terms} terms) split into AddV2 chains"
+            )
+        if self.tiles:
+            lines.append(
+                f"tiles left out: {len(self.tiles)} Tile/BroadcastTo ops of the backward pass, their values broadcast "
+                "by the ops that read them"
+            )
+        if self.reason:
+            lines.append(f"note: {self.reason}")
+        if not self.swaps and not self.recomputes:
+            return "\n".join(lines)
+        rows = [("tensor", "how", "bytes", "distance", "consumers", "trigger")]
+        decisions = [("swap", s.tensor, s.bytes, s.level, s.swap_ins) for s in self.swaps]
+        decisions += [(f"recompute {len(r.ops)} ops", r.tensor, r.bytes, r.level, r.groups) for r in self.recomputes]
+        shown = decisions if max_rows is None else decisions[:max_rows]
+        for how, tensor, nbytes, level, groups in shown:
+            for k, si in enumerate(groups):
+                rows.append(
+                    (
+                        tensor if k == 0 else "  ...",
+                        how if k == 0 else "",
+                        format_bytes(nbytes) if k == 0 else "",
+                        str(si.level - level),
+                        ", ".join(f"{c}:{i}" for c, i in si.consumers),
+                        si.trigger or "-",
+                    )
+                )
+        widths = [min(max(len(r[i]) for r in rows), 60) for i in range(len(rows[0]))]
+        for r in rows:
+            lines.append("  ".join(_clip(c, w).ljust(w) for c, w in zip(r, widths)).rstrip())
+        if len(shown) < len(decisions):
+            lines.append(f"... {len(decisions) - len(shown)} more rows")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _swap_in(si: Mapping[str, Any]) -> SwapIn:
+    return SwapIn(
+        consumers=tuple((c[0], c[1]) for c in si["consumers"]),
+        trigger=si["trigger"],
+        level=si["level"],
+        trigger_level=si["trigger_level"],
+    )
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else "..." + text[-(width - 3) :]
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x

@@ -1,0 +1,626 @@
+"""Measure a training step's real device peak on the test bed, next to the prediction.
+
+:func:`measure_step` runs inside a measured process (see :mod:`tflms.testing.testbed`):
+it builds one of :data:`MODELS` with fixed seeds and synthetic data, traces an
+Adam training step, optionally rewrites it with tflms (the process's device and
+host, :func:`tflms.testing.testbed.devices`), trains a few steps and returns the measured
+peak of each step, the losses and the simulator's predictions, as plain JSON data.
+:func:`measure` starts such a process for you, on the test bed or (``gpu=True``) on GPU 0::
+
+    >>> r = measure("cnn", batch=8, steps=2)                      # doctest: +SKIP
+    >>> r.value["plain"]["peak"], r.value["lms"]["peak"], r.value["lms"]["predicted"]  # doctest: +SKIP
+
+Used by the real-memory tests, ``benchmarks/simulator_accuracy.py``,
+``benchmarks/testbed_capacity.py`` and ``tflms demo``. :func:`anatomy_step` (what a
+measured peak holds, next to the simulator's live buffers) serves
+``benchmarks/peak_anatomy.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..config import check_int
+from .testbed import MeasuredResult, run_measured
+
+if TYPE_CHECKING:
+    from ..ir.graph import GraphModel
+
+__all__ = [
+    "MODELS",
+    "build",
+    "measure_step",
+    "measure",
+    "peak_anatomy",
+    "replay_allocations",
+    "recorded_order",
+    "anatomy_step",
+]
+
+
+def _cnn(size: int) -> Any:
+    import keras
+
+    L = keras.layers
+    layers: list[Any] = [keras.Input((size, size, 3))]
+    for filters in (32, 32, 64, 64, 128):
+        layers += [L.Conv2D(filters, 3, padding="same"), L.BatchNormalization(), L.ReLU()]
+        if filters != 32 or len(layers) > 4:
+            layers.append(L.MaxPooling2D())
+    layers += [L.GlobalAveragePooling2D(), L.Dense(10)]
+    return keras.Sequential(layers)
+
+
+def _resnet50(size: int) -> Any:
+    import keras
+
+    return keras.applications.ResNet50(
+        weights=None, input_shape=(size, size, 3), classes=10, classifier_activation=None
+    )
+
+
+def _densenet121(size: int) -> Any:
+    import keras
+
+    return keras.applications.DenseNet121(
+        weights=None, input_shape=(size, size, 3), classes=10, classifier_activation=None
+    )
+
+
+def _transformer(seq: int, dim: int = 256, heads: int = 8, layers: int = 2) -> Any:
+    import keras
+
+    L = keras.layers
+    inp = keras.Input((seq, dim))
+    h = inp
+    for _ in range(layers):
+        a = L.MultiHeadAttention(num_heads=heads, key_dim=dim // heads)(h, h)
+        h = L.LayerNormalization()(h + a)
+        f = L.Dense(dim * 4, activation="gelu")(h)
+        h = L.LayerNormalization()(h + L.Dense(dim)(f))
+    out = L.Dense(10)(L.GlobalAveragePooling1D()(h))
+    return keras.Model(inp, out)
+
+
+def _encoder(seq: int) -> Any:
+    """The transformer's blocks, 8 deep: a small encoder (BERT-base has 12 blocks of width 768)."""
+    return _transformer(seq, layers=8)
+
+
+#: name -> (builder(size), default size, input shape from size). ``size`` is the image
+#: side for CNNs and the sequence length for the transformer (width 256, 2 blocks) and
+#: the encoder (the same blocks, 8 deep).
+MODELS: dict[str, tuple[Callable[[int], Any], int, Callable[[int], tuple[int, ...]]]] = {
+    "cnn": (_cnn, 64, lambda s: (s, s, 3)),
+    "resnet50": (_resnet50, 96, lambda s: (s, s, 3)),
+    "densenet121": (_densenet121, 64, lambda s: (s, s, 3)),
+    "transformer": (_transformer, 256, lambda s: (s, 256)),
+    "encoder": (_encoder, 256, lambda s: (s, 256)),
+}
+
+
+#: ``swapout_window`` of the ``'lms_fenced'`` mode of :func:`measure_step`: four swap-outs in flight
+#: kept every step of the 8-block encoder (batch 32) within 4 % of its prediction (measured on the
+#: test bed, benchmarks/results/fences.json).
+FENCE_WINDOW = 4
+
+
+def build(name: str, batch: int, size: int | None = None, seed: int = 0) -> tuple[Any, Any, Any, Callable]:
+    """``(model, x, y, train_step)`` for a model of :data:`MODELS`, seeded and deterministic."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    if name not in MODELS:
+        raise ValueError(f"unknown model for measuring; use one of {', '.join(MODELS)}. Received: name={name!r}")
+    builder, default, shape_of = MODELS[name]
+    size = size or default
+    keras.utils.set_random_seed(seed)
+    model = builder(size)
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    rng = np.random.default_rng(seed)
+    x = tf.constant(rng.normal(size=(batch, *shape_of(size))).astype("float32"))
+    y = tf.constant(rng.integers(0, 10, size=(batch,)).astype("int32"))
+
+    def train_step(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    train_step.optimizer = optimizer
+    return model, x, y, train_step
+
+
+#: The modes :func:`measure_step` measures.
+MEASURE_MODES = (
+    "plain", "lms", "lms_device_gated", "lms_recompute", "lms_fenced", "lms_serialized", "lms_unordered",
+    "lms_split_sums", "lms_ordered_updates",
+)  # fmt: skip
+
+
+def _as_tflms_calls(plan: Any) -> tuple[bool, bool]:
+    """``(Grappler's memory optimizer at MANUAL, its layout optimizer off)``: how ``tflms.function``
+    calls a step it rewrote with ``plan`` (``LMSConfig.manual_memory_optimizer``,
+    ``LMSConfig.layout_optimizer``)."""
+    return plan.options["manual_memory_optimizer"], not plan.options["layout_optimizer"]
+
+
+def measure_step(
+    model: str,
+    batch: int,
+    size: int | None = None,
+    modes: tuple[str, ...] | list[str] = ("plain", "lms"),
+    steps: int = 3,
+    options: dict[str, Any] | None = None,
+    warmup: int = 1,
+    memory_optimizer: str = "auto",
+) -> dict[str, Any]:
+    """Train ``warmup + steps`` steps of ``model`` per mode in this measured process; return measurements.
+
+    ``modes`` are ``'plain'`` (the traced step as is) and ``'lms'`` (rewritten by
+    :func:`tflms.optimize` with ``options``, on the measured process's device and host,
+    :func:`tflms.testing.testbed.devices`). Every mode starts from the same weights and optimizer
+    state, in this one process: TensorFlow's CPU kernels are not bit-reproducible across
+    processes here (plain steps of ResNet50 differ in the 6th digit from one process to
+    the next), so only runs in one process can be compared exactly.
+
+    The first ``warmup`` steps are not counted in ``peak``: a function's first call
+    instantiates it (on the test bed also its host half, in the host process), and the
+    rewritten step's first peak measured up to 1.8x its later ones (ResNet50 96² b48:
+    926 MiB, then 509-604 MiB) in earlier runs; in later ones (ResNet50 b32 and b48)
+    at most 9 % above them. The plain step's first peak is mostly its lowest (not
+    always: a CNN b32 run measured 130 MiB, then 115 MiB).
+
+    Returns ``{'model', 'batch', 'size', 'plain_predicted', MODE: {...}}`` where each mode
+    has ``peak`` (the steady-state peak: the largest measured per-step peak after the
+    warm-up, bytes), ``first_peak``, ``peaks`` and ``losses`` (every step, the warm-up
+    included), ``step_seconds``, ``predicted`` (the simulator's peak of the step that ran),
+    ``manual_memory_optimizer`` (whether its steps ran at ``MANUAL``; see below),
+    ``layout_optimizer_off`` (whether they ran with Grappler's layout optimizer off: the
+    rewritten steps with ``memory_optimizer='auto'``, as ``tflms.function`` calls them) and, for
+    ``'lms'``, ``n_swaps``, ``n_swap_ins``, ``n_fences``, ``n_orders``, ``swapped_bytes`` and the plan's ``options``.
+    ``'lms_device_gated'`` applies the same plan with the swap-ins on the device (as tflms
+    0.1 did; see :func:`tflms.rewrite.apply.apply_plan`): the negative control.
+    ``'lms_fenced'`` is ``'lms'`` with ``swapout_window=``:data:`FENCE_WINDOW` (the same swaps,
+    plus fences). ``'lms_serialized'`` is ``'lms'`` with ``serialize=True`` (the same swaps, plus
+    the memory-aware schedule's orders, counted in ``n_orders``; the default since 2026-11-25),
+    ``'lms_unordered'`` with ``serialize=False`` (the swaps alone), ``'lms_split_sums'`` with
+    ``split_sums=True`` (:mod:`tflms.plan.passes.sums`; its entry's ``n_sums`` counts them), ``'lms_ordered_updates'``
+    with ``order_updates=True`` (each variable update waits for the reads of its variable, so that
+    TensorFlow does not copy the variable first). ``'lms_recompute'`` is ``'lms'``
+    with ``recompute=True`` (:mod:`tflms.plan.passes.recompute`); its entry also has ``n_recomputes`` and
+    ``recomputed_bytes``. Every ``lms`` mode's entry
+    has the plan's predicted ``link_seconds`` and ``recompute_seconds``.
+
+    ``memory_optimizer='auto'`` (default) calls each step as a user gets it: the plain step
+    with TensorFlow's setting, the rewritten ones as ``tflms.function`` calls them (within
+    :func:`tflms.manual_memory_optimizer` unless ``options`` has
+    ``manual_memory_optimizer=False``). ``'manual'`` runs every step of every mode within it
+    (Grappler's memory optimizer at ``MANUAL``: no rewrite of ``AddN`` ops into accumulations,
+    and no device memory held for them between steps); ``'default'`` leaves TensorFlow's
+    setting for every step. Only ``'auto'`` turns Grappler's layout optimizer off for the
+    rewritten steps (``LMSConfig.layout_optimizer``; on a CPU it changes nothing unless asked
+    to convert). A step's peak includes what the functions of earlier modes hold
+    between steps (e.g. the zeros of such a rewrite).
+    """
+    import tensorflow as tf
+
+    from .. import _tf_internal as tfi
+    from ..emulate.simulator import Simulator
+    from ..integrations.function import optimize
+    from ..ir.graph import GraphModel
+    from ..rewrite.apply import apply_plan
+    from . import testbed
+
+    check_int("steps", steps, 1)
+    check_int("warmup", warmup, 0)
+    if memory_optimizer not in ("auto", "default", "manual"):
+        raise ValueError(
+            f"memory_optimizer must be 'auto', 'default' or 'manual'. Received: memory_optimizer={memory_optimizer!r}"
+        )
+    unknown = sorted(set(modes) - set(MEASURE_MODES))
+    if unknown or not modes:
+        raise ValueError(
+            f"modes must be a non-empty list of {', '.join(map(repr, MEASURE_MODES[:-1]))} and {MEASURE_MODES[-1]!r}. "
+            f"Received: modes={modes!r}"
+        )
+    tf.config.experimental.enable_op_determinism()
+    device, host = testbed.devices()
+    keras_model, x, y, train_step = build(model, batch, size)
+    state = list(keras_model.variables) + list(train_step.optimizer.variables)
+    initial = [v.numpy() for v in state]
+    cf = tf.function(train_step).get_concrete_function(x, y)
+    plain_predicted = Simulator(GraphModel.from_func_graph(cf.graph)).peak()
+    result: dict[str, Any] = {
+        "model": model,
+        "batch": batch,
+        "size": size or MODELS[model][1],
+        "plain_predicted": plain_predicted,
+        "memory_optimizer": memory_optimizer,
+    }
+    plans: dict[str, Any] = {}  # by options
+    for i, mode in enumerate(modes):
+        for v, value in zip(state, initial):
+            v.assign(value)
+        entry: dict[str, Any] = {}
+        step = cf
+        manual = memory_optimizer == "manual"
+        layout_off = False
+        if mode.startswith("lms"):
+            extra = {
+                "lms_recompute": {"recompute": True},
+                "lms_fenced": {"swapout_window": FENCE_WINDOW},
+                "lms_serialized": {"serialize": True},
+                "lms_unordered": {"serialize": False},
+                "lms_split_sums": {"split_sums": True},
+                "lms_ordered_updates": {"order_updates": True},
+            }.get(mode, {})
+            key = json.dumps({**(options or {}), **extra}, sort_keys=True, default=repr)
+            if mode == "lms_device_gated" and key in plans:  # the plan of an earlier 'lms' mode: not made twice
+                plan = plans[key]
+            else:
+                step, plan = optimize(cf, device=device, host=host, **{**(options or {}), **extra})
+                plans[key] = plan
+            if mode == "lms_device_gated":  # the negative control: tflms 0.1's swap-in placement
+                graph = tfi.copy_graph(cf)
+                apply_plan(graph, plan, device, host, swap_in_on="device")
+                step = tfi.rebuild(cf, graph)
+            entry.update(
+                predicted=plan.peak_bytes_after,
+                n_swaps=len(plan.swaps),
+                n_swap_ins=plan.n_swap_ins,
+                n_fences=len(plan.fences),
+                n_orders=len(plan.orders),
+                swapped_bytes=plan.swapped_bytes,
+                n_recomputes=len(plan.recomputes),
+                recomputed_bytes=plan.recomputed_bytes,
+                n_sums=len(plan.sums),
+                link_seconds=plan.link_seconds,
+                recompute_seconds=plan.recompute_seconds,
+                options=dict(plan.options),
+            )
+            if memory_optimizer == "auto":
+                manual, layout_off = _as_tflms_calls(plan)
+        else:
+            entry["predicted"] = plain_predicted
+        peaks, losses, seconds = [], [], []
+        for _ in range(warmup + steps):
+            testbed.reset_peak()
+            t0 = time.perf_counter()
+            with tf.device(device), tfi.memory_optimization("MANUAL" if manual else None, layout_off=layout_off):
+                loss = float(step(x, y).numpy())
+            seconds.append(time.perf_counter() - t0)
+            peaks.append(testbed.memory()["peak"])
+            losses.append(loss)
+        entry.update(
+            manual_memory_optimizer=manual,
+            layout_optimizer_off=layout_off,
+            peak=max(peaks[warmup:]),
+            first_peak=peaks[0],
+            peaks=peaks,
+            losses=losses,
+            step_seconds=seconds,
+        )
+        result[mode if mode not in result else f"{mode}_{i}"] = entry
+    return result
+
+
+def measure(
+    model: str,
+    batch: int,
+    *,
+    cap: int | str | None = None,
+    timeout: float = 1800.0,
+    gpu: bool = False,
+    **kwargs: Any,
+) -> MeasuredResult:
+    """:func:`measure_step` in a fresh measured process (see :func:`tflms.testing.testbed.run_measured`):
+    on the test bed, or on GPU 0 with ``gpu=True`` (``cap``: a real limit of its memory)."""
+    return run_measured(
+        "tflms.testing.measure:measure_step",
+        {"model": model, "batch": batch, **kwargs},
+        cap=cap,
+        timeout=timeout,
+        gpu=gpu,
+    )
+
+
+def _events_of(records: list[dict[str, Any]], allocator: str | None) -> tuple[str, list[int]]:
+    """``(allocator, indices of its events in records)``; by default the allocator with the most events."""
+    from collections import Counter
+
+    if allocator is None:
+        counts = Counter(r["allocator"] for r in records)
+        if not counts:
+            raise ValueError("records must hold at least one allocator event. Received: records=[]")
+        allocator = counts.most_common(1)[0][0]
+    mine = [i for i, r in enumerate(records) if r["allocator"] == allocator]
+    if not mine:
+        raise ValueError(f"no event of allocator {allocator!r} in records")
+    return allocator, mine
+
+
+def peak_anatomy(records: list[dict[str, Any]], allocator: str | None = None) -> dict[str, Any]:
+    """What the allocator held at its largest ``in_use`` among ``records``.
+
+    ``records`` are allocator events in time order, as :func:`tflms._tf_internal.profile_step`
+    returns them; ``allocator`` picks one by name (default: the one with the most events).
+    Returns ``{'allocator', 'in_use', 'requested', 'op', 'index', 'live', 'before'}``: ``op``
+    made the allocation that reached the peak (record ``index``); ``live`` lists the chunks
+    allocated during the records and not yet freed then (``op``, ``bytes``, ``requested``,
+    ``region``, ``shape``), largest first; ``requested`` is what their ops asked for (the
+    chunks without the allocator's rounding and unsplit rests); ``before`` is what the
+    allocator held that the records did not allocate (e.g. the variables): ``in_use`` minus
+    the live chunks.
+
+    >>> rec = lambda kind, addr, nbytes, in_use, op: {"kind": kind, "allocator": "a", "addr": addr,
+    ...     "bytes": nbytes, "requested": nbytes - 6, "in_use": in_use, "op": op, "region": "output", "shape": ""}
+    >>> recs = [rec("alloc", 1, 256, 1256, "x"), rec("alloc", 2, 512, 1768, "y"), rec("free", 2, 512, 1256, "")]
+    >>> a = peak_anatomy(recs)
+    >>> a["in_use"], a["requested"], a["op"], a["before"], [c["op"] for c in a["live"]]
+    (1768, 756, 'y', 1000, ['y', 'x'])
+    """
+    allocator, mine = _events_of(records, allocator)
+    index = max(mine, key=lambda i: (records[i]["in_use"], -i))  # the first event at the peak
+    in_use = records[index]["in_use"]
+    chunks: dict[int, dict[str, Any]] = {}  # replayed up to it
+    for i in mine[: mine.index(index) + 1]:
+        r = records[i]
+        if r["kind"] == "alloc":
+            chunks[r["addr"]] = r
+        else:
+            chunks.pop(r["addr"], None)
+    held = sorted(
+        ({k: c[k] for k in ("op", "bytes", "requested", "region", "shape")} for c in chunks.values()),
+        key=lambda c: (-c["bytes"], c["op"]),
+    )
+    return {
+        "allocator": allocator,
+        "in_use": in_use,
+        "requested": sum(c["requested"] for c in held),
+        "op": records[index]["op"],
+        "index": index,
+        "live": held,
+        "before": in_use - sum(c["bytes"] for c in held),
+    }
+
+
+def replay_allocations(
+    records: list[dict[str, Any]], allocator: str | None = None, limit: int | None = None
+) -> dict[str, Any]:
+    """The simulator's allocator emulation (its rule 8) run on a recorded sequence of allocations.
+
+    ``records`` are allocator events in time order (:func:`tflms._tf_internal.profile_step`);
+    ``allocator`` picks one by name (default: the one with the most events). What that
+    allocator held before the first event is placed first, as one chunk, as the simulator
+    places the variables; frees of chunks allocated before the records are skipped. So the
+    emulation gets the step's real requests in their real order, and its chunk peak against
+    the measured one (``in_use``) tells how far the emulated allocator alone is from
+    TensorFlow's. ``limit`` caps the emulated allocator's regions as a real memory cap does.
+
+    Returns ``{'allocator', 'peak', 'measured', 'out_of_memory'}``: ``peak`` and ``measured``
+    are the emulated and recorded largest chunk bytes in use (what was held before
+    included); ``out_of_memory`` is None or ``{'index', 'op', 'requested'}`` of the first
+    request the emulation could not place under ``limit`` (``peak`` is then up to it).
+
+    >>> rec = lambda kind, addr, req, in_use: {"kind": kind, "allocator": "a", "addr": addr,
+    ...     "bytes": req, "requested": req, "in_use": in_use, "op": f"op{addr}"}
+    >>> recs = [rec("alloc", 1, 1 << 20, 1 << 20), rec("alloc", 2, 1 << 20, 2 << 20),
+    ...         rec("free", 1, 1 << 20, 1 << 20), rec("alloc", 3, 3 << 19, 5 << 19)]
+    >>> r = replay_allocations(recs)  # the first region is 2 MiB: the 1.5 MiB request needs a new one
+    >>> r["peak"] >> 10, r["measured"] >> 10, r["out_of_memory"]
+    (2560, 2560, None)
+    >>> replay_allocations(recs, limit=3 << 20)["out_of_memory"]  # 1 MiB left under the limit
+    {'index': 3, 'op': 'op3', 'requested': 1572864}
+    """
+    from ..emulate.simulator import _BFC, OutOfMemory
+
+    allocator, indices = _events_of(records, allocator)
+    mine = [records[i] for i in indices]
+    first = mine[0]
+    before = first["in_use"] - (first["bytes"] if first["kind"] == "alloc" else -first["bytes"])
+    bfc = _BFC(before, limit)
+    chunk: dict[Any, int] = {}
+    peak, failed = 0, None
+    for index, r in enumerate(mine):
+        if r["kind"] == "alloc":
+            try:
+                chunk[r["addr"]] = bfc.alloc(max(r["requested"], 1))
+            except OutOfMemory:
+                failed = {"index": index, "op": r["op"], "requested": r["requested"]}
+                break
+            peak = max(peak, bfc.in_use)
+        elif r["addr"] in chunk:
+            bfc.release(chunk.pop(r["addr"]))
+    return {
+        "allocator": allocator,
+        "peak": before + peak,
+        "measured": max(r["in_use"] for r in mine),
+        "out_of_memory": failed,
+    }
+
+
+def recorded_order(model: GraphModel, kernels: list[dict[str, Any]]) -> list[str]:
+    """The ops of ``model`` in the order a profiled step started them: a schedule for :class:`tflms.Simulator`.
+
+    ``kernels`` are the executor's kernel records (:func:`tflms._tf_internal.profile_step`;
+    ``time_ns``, ``op``). An op with no record (Grappler removed or fused it) starts with
+    the latest of its predecessors, and so does a recorded op that started before one of
+    them (only Grappler's rewrite can make it so); ties follow a topological order of
+    ``model``. An ``IdentityN`` is no predecessor here, the op of the input it passes on
+    is: Grappler removes it and its consumers read its inputs. (Keras 3's optimizer passes
+    every gradient through one ``IdentityN``, and the runtime starts each variable's update
+    as soon as that variable's gradient exists.) So the result is a topological order of
+    ``model`` except for the edges out of ``IdentityN`` ops.
+
+    >>> from tflms.ir.graph import GraphModel
+    >>> f32 = ("float32", (1,), 4, False)
+    >>> ops = [{"name": n, "type": "Relu", "inputs": i, "outputs": [f32]}
+    ...        for n, i in (("a", []), ("b", ["a:0"]), ("c", ["a:0"]), ("d", ["b:0", "c:0"]))]
+    >>> recorded_order(GraphModel.from_ops(ops), [{"time_ns": 0, "op": "a"}, {"time_ns": 5, "op": "c"},
+    ...                                           {"time_ns": 9, "op": "b"}])
+    ['a', 'c', 'b', 'd']
+    """
+    import networkx as nx
+
+    dag = model.dag
+    started: dict[str, int] = {}
+    for k in kernels:
+        started.setdefault(k["op"], k["time_ns"])
+    topo = list(nx.topological_sort(dag))
+    rank = {op: i for i, op in enumerate(topo)}
+
+    def source(tensor: str) -> str:
+        """The op whose output ``tensor`` is as run: an ``IdentityN`` passes on its input."""
+        op, index = tensor.rsplit(":", 1)
+        while dag.nodes[op]["type"] == "IdentityN":
+            op, index = model.inputs_of[op][int(index)].rsplit(":", 1)
+        return op
+
+    t: dict[str, int] = {}
+    for op in topo:
+        waits_for = {source(name) for name in model.inputs_of[op]}
+        waits_for.update(p for p in dag.predecessors(op) if dag.edges[p, op]["control"])
+        after = max((t[p] for p in waits_for), default=0)
+        t[op] = max(started.get(op, after), after)
+    return sorted(topo, key=lambda op: (t[op], rank[op]))
+
+
+def anatomy_step(
+    model: str,
+    batch: int,
+    size: int | None = None,
+    mode: str = "lms",
+    options: dict[str, Any] | None = None,
+    warmup: int = 2,
+) -> dict[str, Any]:
+    """In a measured process: what one profiled step's measured peak holds, and what the simulator holds.
+
+    Trains ``warmup`` steps of ``model`` (plain, or rewritten by :func:`tflms.optimize` with
+    ``options`` for ``mode='lms'``), then one step under the profiler (:func:`peak_anatomy`; the profiler
+    slows the step, and on the test bed that changes how long swapped tensors wait for the
+    link, so its peak can differ from an unprofiled one, which is also returned). Every
+    buffer is sorted into ``forward``, ``backward``, ``update`` (the op's phase in the
+    traced step; a recompute clone is a backward op, as the planner simulates it), ``swap``
+    (tflms's swap ops, and the transfers' receives, which carry no op name) or ``other``
+    (ops Grappler made).
+
+    The rewritten step is called as ``tflms.function`` calls it (within
+    :func:`tflms.manual_memory_optimizer` unless ``options`` turn that off), the plain one at
+    TensorFlow's setting: ``memory_optimizer`` is ``'auto'``, as in :func:`measure_step`.
+
+    Returns ``{'model', 'batch', 'size', 'mode', 'memory_optimizer', 'measured_peak' (unprofiled),
+    'profiled': {'in_use', 'requested', 'variables', 'op', 'op_phase', 'by_phase', 'top'},
+    'predicted': {'peak', 'requested', 'variables', 'op', 'op_phase', 'by_phase', 'top'},
+    'predicted_at_measured_op', 'recorded_order': {'peak', 'requested', 'ops_recorded', 'ops'},
+    'replayed': {'allocator', 'peak', 'measured', 'out_of_memory'}}``:
+    bytes per phase at each peak, the 12 largest buffers, the simulator's buffers at the
+    position of the op that reached the measured peak (None when that op is not in the
+    traced step, e.g. one Grappler made), and the simulator's peaks when it runs the ops in
+    the order the profiled step started them (:func:`recorded_order`), and ``'replayed'``: the
+    simulator's allocator emulation run on the profiled step's own allocations
+    (:func:`replay_allocations`). ``requested`` leaves
+    out the allocator's rounding and unsplit rests: predicted, the simulator's requested
+    bytes plus the variables; measured, what the live chunks' ops asked for plus what the
+    allocator held before the step (``variables``, in chunks).
+    """
+    import tensorflow as tf
+
+    from .. import _tf_internal as tfi
+    from ..emulate.simulator import Simulator
+    from ..integrations.function import optimize
+    from ..ir.graph import GraphModel
+    from ..rewrite.apply import is_landing
+    from . import testbed
+
+    if mode not in ("plain", "lms"):
+        raise ValueError(f"mode must be 'plain' or 'lms'. Received: mode={mode!r}")
+    check_int("warmup", warmup, 0)
+    _, x, y, train_step = build(model, batch, size)
+    cf = tf.function(train_step).get_concrete_function(x, y)
+    graph_model = GraphModel.from_func_graph(cf.graph)
+    step, swaps, host, serialize = cf, (), None, None
+    if mode == "lms":
+        step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **(options or {}))
+        swaps, host, serialize = plan.swaps, testbed.HOST, plan.options["serialize"]
+        # The step as planned and simulated: with its recompute clones (backward ops).
+        graph_model = plan.planned_step(graph_model)
+    sim = Simulator(graph_model, host)
+
+    def phase(op: str) -> str:
+        if op in graph_model.dag:
+            return graph_model.phase(op)
+        # tflms's swap ops; the receive of a transfer allocates in gRPC's thread, with no op annotation.
+        return "swap" if not op or op.startswith("tflms_") or is_landing(op) else "other"
+
+    def summary(buffers: list[tuple[str, str, int]]) -> dict[str, Any]:
+        by_phase: dict[str, int] = {}
+        for _, where, nbytes in buffers:
+            by_phase[where] = by_phase.get(where, 0) + nbytes
+        return {"by_phase": by_phase, "top": [[name, nbytes] for name, _, nbytes in buffers[:12]]}
+
+    def simulated(position: int) -> dict[str, Any]:
+        buffers = [
+            (
+                name,
+                "swap" if "(swap-in" in name else "update" if "(copied by" in name else phase(name.split(":")[0]),
+                nbytes,
+            )
+            for name, nbytes in sim.live(position, swaps)
+        ]
+        op = profile.schedule[position]
+        return {"op": op, "op_phase": phase(op), **summary(buffers)}
+
+    # The rewritten step is called as tflms.function calls it.
+    manual, layout_off = _as_tflms_calls(plan) if mode == "lms" else (False, False)
+    with tf.device(testbed.DEVICE), tfi.memory_optimization("MANUAL" if manual else None, layout_off=layout_off):
+        for _ in range(warmup):
+            step(x, y)
+        testbed.reset_peak()
+        step(x, y)
+        measured_peak = testbed.memory()["peak"]
+        records, kernels = tfi.profile_step(lambda: step(x, y))
+    anatomy = peak_anatomy(records)
+    # Recorded starts are ordered on the graph as run (Grappler's push-downs applied).
+    in_order = Simulator(graph_model, host, order=recorded_order(sim.executed, kernels))
+    profile = sim.profile(swaps)
+    pos = {op: i for i, op in enumerate(profile.schedule)}
+    at = pos.get(anatomy["op"])
+    return {
+        "model": model,
+        "batch": batch,
+        "size": size or MODELS[model][1],
+        "mode": mode,
+        "serialize": serialize,
+        "memory_optimizer": "auto",
+        "measured_peak": measured_peak,
+        "profiled": {
+            "in_use": anatomy["in_use"],
+            "requested": anatomy["requested"] + anatomy["before"],
+            "variables": anatomy["before"],
+            "op": anatomy["op"],
+            "op_phase": phase(anatomy["op"]),
+            **summary([(c["op"], phase(c["op"]), c["bytes"]) for c in anatomy["live"]]),
+        },
+        "predicted": {
+            "peak": profile.peak_bytes,
+            "requested": sim.requested_peak(swaps),
+            "variables": graph_model.variable_bytes,
+            **simulated(pos[profile.peak_op]),
+        },
+        "predicted_at_measured_op": None if at is None else simulated(at),
+        "recorded_order": {
+            "peak": in_order.peak(swaps),
+            "requested": in_order.requested_peak(swaps),
+            "ops_recorded": len({r["op"] for r in kernels} & set(graph_model.dag)),
+            "ops": graph_model.dag.number_of_nodes(),
+        },
+        "replayed": replay_allocations(records, anatomy["allocator"]),
+    }

@@ -1,0 +1,599 @@
+"""A real-memory test bed for machines without a GPU.
+
+One process on one machine cannot show what swapping frees: copies between two
+logical CPUs of one process share their buffer. Two processes can. The
+*measured* process plays the device: its CPU runs the step through TensorFlow's
+BFC allocator, whose peak :func:`memory` reads and :func:`reset_peak` resets,
+and which can be capped for real (``cap``). A second TensorFlow process, a
+:class:`HostWorker` (``tf.distribute.Server``), plays the host: swapped tensors
+travel to it over gRPC and back.
+
+The BFC allocator must be chosen before TensorFlow starts, so the measured
+process is usually a fresh one: :func:`run_measured` starts it with the right
+environment, starts the host worker inside it, calls your function and returns
+what it returned, and reports an out-of-memory death (a segfault, or oneDNN's
+abort in a conv backprop, are common under a BFC cap) as a result instead of
+a crash::
+
+    result = tflms.testing.testbed.run_measured("mypkg.bench:measure", {"batch": 32}, cap="1GiB")
+    if result.ok: print(result.value)
+
+Inside the measured process (``measure`` above, or your own script started with
+:func:`device_environ`)::
+
+    with tflms.testing.testbed.HostWorker() as worker:
+        tflms.testing.testbed.connect(worker)
+        step = tflms.function(train_step, device=tflms.testing.testbed.DEVICE, host=tflms.testing.testbed.HOST)
+        tflms.testing.testbed.reset_peak(); step(x, y); print(tflms.testing.testbed.memory()["peak"])
+
+On a machine with a GPU, ``run_measured(..., gpu=True)`` measures the same way on the GPU:
+the measured process's device is ``/GPU:0`` (``cap`` becomes a real limit of TensorFlow's
+GPU allocator: a logical device with ``memory_limit``), its host this process's CPU, and
+:func:`devices`, :func:`memory` and :func:`reset_peak` answer for the GPU.
+
+The link is gRPC on loopback (about 0.4-1.2 GiB/s one way), far slower than
+PCIe; a device buffer stays alive until it has been sent. :func:`connect` lowers the
+measured process's priority (:data:`DEVICE_NICE`) so that the host worker, which
+shares this machine's cores, is not starved by the device's compute.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ..config import parse_bytes
+from ..errors import TflmsError
+
+__all__ = [
+    "DEVICE",
+    "DEVICE_NICE",
+    "GPU_DEVICE",
+    "GPU_HOST",
+    "HOST",
+    "TestBedError",
+    "HostWorker",
+    "MeasuredResult",
+    "allocator_oom_report",
+    "connect",
+    "device_environ",
+    "devices",
+    "is_measured_process",
+    "memory",
+    "oom_message",
+    "reset_peak",
+    "run_measured",
+    "setup_gpu",
+]
+
+#: The measured process's device (its CPU, through the BFC allocator).
+DEVICE = "/job:localhost/replica:0/task:0/device:CPU:0"
+#: The host: the CPU of the :class:`HostWorker` process.
+HOST = "/job:worker/replica:0/task:0/device:CPU:0"
+#: How much :func:`connect` lowers the measured process's priority (its nice value) below
+#: the host worker's. Both share this machine's cores, while on a GPU machine the host's
+#: CPU is idle while the device computes; a worker starved by the device's compute takes
+#: the swapped-out tensors late, and the device holds them until they are sent. Measured
+#: on 2 CPUs, the transformer of :mod:`tflms.testing.measure` (batch 16, tflms, predicted 144 MiB),
+#: five processes of five steps after a warm-up each: 141-177 MiB per step, median 165,
+#: at nice 0; 138-173 MiB, median 145, at nice 10. ResNet50 96² batch 32 did not change
+#: beyond its spread (441-512 against 443-494 MiB, two processes each).
+DEVICE_NICE = 10
+
+_BFC = "TF_CPU_ALLOCATOR_USE_BFC"
+_CAP = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
+_ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
+_GPU = "TFLMS_MEASURED_GPU"  # a measured GPU process: its cap in MiB, or 0 (no cap)
+#: The measured GPU process's device and host (``run_measured(..., gpu=True)``).
+GPU_DEVICE = "/job:localhost/replica:0/task:0/device:GPU:0"
+GPU_HOST = "/job:localhost/replica:0/task:0/device:CPU:0"
+_RESULT_MARK = "TFLMS_TESTBED_RESULT "
+_READY_MARK = "TFLMS_HOST_READY"
+
+
+class TestBedError(TflmsError, RuntimeError):
+    """The test bed could not start, connect or measure."""
+
+    __test__ = False  # not a pytest test class
+
+
+def device_environ(
+    cap: int | str | None = None, base: Mapping[str, str] | None = None, gpu: bool = False
+) -> dict[str, str]:
+    """Environment for a measured process: BFC allocator on the CPU, optional real cap.
+
+    ``cap`` (bytes or a size string such as ``"1GiB"``) is rounded down to whole MiB.
+
+    The CPU kernels are pinned to oneDNN's (``TF_ENABLE_ONEDNN_OPTS=1``) unless ``base``
+    already sets ``TF_ENABLE_ONEDNN_OPTS``: TensorFlow turns oneDNN on by default only on
+    CPUs with AVX-512 VNNI and newer, and its fallback, Eigen's kernels, give different
+    peaks (a conv's filter gradient allocates up to 30 MiB of im2col scratch), so without
+    the pin the same step measures differently from one machine to the next.
+
+    With ``gpu=True`` the measured device is GPU 0 instead: the environment marks the
+    process as such (``TFLMS_MEASURED_GPU``: the cap in MiB, 0 for none), and the CPU
+    keeps TensorFlow's defaults.
+
+    >>> env = device_environ("512MiB", base={})
+    >>> env["TF_CPU_ALLOCATOR_USE_BFC"], env["TF_CPU_BFC_MEM_LIMIT_IN_MB"], env["TF_ENABLE_ONEDNN_OPTS"]
+    ('true', '512', '1')
+    >>> device_environ(base={"TF_ENABLE_ONEDNN_OPTS": "0"})["TF_ENABLE_ONEDNN_OPTS"]
+    '0'
+    >>> device_environ("1GiB", base={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, gpu=True)
+    {'TFLMS_MEASURED_GPU': '1024'}
+    """
+    env = dict(os.environ if base is None else base)
+    for key in (_BFC, _CAP, _GPU):
+        env.pop(key, None)
+    mib = 0
+    if cap is not None:
+        mib = parse_bytes(cap, "cap") // 2**20
+        if mib < 1:
+            raise ValueError(f"cap must be at least 1 MiB. Received: cap={cap!r}")
+    if gpu:
+        env[_GPU] = str(mib)
+        return env
+    env[_BFC] = "true"
+    env.setdefault(_ONEDNN, "1")
+    if cap is not None:
+        env[_CAP] = str(mib)
+    return env
+
+
+def is_measured_process() -> bool:
+    """True when this process's device memory is measured: its CPU allocator is BFC (the test
+    bed), or it was started as a measured GPU process (``run_measured(..., gpu=True)``)."""
+    return os.environ.get(_BFC, "").lower() == "true" or _is_gpu_process()
+
+
+def _is_gpu_process() -> bool:
+    return os.environ.get(_GPU, "") != ""
+
+
+def devices() -> tuple[str, str]:
+    """``(device, host)`` of this measured process: :data:`DEVICE` and :data:`HOST` on the test
+    bed, :data:`GPU_DEVICE` and :data:`GPU_HOST` in a measured GPU process."""
+    return (GPU_DEVICE, GPU_HOST) if _is_gpu_process() else (DEVICE, HOST)
+
+
+def memory() -> dict[str, int]:
+    """``{'current': bytes, 'peak': bytes}`` of the measured device (``get_memory_info``)."""
+    import tensorflow as tf
+
+    _require_measured("memory")
+    return dict(tf.config.experimental.get_memory_info("GPU:0" if _is_gpu_process() else "CPU:0"))
+
+
+def reset_peak() -> None:
+    """Reset the measured device's peak to its current use."""
+    import tensorflow as tf
+
+    _require_measured("reset_peak")
+    tf.config.experimental.reset_memory_stats("GPU:0" if _is_gpu_process() else "CPU:0")
+
+
+def _require_measured(what: str) -> None:
+    if not is_measured_process():
+        raise TestBedError(
+            f"{what}: this process's CPU memory is not measured. Start it with "
+            f"{_BFC}=true set before TensorFlow is imported (tflms.testing.testbed.device_environ() gives that "
+            f"environment; tflms.testing.testbed.run_measured starts such a process for you, and with gpu=True one "
+            f"that measures GPU 0). Received: {_BFC}={os.environ.get(_BFC)!r}"
+        )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    """Ask Linux to kill this (child) process when its parent dies."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class HostWorker:
+    """A TensorFlow server in a child process: the host of the test bed.
+
+    Takes a free loopback port, waits until the worker reports that its server
+    listens, and stops with
+    :meth:`stop` or at the end of a ``with`` block. It dies with its parent (Linux
+    parent-death signal, plus a watchdog on the parent's pid), so a crashed
+    measured process leaves no server behind. A server that does not start raises
+    :class:`TestBedError` with the end of its output.
+    """
+
+    def __init__(self, port: int | None = None, timeout: float = 60.0) -> None:
+        self.port = port
+        self.timeout = timeout
+        self._proc: subprocess.Popen | None = None
+        self._log: Any = None
+        self._deadline = 0.0
+
+    @property
+    def address(self) -> str:
+        if self.port is None:
+            raise TestBedError("the host worker has not been started; call start() or use it in a with block")
+        return f"localhost:{self.port}"
+
+    @property
+    def cluster_spec(self) -> Any:
+        """The ``tf.train.ClusterSpec`` with the worker's one task (job ``worker``)."""
+        import tensorflow as tf
+
+        return tf.train.ClusterSpec({"worker": [self.address]})
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self, wait: bool = True) -> HostWorker:
+        """Start the worker process; with ``wait`` (default), return once its server listens.
+
+        ``wait=False`` returns at once: call :meth:`wait` before :func:`connect`. The
+        measured process of :func:`run_measured` starts its worker that way, so that the
+        worker loads TensorFlow while the measured process loads its own (about 3 s
+        saved per measured process on 2 CPUs)."""
+        if self.running:
+            return self.wait() if wait else self
+        self.port = self.port or _free_port()
+        env = dict(os.environ)
+        env.pop(_BFC, None)
+        env.pop(_CAP, None)
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        self._log = tempfile.TemporaryFile()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "tflms.testing.testbed", "--port", str(self.port), "--parent", str(os.getpid())],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+        self._deadline = time.monotonic() + self.timeout
+        return self.wait() if wait else self
+
+    def wait(self) -> HostWorker:
+        """Return once the started worker's server listens; :class:`TestBedError` if it exits
+        first or does not listen within ``timeout`` seconds of :meth:`start`."""
+        while self._proc is not None and time.monotonic() < self._deadline:
+            rc = self._proc.poll()
+            if rc is not None:
+                output = self._output()
+                self._proc = None
+                raise TestBedError(
+                    f"the host worker exited with code {rc} before listening on "
+                    f"{self.address}. Its output ends: {output[-1500:]!r}"
+                )
+            if _READY_MARK in self._output():  # printed by the worker once its server listens
+                return self
+            time.sleep(0.1)
+        if self._proc is None:
+            raise TestBedError("the host worker has not been started; call start() or use it in a with block")
+        self.stop()
+        raise TestBedError(f"the host worker did not listen on {self.address} within timeout={self.timeout} s")
+
+    def _output(self) -> str:
+        if self._log is None:
+            return ""
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> HostWorker:
+        return self if self.running else self.start()  # started by the caller: it waits when it chooses
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()
+
+
+def connect(worker: HostWorker, nice: int = DEVICE_NICE) -> str:
+    """Make the worker's CPU usable from this process as :data:`HOST`; return that string.
+
+    The ClusterSpec itself is passed to ``experimental_connect_to_cluster`` (a
+    cluster resolver without a master makes that call a silent no-op), and local
+    ops stay local (``make_master_device_default=False``). Raises
+    :class:`TestBedError` when the host device does not appear.
+
+    First this process's priority is lowered by ``nice`` (every thread it has, and so
+    every thread it starts later; the worker, started before, keeps its own), so that
+    the host is not starved by the device's compute: see :data:`DEVICE_NICE`.
+    ``nice=0`` leaves it as it is.
+    """
+    import tensorflow as tf
+
+    if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= 19:
+        raise ValueError(f"nice must be an int from 0 to 19 (0: leave the priority alone). Received: nice={nice!r}")
+    if not worker.running:
+        raise TestBedError(f"connect needs a started HostWorker. Received: worker={worker!r} (not running)")
+    _lower_priority(nice)
+    tf.config.experimental_connect_to_cluster(worker.cluster_spec, make_master_device_default=False)
+    names = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if HOST not in names:
+        raise TestBedError(
+            f"connected to {worker.address} but its CPU does not appear among the devices: {names}. "
+            f"Received: worker={worker.address!r}"
+        )
+    return HOST
+
+
+def _lower_priority(nice: int) -> None:
+    """Raise the nice value of every thread of this process by ``nice`` (at most to 19).
+
+    On Linux a nice value belongs to a thread, and a new thread inherits its creator's:
+    so the threads TensorFlow starts afterwards are lowered too.
+    """
+    if nice == 0:
+        return
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # not Linux: the process's priority
+        os.nice(nice)
+        return
+    for tid in tids:
+        with contextlib.suppress(OSError):  # a thread that has ended since
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasuredResult:
+    """What :func:`run_measured` saw: the function's value, or how the process ended.
+
+    ``status`` is ``'ok'``; ``'oom'`` (``ResourceExhaustedError``, an out-of-memory
+    message, or death by a signal under a cap); or ``'error'`` (anything else:
+    ``error`` holds the last lines of its output). ``oom`` is what the device's
+    allocator reported when it ran out of memory (:func:`allocator_oom_report`), or None.
+    """
+
+    status: str
+    value: Any = None
+    error: str = ""
+    returncode: int = 0
+    seconds: float = 0.0
+    oom: dict[str, Any] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+_RAN_OUT = re.compile(r"ran out of memory trying to allocate .*?\(rounded to (\d+)\)\s*requested by op (\S+)")
+_CHUNK = re.compile(r"\] (InUse|Free) +at \w+ of size (\d+)")
+_REGION = re.compile(r"\] Next region of size (\d+)")
+
+
+def allocator_oom_report(log: str) -> dict[str, Any] | None:
+    """What TensorFlow's BFC allocator logged when it first ran out of memory, or None.
+
+    Parsed from the log of a process whose allocator failed (``TF_CPP_MIN_LOG_LEVEL=0``
+    for the chunk dump; :func:`run_measured` sets it under a cap): ``requested`` (bytes,
+    rounded as the allocator does) and ``op``; from the dump that follows, ``in_use``
+    and ``free`` (bytes of the chunks), ``largest_free`` (the largest free chunk),
+    ``pool`` (bytes of all regions) and ``regions`` (their sizes). A request larger
+    than ``largest_free`` while ``in_use`` is well below the cap is fragmentation.
+
+    >>> log = "\\n".join([
+    ...     "W0 bfc_allocator.cc:502] Allocator (bfc) ran out of memory trying to allocate 3.0KiB "
+    ...     "(rounded to 3072)requested by op grad/Mul",
+    ...     "I0 bfc_allocator.cc:1085] Next region of size 4096",
+    ...     "I0 bfc_allocator.cc:1105] InUse at 7f00 of size 1024 next 2",
+    ...     "I0 bfc_allocator.cc:1105] Free  at 7f04 of size 2048 next 3",
+    ...     "I0 bfc_allocator.cc:1105] InUse at 7f0c of size 1024 next 4",
+    ...     "I0 bfc_allocator.cc:1117] Sum Total of in-use chunks: 2.0KiB"])
+    >>> r = allocator_oom_report(log)
+    >>> r["requested"], r["op"], r["in_use"], r["free"], r["largest_free"], r["regions"]
+    (3072, 'grad/Mul', 2048, 2048, 2048, [4096])
+    """
+    found = _RAN_OUT.search(log)
+    if found is None:
+        return None
+    report: dict[str, Any] = {"requested": int(found.group(1)), "op": found.group(2)}
+    end = log.find("Sum Total of in-use chunks", found.end())
+    dump = log[found.end() : end if end >= 0 else len(log)]
+    chunks = [(kind, int(n)) for kind, n in _CHUNK.findall(dump)]
+    if chunks:
+        free = [n for kind, n in chunks if kind == "Free"]
+        regions = [int(n) for n in _REGION.findall(dump)]
+        report.update(
+            in_use=sum(n for kind, n in chunks if kind == "InUse"),
+            free=sum(free),
+            largest_free=max(free, default=0),
+            pool=sum(regions),
+            regions=regions,
+        )
+    return report
+
+
+def oom_message(error: str) -> str | None:
+    """The line of a failed process's output that says what ran out of memory, and the node it
+    names, or None. Where the allocator logged no report (:func:`allocator_oom_report`), e.g.
+    when cuDNN's search for a convolution algorithm found no workspace on a capped GPU, this
+    is what TensorFlow said.
+
+    >>> oom_message("No algorithm worked!\\n  eng1{}: RESOURCE_EXHAUSTED: Out of memory while trying to "
+    ...     "allocate 16.00MiB. [tf-allocator-allocation-error='']\\n\\t [[{{node m/conv}}]] [Op:__inference_f_7]")
+    'eng1{}: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 16.00MiB (node m/conv)'
+    >>> oom_message("ValueError: bad shape") is None
+    True
+    """
+    lines = error.splitlines()
+    for i, line in enumerate(lines):
+        if re.search(r"out of memory|OOM when allocating", line, re.IGNORECASE):
+            said = re.sub(r"\s*\[tf-allocator-allocation-error=[^\]]*\]", "", line.strip()).rstrip(".")
+            node = next((m.group(1) for rest in lines[i:] if (m := re.search(r"\{\{node (\S+?)\}\}", rest))), None)
+            return f"{said[:300]} (node {node})" if node else said[:300]
+    return None
+
+
+_OOM_MARKS = ("ResourceExhaustedError", "OOM when allocating", "Out of memory", "out of memory")
+
+
+def run_measured(
+    target: str,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    cap: int | str | None = None,
+    timeout: float = 1800.0,
+    pythonpath: list[str] | None = None,
+    gpu: bool = False,
+) -> MeasuredResult:
+    """Call ``target`` (``'package.module:function'``) in a fresh measured process.
+
+    The process gets the BFC allocator (and the real memory ``cap``, if any), starts
+    a :class:`HostWorker` and connects to it before calling
+    ``function(**kwargs)``; the function's JSON-serialisable return value comes back
+    in :attr:`MeasuredResult.value`. A process that dies under a cap is reported as
+    ``status='oom'``, not raised. ``pythonpath`` entries are prepended to the
+    child's ``PYTHONPATH`` (for targets outside installed packages). Under a cap the
+    child logs at ``TF_CPP_MIN_LOG_LEVEL=0`` (its output is captured, not shown), so that
+    :attr:`MeasuredResult.oom` gets the allocator's out-of-memory report.
+
+    With ``gpu=True`` the process measures GPU 0 instead (no host worker: the host is its
+    own CPU, :func:`devices`); ``cap`` becomes TensorFlow's GPU memory limit (a logical
+    device with ``memory_limit``), and without it the GPU's memory grows as needed. A
+    process that sees no GPU ends with ``status='error'`` and says so.
+    """
+    if not isinstance(target, str) or target.count(":") != 1:
+        raise ValueError(f"target must be 'package.module:function'. Received: target={target!r}")
+    env = device_environ(cap, gpu=gpu)
+    # Under a cap, the allocator's out-of-memory dump (INFO lines) feeds MeasuredResult.oom.
+    env["TF_CPP_MIN_LOG_LEVEL"] = "0" if cap is not None else env.get("TF_CPP_MIN_LOG_LEVEL", "2")
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *filter(None, [env.get("PYTHONPATH")])])
+    payload = json.dumps({"target": target, "kwargs": dict(kwargs or {})})
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tflms.testing.testbed", "--run"],
+            input=payload,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as err:
+        tail = (err.stderr or b"")[-2000:]
+        return MeasuredResult("error", error=f"timed out after {timeout} s: {tail!r}", returncode=-9)
+    seconds = time.monotonic() - start
+    for line in proc.stdout.splitlines():
+        if line.startswith(_RESULT_MARK):
+            return MeasuredResult(
+                "ok", json.loads(line[len(_RESULT_MARK) :]), returncode=proc.returncode, seconds=seconds
+            )
+    output = (proc.stdout + proc.stderr)[-4000:]
+    died = proc.returncode < 0 or proc.returncode in (134, 139)  # by a signal (abort, segfault)
+    report = allocator_oom_report(proc.stderr)
+    oom = report is not None or any(m in output for m in _OOM_MARKS) or (died and cap is not None)
+    return MeasuredResult(
+        "oom" if oom else "error", error=output, returncode=proc.returncode, seconds=seconds, oom=report
+    )
+
+
+def _run_child() -> None:
+    """Body of the measured process started by :func:`run_measured`."""
+    request = json.loads(sys.stdin.read())
+    module_name, _, attr = request["target"].partition(":")
+    sys.path.insert(0, os.getcwd())
+    if _is_gpu_process():
+        mib = int(os.environ[_GPU])
+        setup_gpu(mib * 2**20 if mib else None)
+        value = getattr(importlib.import_module(module_name), attr)(**request["kwargs"])
+        print(_RESULT_MARK + json.dumps(value), flush=True)
+        return
+    # The worker loads TensorFlow while this process does (two processes, two cores).
+    with HostWorker().start(wait=False) as worker:
+        fn = getattr(importlib.import_module(module_name), attr)
+        import tensorflow  # noqa: F401  (before waiting: connect needs it)
+
+        worker.wait()
+        connect(worker)
+        value = fn(**request["kwargs"])
+        print(_RESULT_MARK + json.dumps(value), flush=True)
+        sys.stdout.flush()
+    os._exit(0)  # skip TensorFlow's teardown of the remote context
+
+
+def setup_gpu(cap: int | str | None = None) -> None:
+    """Give TensorFlow's allocator on GPU 0 ``cap`` (bytes or a size string, rounded down to whole
+    MiB) and no more: a logical device with ``memory_limit``; without ``cap`` its memory grows as
+    needed. Call it before TensorFlow creates its context (the measured GPU process of
+    :func:`run_measured` does). Raises :class:`TestBedError` when TensorFlow sees no GPU."""
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        raise TestBedError("TensorFlow sees no GPU in this process (setup_gpu, run_measured(gpu=True))")
+    if cap is not None:
+        limit = tf.config.LogicalDeviceConfiguration(memory_limit=parse_bytes(cap, "cap") // 2**20)
+        tf.config.set_logical_device_configuration(gpus[0], [limit])
+    else:
+        tf.config.experimental.set_memory_growth(gpus[0], True)
+
+
+def _serve(port: int, parent: int | None) -> None:
+    """Body of the host worker process."""
+    import tensorflow as tf
+
+    if parent:
+
+        def watchdog() -> None:
+            while True:
+                if os.getppid() != parent:
+                    os._exit(0)
+                time.sleep(1)
+
+        threading.Thread(target=watchdog, daemon=True).start()
+    server = tf.distribute.Server(
+        tf.train.ClusterSpec({"worker": [f"localhost:{port}"]}), job_name="worker", task_index=0, start=True
+    )
+    print(_READY_MARK, flush=True)
+    server.join()
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tflms.testing.testbed", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, help="serve as the host worker on this port")
+    parser.add_argument("--parent", type=int, help="exit when this process is no longer the parent")
+    parser.add_argument("--run", action="store_true", help="be a measured process (request on stdin)")
+    args = parser.parse_args(argv)
+    if args.run:
+        _run_child()
+    elif args.port:
+        _serve(args.port, args.parent)
+    else:
+        parser.error("give --port (host worker) or --run (measured process)")
+
+
+if __name__ == "__main__":
+    main()
