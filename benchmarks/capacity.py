@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--serialize",
         action=argparse.BooleanOptionalAction,
-        default=tflms.LMSConfig().serialize,
+        default=tflms.LMSConfig().knobs.serialize,
         help="LMS plans with ordering edges (serialize=True, the default) or without (--no-serialize); each "
         "setting has rows of its own",
     )

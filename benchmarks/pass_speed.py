@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         row = {
             "blocks": blocks,
             "trace_seconds": round(trace, 2),
-            "serialize": config.serialize,
+            "serialize": config.knobs.serialize,
             **time_pass(cf, config, args.repeat),
         }
         s = row["seconds"]

@@ -89,7 +89,7 @@ def run_case(
     rows = {m: {**first, "mode": m, "runs": [], "first_peaks": []} for m in modes}
     for m in modes:  # what the plans are made with, also for a row whose every run failed
         if m != "plain":
-            rows[m]["serialize"] = {"lms_serialized": True, "lms_unordered": False}.get(m, LMSConfig().serialize)
+            rows[m]["serialize"] = {"lms_serialized": True, "lms_unordered": False}.get(m, LMSConfig().knobs.serialize)
             rows[m]["order_updates"] = m == "lms_ordered_updates" or bool((options or {}).get("order_updates"))
     for _ in range(runs):
         r = measure(

@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument(
         "--serialize",
         action=argparse.BooleanOptionalAction,
-        default=LMSConfig().serialize,
+        default=LMSConfig().knobs.serialize,
         help="tflms probes plan with ordering edges (serialize=True, the default) or without (--no-serialize)",
     )
     parser.add_argument(

@@ -23,8 +23,8 @@ def test_unknown_op_types_name_argument_and_value(kwargs, name):
 
 def test_op_types_are_sorted_deduplicated_and_roundtrip():
     base = LMSConfig(swapout_threshold=7, incl_types=("Relu", "Conv2D", "Relu"), excl_types="MatMul")
-    assert (base.incl_types, base.excl_types) == (("Conv2D", "Relu"), ("MatMul",))
+    assert (base.knobs.incl_types, base.knobs.excl_types) == (("Conv2D", "Relu"), ("MatMul",))
     cfg = LMSConfig.from_options(base, swapin_ahead=4)
-    assert (cfg.swapout_threshold, cfg.swapin_ahead, cfg.incl_types) == (7, 4, ("Conv2D", "Relu"))
+    assert (cfg.knobs.swapout_threshold, cfg.knobs.swapin_ahead, cfg.knobs.incl_types) == (7, 4, ("Conv2D", "Relu"))
     assert LMSConfig.from_dict(cfg.to_dict()) == cfg
     assert hash(cfg) == hash(LMSConfig.from_dict(cfg.to_dict()))

@@ -60,7 +60,7 @@ def test_plans_of_real_models_hold_only_useful_swaps(name):
     assert plan.peak_bytes_after < plan.peak_bytes_before
     nodes = model.dag.nodes
     for s in plan.swaps:
-        assert s.bytes >= config.min_bytes, s
+        assert s.bytes >= config.knobs.min_bytes, s
         owner = buffer_owner(model, s.tensor)
         assert nodes[owner.op]["type"] not in RESIDENT_OP_TYPES, (s.tensor, owner.name)
         for si in s.swap_ins:
@@ -68,7 +68,7 @@ def test_plans_of_real_models_hold_only_useful_swaps(name):
             assert all(nodes[c]["type"] not in SHAPE_OP_TYPES for c, _ in si.consumers), s
     # Each model holds tensors of the excluded kinds with a far backward reader (what the
     # rules before issue 8 swapped), so this test fails if they come back into plans.
-    far = [t for t in model.tensors.values() if _has_far_reader(model, t, config.swapout_threshold)]
+    far = [t for t in model.tensors.values() if _has_far_reader(model, t, config.knobs.swapout_threshold)]
     kinds = set()
     for t in far:
         if (
@@ -76,7 +76,7 @@ def test_plans_of_real_models_hold_only_useful_swaps(name):
             and t.op != buffer_owner(model, t.name).op
         ):
             kinds.add("view of a resident buffer")
-        if 0 < t.bytes < config.min_bytes and t.rank and t.rank >= 2:
+        if 0 < t.bytes < config.knobs.min_bytes and t.rank and t.rank >= 2:
             kinds.add("small")
             if t.shape[:3] == (1, 1, 1):
                 kinds.add("[1, 1, 1, C] BatchNorm tensor")
@@ -125,11 +125,11 @@ def test_a_swapped_gradient_comes_back_only_after_a_trigger_that_follows_its_pro
     # in between (what the rule before swapped, with a sibling trigger): none is in the plan.
     sibling_only = []
     for t in model.tensors.values():
-        if nodes[t.op]["phase"] != "backward" or t.bytes < config.min_bytes or not t.rank or t.rank < 2:
+        if nodes[t.op]["phase"] != "backward" or t.bytes < config.knobs.min_bytes or not t.rank or t.rank < 2:
             continue
         level, after = nodes[t.op]["level"], None
         for c, _ in t.consumers:
-            if nodes[c]["phase"] == "backward" and nodes[c]["level"] - level > config.swapout_threshold:
+            if nodes[c]["phase"] == "backward" and nodes[c]["level"] - level > config.knobs.swapout_threshold:
                 after = nx.descendants(dag, t.op) if after is None else after
                 between = [u for u in nx.ancestors(dag, c) if level < nodes[u]["level"] < nodes[c]["level"]]
                 if between and not any(u in after for u in between):

@@ -192,7 +192,7 @@ def memory_optimization(level: str | None, keep_explicit: bool = False, layout_o
     """Within it, functions are instantiated with Grappler's memory optimizer at ``level``, a
     ``RewriterConfig.MemOptType`` name (``'MANUAL'``: why, :func:`tflms.integrations.function.manual_memory_optimizer`),
     and with ``layout_off=True`` with Grappler's layout optimizer off (why:
-    ``LMSConfig.layout_optimizer``); the rest of the current ``ConfigProto`` is kept.
+    ``Knobs.layout_optimizer``); the rest of the current ``ConfigProto`` is kept.
     ``level=None`` and ``layout_off=False`` change nothing.
 
     ``keep_explicit=True`` keeps what the caller set: a memory level other than Grappler's
@@ -361,6 +361,19 @@ def profile_step(fn: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 # -- TensorFlow's op registry (tflms.config) -------------------------------------------
+
+
+def allocator_limit(device_type: str, index: int) -> int | None:
+    """The memory limit, in bytes, of this process's allocator for the local device
+    ``device_type:index`` as TensorFlow reports it (``device_lib``'s ``memory_limit``: for a
+    GPU, the allocator's limit, a ``memory_limit`` of a logical device included), or ``None``
+    where TensorFlow has no such device."""
+    from tensorflow.python.client import device_lib
+
+    for d in device_lib.list_local_devices():
+        if d.device_type == device_type and d.name.rsplit(":", 1)[-1] == str(index):
+            return int(d.memory_limit) or None
+    return None
 
 
 def op_type_registered(op_type: str) -> bool:

@@ -1,18 +1,25 @@
-"""Validated, frozen options of the LMS pass.
+"""Validated, frozen options of tflms: what a user sets, apart from the planner's knobs.
 
-Every knob of the planner lives here; nothing else decides. ``LMSConfig`` is
-immutable and hashable, so a plan can record exactly the options it was made
-with, and so a config can key caches.
+A user sets :class:`LMSConfig`'s few options: ``budget`` (``"auto"`` by default: the
+device's own memory limit times :data:`AUTO_MARGIN`), ``device`` and ``host``, ``policy``
+(which of the planner's passes may run, by name) and ``on_budget_miss``. The planner's knobs
+(thresholds, link model, heuristics) live in :class:`Knobs`, for experts. Both are immutable
+and hashable, so a plan records exactly the options it was made with, and a config can key
+caches.
 
 Example:
     >>> from tflms import LMSConfig
-    >>> cfg = LMSConfig(swapout_threshold=40, swapin_ahead=8)
-    >>> cfg.swapin_groupby
-    5
-    >>> LMSConfig(swapout_threshold=-3)
+    >>> cfg = LMSConfig(budget="6GiB", device="/device:GPU:0")
+    >>> cfg.budget, sorted(cfg.policy) == sorted(DEFAULT_POLICY)
+    (6442450944, True)
+    >>> LMSConfig(policy=("default", "recompute")).recompute
+    True
+    >>> LMSConfig(knobs=Knobs(swapout_threshold=40)).knobs.swapout_threshold
+    40
+    >>> LMSConfig(policy="fast")
     Traceback (most recent call last):
     ...
-    ValueError: swapout_threshold must be an integer >= 0. Received: swapout_threshold=-3
+    ValueError: policy names an unknown pass 'fast'. Known: 'default', 'none', ... Received: policy='fast'
 """
 
 from __future__ import annotations
@@ -26,8 +33,12 @@ from .ir import devices
 from .ir.devices import KNOWN_DEVICE_TYPES
 
 __all__ = [
+    "AUTO_MARGIN",
+    "DEFAULT_POLICY",
+    "Knobs",
     "LMSConfig",
     "KNOWN_DEVICE_TYPES",
+    "POLICIES",
     "LINK_BANDWIDTH",
     "LINK_LATENCY",
     "DEVICE_BANDWIDTH",
@@ -176,15 +187,38 @@ def _check_op_types(name: str, value: tuple[str, ...]) -> None:
         )
 
 
+#: The passes a ``policy`` may name (each is documented on the docs' "Passes" page):
+#: ``swap_gradients`` (tensors of the backward pass are swap candidates too), ``split_sums``
+#: (a gradient sum adds each term as it arrives), ``drop_tiles`` (the gradient of a mean is
+#: broadcast, not tiled; needs ``split_sums``), ``order_updates`` (a variable's update waits for
+#: the reads of it still held) and ``recompute`` (cheap element-wise tensors recomputed instead
+#: of swapped). Every one gives bit-identical numbers.
+POLICIES = ("drop_tiles", "order_updates", "recompute", "split_sums", "swap_gradients")
+#: The passes of ``policy="default"``: those measured to raise capacity on the test bed
+#: (ResNet50 96² under a 600 MiB cap: batch 44 with swaps alone, 80 with these four;
+#: benchmarks/results/testbed_capacity.json). ``recompute`` stays opt-in: its time saving is
+#: not measured yet. With a budget, the autotuner still swaps only what the budget needs.
+DEFAULT_POLICY = frozenset({"swap_gradients", "split_sums", "drop_tiles", "order_updates"})
+#: ``budget="auto"``: this fraction of the device's memory limit. Measured peaks of tflms's
+#: plans were up to 1.10 times their predictions on the test bed (benchmarks/results/
+#: testbed_capacity.json), so a plan predicted at 0.9 of the limit stays under it.
+AUTO_MARGIN = 0.9
+#: Values of ``on_budget_miss``.
+BUDGET_MISS_ACTIONS = ("raise", "best")
+#: Knobs that change how a rewritten step is called, not the plan: not in a plan's options.
+CALL_KNOBS = ("manual_memory_optimizer", "layout_optimizer")
+
+
 @dataclasses.dataclass(frozen=True)
-class LMSConfig:
-    """Options of the LMS (large model support) pass.
+class Knobs:
+    """The planner's knobs, for experts: ``LMSConfig(knobs=Knobs(...))``.
+
+    With a ``budget`` (the default, ``"auto"``), the autotuner chooses ``swapout_threshold``,
+    ``swapin_ahead``, ``swapin_groupby`` and ``n_tensors`` itself; set them for a plan made
+    without a budget (``budget=None``). Every knob may also be passed by name wherever
+    options are taken (``tflms.function(step, swapout_threshold=40)``).
 
     Attributes:
-        device: compute device whose memory is relieved, e.g. ``'/device:GPU:0'``.
-            ``None`` picks the Horovod local-rank GPU under Horovod, else the first
-            GPU; with no GPU the plan is still made but the rewrite is skipped.
-        host: device that holds swapped tensors. Default ``'/device:CPU:0'``.
         swapout_threshold: a tensor is swapped only for backward consumers more than
             this many topological levels after its producer.
         swapin_ahead: the swap-in is triggered by an op about this many levels
@@ -200,22 +234,12 @@ class LMSConfig:
         incl_types / excl_types: the same for producer op types (``op.type``).
         batch_size: size used for an unknown leading (batch) dimension when
             estimating tensor bytes; ``None`` = 1. Other unknown dimensions count as 1.
-        budget: device memory budget in bytes (an int, or a string such as
-            ``"16GiB"``/``"500MB"``). When set, the planner chooses
-            ``swapout_threshold``, ``swapin_ahead``, ``swapin_groupby`` and ``n_tensors``
-            itself (:mod:`tflms.plan.autotune`); an unreachable budget raises
-            :class:`tflms.BudgetError` carrying the best achievable predicted peak.
         link_bandwidth: bytes per second of the device-host link, each direction (an int
             or a size string read as per second: ``"25GB"``); default
             :data:`LINK_BANDWIDTH` (PCIe Gen4 x16).
         link_latency: fixed cost of one transfer in seconds; default :data:`LINK_LATENCY`.
             With ``link_bandwidth`` it gives a plan's predicted link time
             (:attr:`tflms.SwapPlan.link_seconds`), which the autotuner minimises.
-        recompute: when ``True``, a swap candidate whose producer is a chain of cheap
-            element-wise ops over tensors that are on the device anyway at the backward
-            pass (weights, tensors under ``min_bytes``, other swapped tensors) is
-            recomputed just before its backward consumers instead of swapped, if the
-            cost model (:mod:`tflms.plan.passes.recompute`) predicts less time. Default ``False``.
         device_bandwidth: device memory bandwidth in bytes per second (like
             ``link_bandwidth``); the recompute cost model's compute speed. Default
             :data:`DEVICE_BANDWIDTH`.
@@ -238,36 +262,6 @@ class LMSConfig:
             Default ``True`` (since 2026-11-25; measured lower peaks on the test bed, see the
             README); ``False``: the swaps alone, and faster planning (a ResNet50 step 3-4 s,
             a ResNet152 224² step 40 s faster on 2 CPUs).
-        swap_gradients: when ``True``, tensors of the backward pass are swap candidates too, by
-            the same rules as the forward pass's: an activation gradient read again more than
-            ``swapout_threshold`` levels later (in a residual network, the gradient that
-            reaches a block waits at the shortcut while the block's main branch runs its
-            backward pass). Default ``False``: more bytes over the link for a lower peak;
-            with a ``budget`` the autotuner swaps only what it needs.
-        split_sums: when ``True``, each ``AddN`` of the backward pass with three or more terms
-            (a gradient that several consumers contribute to) becomes a chain of ``AddV2`` ops
-            that adds each term as it arrives, in the association of TensorFlow's ``AddN``
-            kernel and Grappler's order of its inputs, so the numbers are bit-identical
-            (:mod:`tflms.plan.passes.sums`). The terms already added are freed instead of waiting on the
-            device for the last one. Default ``False``: lower predicted peaks on DenseNet121
-            and ResNet50, no measured capacity gain yet, a few more ops and memory traffic per sum
-            (README, "Sums added as their terms arrive").
-        drop_tiles: when ``True`` (needs ``split_sums=True``), each ``Tile`` or ``BroadcastTo`` of
-            the backward pass that copies a value to an activation's size where broadcasting gives the same
-            numbers (the gradient of a mean: two per BatchNorm and LayerNorm of Keras 3) is
-            left out, and the element-wise ops that read its value broadcast it, bit-identically
-            (:mod:`tflms.plan.passes.tiles`). Default ``False``: see the README, "Tiles left out".
-        order_updates: when ``True``, each in-place update of a variable
-            (``AssignSubVariableOp``, ``AssignAddVariableOp``: the optimizer's) waits for the
-            ops that still hold a value read from that variable earlier in the step (a
-            kernel's ``Conv2DBackpropInput``), through ordering edges (:class:`tflms.Order`,
-            :func:`tflms.plan.passes.schedule.update_orders`). Otherwise TensorFlow copies the variable
-            before updating it (``PrepareToUpdateVariable``) and the copy becomes the variable,
-            in the middle of the memory the activations need. Kept only where the simulator
-            predicts no higher plain peak with them. Default ``False``: measured on the test bed
-            the updates copy nothing with them, but the peaks fell only for some models and
-            batches, and the simulator predicts too large a fall (README, "Variable updates
-            wait for their reads").
         manual_memory_optimizer: when ``True`` (default), ``tflms.function`` and
             ``tflms.LMSCallback`` call the step within :func:`tflms.manual_memory_optimizer`
             (Grappler's memory optimizer at ``MANUAL``): Grappler's default level may rewrite
@@ -285,10 +279,16 @@ class LMSConfig:
             nothing unless ``cpu_layout_conversion`` is set. It changes no plan; steps from
             :func:`tflms.optimize` are called by the caller
             (``tf.config.optimizer.set_experimental_options({"layout_optimizer": False})``).
+
+    Example:
+        >>> Knobs(swapout_threshold=40).swapin_groupby
+        5
+        >>> Knobs(swapout_threshold=-3)
+        Traceback (most recent call last):
+        ...
+        ValueError: swapout_threshold must be an integer >= 0. Received: swapout_threshold=-3
     """
 
-    device: str | None = None
-    host: str = "/device:CPU:0"
     swapout_threshold: int = 10
     swapin_ahead: int = 3
     swapin_groupby: int = 5
@@ -299,29 +299,16 @@ class LMSConfig:
     incl_types: tuple[str, ...] = ()
     excl_types: tuple[str, ...] = ()
     batch_size: int | None = None
-    budget: int | None = None
     link_bandwidth: int = LINK_BANDWIDTH
     link_latency: float = LINK_LATENCY
-    recompute: bool = False
     device_bandwidth: int = DEVICE_BANDWIDTH
     swapout_window: int | str | None = "auto"
     serialize: bool = True
-    swap_gradients: bool = False
-    split_sums: bool = False
-    drop_tiles: bool = False
-    order_updates: bool = False
     manual_memory_optimizer: bool = True
     layout_optimizer: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "device", _check_device("device", self.device, allow_none=True))
-        set_(self, "host", _check_device("host", self.host, allow_none=False))
-        if self.device is not None and devices.same_device(self.device, self.host):
-            raise ValueError(
-                "device and host must differ: tensors are swapped from device to host. "
-                f"Received: device={self.device!r}, host={self.host!r}"
-            )
         check_int("swapout_threshold", self.swapout_threshold, 0)
         check_int("swapin_ahead", self.swapin_ahead, 1)
         check_int("swapin_groupby", self.swapin_groupby, 0)
@@ -337,57 +324,191 @@ class LMSConfig:
             raise ValueError(
                 f"swapout_window must be 'auto', an integer >= 1 or None. {_received('swapout_window', window)}"
             )
-        if self.budget is not None:
-            set_(self, "budget", parse_bytes(self.budget, "budget"))
         set_(self, "link_bandwidth", _check_bandwidth("link_bandwidth", self.link_bandwidth))
         set_(self, "link_latency", _check_seconds("link_latency", self.link_latency))
-        for name in (
-            "recompute",
-            "serialize",
-            "swap_gradients",
-            "split_sums",
-            "drop_tiles",
-            "order_updates",
-            "manual_memory_optimizer",
-            "layout_optimizer",
-        ):
+        set_(self, "device_bandwidth", _check_bandwidth("device_bandwidth", self.device_bandwidth))
+        for name in ("serialize", *CALL_KNOBS):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False. {_received(name, getattr(self, name))}")
-        if self.drop_tiles and not self.split_sums:
-            raise ValueError(
-                "drop_tiles=True needs split_sums=True: a BatchNorm's or LayerNorm's input gradient is an AddN "
-                "that reads a left-out Tile's per-channel value, and only the AddV2 chains of split_sums broadcast "
-                "it. Received: drop_tiles=True, split_sums=False. Pass split_sums=True as well."
-            )
-        set_(self, "device_bandwidth", _check_bandwidth("device_bandwidth", self.device_bandwidth))
         for name in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):
             set_(self, name, _check_names(name, getattr(self, name)))
         _check_op_types("incl_types", self.incl_types)
         _check_op_types("excl_types", self.excl_types)
 
+
+KNOB_NAMES = tuple(f.name for f in dataclasses.fields(Knobs))
+
+
+def _check_policy(value: Any) -> frozenset[str]:
+    """The set of pass names of a ``policy``: a name or a collection of names, where
+    ``'default'`` stands for :data:`DEFAULT_POLICY` and ``'none'`` for no pass."""
+    names = (value,) if isinstance(value, str) else value
+    if not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
+        raise ValueError(
+            "policy must be a pass name or a collection of them, e.g. 'default' or ('default', 'recompute'). "
+            f"{_received('policy', value)}"
+        )
+    chosen: set[str] = set()
+    for n in names:
+        if n == "default":
+            chosen |= DEFAULT_POLICY
+        elif n in POLICIES:
+            chosen.add(n)
+        elif n != "none":
+            known = ", ".join(repr(k) for k in ("default", "none", *POLICIES))
+            raise ValueError(f"policy names an unknown pass {n!r}. Known: {known}. {_received('policy', value)}")
+    if "drop_tiles" in chosen and "split_sums" not in chosen:
+        raise ValueError(
+            "policy 'drop_tiles' needs 'split_sums': a BatchNorm's or LayerNorm's input gradient is an AddN "
+            "that reads a left-out Tile's per-channel value, and only the AddV2 chains of split_sums broadcast "
+            f"it. Add 'split_sums' to the policy. {_received('policy', value)}"
+        )
+    return frozenset(chosen)
+
+
+@dataclasses.dataclass(frozen=True)
+class LMSConfig:
+    """What a user sets: the memory budget, the devices, the passes by name.
+
+    Attributes:
+        budget: device memory the step must fit. ``"auto"`` (default): the device's memory
+            limit (a GPU's allocator limit, a ``memory_limit`` you set included; the test
+            bed's cap) times :data:`AUTO_MARGIN`; where no limit is known (a CPU device
+            outside the test bed), as ``None``. A size (bytes, or a string such as ``"16GiB"``
+            or ``"500MB"``): the autotuner finds the plan with the least link time whose
+            predicted peak fits. A step whose predicted peak already fits is not rewritten.
+            ``None``: no budget; every candidate is swapped by the knobs' rules (TFLMS's way).
+        device: compute device whose memory is relieved, e.g. ``'/device:GPU:0'``. ``None``
+            picks the Horovod local-rank GPU under Horovod, else the first GPU; with no GPU the
+            plan is still made but the rewrite is skipped.
+        host: device that holds swapped tensors. Default ``'/device:CPU:0'``.
+        policy: which passes the planner may use besides swaps, by name (:data:`POLICIES`);
+            ``"default"`` is :data:`DEFAULT_POLICY`, ``"none"`` swaps only. Combine names:
+            ``("default", "recompute")``.
+        on_budget_miss: what happens when no plan is predicted to fit the budget: ``"raise"``
+            (default) raises :class:`tflms.BudgetError` with the best predicted peak;
+            ``"best"`` warns and uses the plan with the lowest predicted peak.
+        knobs: the planner's knobs (:class:`Knobs`), for experts.
+
+    The keyword names of :class:`Knobs` are accepted too (``LMSConfig(swapout_threshold=40)``
+    sets ``knobs.swapout_threshold``), and so are the pass names as booleans
+    (``split_sums=False`` takes the pass out of ``policy``).
+    """
+
+    budget: int | str | None = "auto"
+    device: str | None = None
+    host: str = "/device:CPU:0"
+    policy: frozenset[str] = DEFAULT_POLICY
+    on_budget_miss: str = "raise"
+    knobs: Knobs = Knobs()
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "device", _check_device("device", self.device, allow_none=True))
+        set_(self, "host", _check_device("host", self.host, allow_none=False))
+        if self.device is not None and devices.same_device(self.device, self.host):
+            raise ValueError(
+                "device and host must differ: tensors are swapped from device to host. "
+                f"Received: device={self.device!r}, host={self.host!r}"
+            )
+        if self.budget is not None and self.budget != "auto":
+            set_(self, "budget", parse_bytes(self.budget, "budget"))
+        set_(self, "policy", _check_policy(self.policy))
+        if self.on_budget_miss not in BUDGET_MISS_ACTIONS:
+            raise ValueError(
+                f"on_budget_miss must be one of {', '.join(map(repr, BUDGET_MISS_ACTIONS))}. "
+                f"{_received('on_budget_miss', self.on_budget_miss)}"
+            )
+        if not isinstance(self.knobs, Knobs):
+            raise TypeError(f"knobs must be a tflms.Knobs. {_received('knobs', self.knobs)}")
+
+    # The passes of the policy, as the planner asks for them.
+    @property
+    def swap_gradients(self) -> bool:
+        return "swap_gradients" in self.policy
+
+    @property
+    def split_sums(self) -> bool:
+        return "split_sums" in self.policy
+
+    @property
+    def drop_tiles(self) -> bool:
+        return "drop_tiles" in self.policy
+
+    @property
+    def order_updates(self) -> bool:
+        return "order_updates" in self.policy
+
+    @property
+    def recompute(self) -> bool:
+        return "recompute" in self.policy
+
+    def replace(self, **changes: Any) -> LMSConfig:
+        """A copy with ``changes``: option names, knob names or pass names as booleans.
+
+        >>> LMSConfig().replace(budget="1GiB", swapout_threshold=5, recompute=True).knobs.swapout_threshold
+        5
+        """
+        return LMSConfig.from_options(self, **changes)
+
     @classmethod
     def from_options(cls, config: LMSConfig | None = None, **options: Any) -> LMSConfig:
-        """Build a config from an optional base ``config`` and keyword overrides.
-
-        Unknown keyword names raise ``TypeError`` listing the valid ones.
-        """
+        """Build a config from an optional base ``config`` and keyword overrides (option
+        names, knob names, pass names as booleans). Unknown names raise ``TypeError``."""
         if config is not None and not isinstance(config, LMSConfig):
             raise TypeError(f"config must be a tflms.LMSConfig. Received: config={config!r}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise TypeError(f"Unknown LMS option(s): {', '.join(unknown)}. Valid options: {', '.join(sorted(known))}.")
         base = config if config is not None else cls()
-        return dataclasses.replace(base, **options) if options else base
+        if not options:
+            return base
+        own = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - own - set(KNOB_NAMES) - set(POLICIES))
+        if unknown:
+            raise TypeError(
+                f"Unknown LMS option(s): {', '.join(unknown)}. Options: {', '.join(sorted(own))}; the planner's "
+                f"knobs (tflms.Knobs): {', '.join(KNOB_NAMES)}. "
+                f"Received: {', '.join(f'{k}={options[k]!r}' for k in unknown)}"
+            )
+        fields = {k: v for k, v in options.items() if k in own}
+        knobs = {k: v for k, v in options.items() if k in KNOB_NAMES}
+        passes = {k: v for k, v in options.items() if k in POLICIES}
+        if knobs:
+            fields["knobs"] = dataclasses.replace(fields.get("knobs", base.knobs), **knobs)
+        if passes:
+            for name, on in passes.items():
+                if not isinstance(on, bool):
+                    raise ValueError(f"{name} must be True or False. {_received(name, on)}")
+            policy = set(_check_policy(fields.get("policy", base.policy)))
+            policy |= {n for n, on in passes.items() if on}
+            policy -= {n for n, on in passes.items() if not on}
+            if "drop_tiles" in policy and "split_sums" not in policy and "drop_tiles" not in passes:
+                policy.discard("drop_tiles")  # split_sums=False alone takes the pass that needs it out too
+            fields["policy"] = frozenset(policy)
+        return dataclasses.replace(base, **fields)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict of every option (tuples become lists)."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        """The options that make a plan, JSON-safe and flat: the user options, then the knobs
+        (not the call-time ones, :data:`CALL_KNOBS`)."""
+        data: dict[str, Any] = {
+            "budget": self.budget,
+            "device": self.device,
+            "host": self.host,
+            "policy": sorted(self.policy),
+            "on_budget_miss": self.on_budget_miss,
+        }
+        for k, v in dataclasses.asdict(self.knobs).items():
+            if k not in CALL_KNOBS:
+                data[k] = list(v) if isinstance(v, tuple) else v
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LMSConfig:
-        """Inverse of :meth:`to_dict`."""
-        return cls.from_options(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+        """Inverse of :meth:`to_dict`; also reads the flat options of older plans (the passes as booleans)."""
+        options = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        if "policy" in options:
+            options["policy"] = frozenset(options["policy"])
+        else:  # an older plan: no pass unless its boolean says so
+            options["policy"] = frozenset()
+        return cls.from_options(**options)
 
 
 def resolve_swapout_window(config: LMSConfig, device: str | None) -> LMSConfig:
@@ -395,33 +516,59 @@ def resolve_swapout_window(config: LMSConfig, device: str | None) -> LMSConfig:
     :data:`GPU_SWAPOUT_WINDOW` on a GPU, ``None`` (no fences) elsewhere or where ``device`` is
     ``None``. Any other value is kept.
 
-    >>> resolve_swapout_window(LMSConfig(), "/device:GPU:0").swapout_window
+    >>> resolve_swapout_window(LMSConfig(), "/device:GPU:0").knobs.swapout_window
     2
-    >>> resolve_swapout_window(LMSConfig(), "/device:CPU:1").swapout_window is None
+    >>> resolve_swapout_window(LMSConfig(), "/device:CPU:1").knobs.swapout_window is None
     True
     """
-    if config.swapout_window != "auto":
+    if config.knobs.swapout_window != "auto":
         return config
     gpu = device is not None and devices.parse(device).type == "GPU"
-    return dataclasses.replace(config, swapout_window=GPU_SWAPOUT_WINDOW if gpu else None)
+    return config.replace(swapout_window=GPU_SWAPOUT_WINDOW if gpu else None)
 
 
-def _init_naming_unknown_options(init: Any) -> Any:
-    """Wrap the dataclass ``__init__`` so an unknown keyword lists the valid options."""
+def resolve_budget(config: LMSConfig, limit: int | None, source: str) -> tuple[LMSConfig, str]:
+    """``config`` with ``budget="auto"`` made concrete from the device's memory ``limit``
+    (bytes, or ``None`` where none is known; ``source`` says where it was read), and the
+    sentence that says which budget is used and why. Any other budget is kept.
+
+    >>> cfg, why = resolve_budget(LMSConfig(), 1 << 30, "the test bed's cap")
+    >>> cfg.budget, why
+    (966367641, "budget 921.6 MiB = 966.4 MB: 0.9 x 1.0 GiB = 1.1 GB (the test bed's cap)")
+    >>> resolve_budget(LMSConfig(), None, "no limit known for /device:CPU:1")[0].budget is None
+    True
+    """
+    from ._util import format_sizes
+
+    if config.budget != "auto":
+        why = "no budget (budget=None)" if config.budget is None else f"budget {format_sizes(config.budget)} (given)"
+        return config, why
+    if limit is None:
+        return config.replace(budget=None), f"no budget: {source}; every candidate is swapped (as budget=None)"
+    budget = int(limit * AUTO_MARGIN)
+    why = f"budget {format_sizes(budget)}: {AUTO_MARGIN} x {format_sizes(limit)} ({source})"
+    return config.replace(budget=budget), why
+
+
+def _init_taking_knobs(init: Any) -> Any:
+    """Wrap the dataclass ``__init__`` so that knob names and pass names are taken as in
+    :meth:`LMSConfig.from_options`, and an unknown keyword lists the valid ones."""
     import functools
+
+    own = {f.name for f in dataclasses.fields(LMSConfig)}
 
     @functools.wraps(init)
     def __init__(self: LMSConfig, *args: Any, **kwargs: Any) -> None:
-        known = {f.name for f in dataclasses.fields(LMSConfig)}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise TypeError(
-                f"Unknown LMS option(s): {', '.join(unknown)}. Valid options: {', '.join(sorted(known))}. "
-                f"Received: {', '.join(f'{k}={kwargs[k]!r}' for k in unknown)}"
-            )
-        init(self, *args, **kwargs)
+        if set(kwargs) <= own:
+            init(self, *args, **kwargs)
+            return
+        built = LMSConfig.from_options(
+            LMSConfig(*args, **{k: v for k, v in kwargs.items() if k in own}),
+            **{k: v for k, v in kwargs.items() if k not in own},
+        )
+        init(self, **{f.name: getattr(built, f.name) for f in dataclasses.fields(LMSConfig)})
 
     return __init__
 
 
-LMSConfig.__init__ = _init_naming_unknown_options(LMSConfig.__init__)  # type: ignore[method-assign]
+LMSConfig.__init__ = _init_taking_knobs(LMSConfig.__init__)  # type: ignore[method-assign]

@@ -57,8 +57,8 @@ def collective_report(rank: int) -> dict:
 
     import tflms
     import tflms.integrations.horovod as lms_hvd
-    from tflms.plan import candidates, planner
     from tflms.ir.graph import GraphModel
+    from tflms.plan import candidates, planner
 
     keras.utils.set_random_seed(7)
     first = keras.layers.Dense(256, activation="relu")

@@ -48,8 +48,8 @@ def test_invalid_options_name_argument_and_value(kwargs, name):
 
 @pytest.mark.parametrize("value", [16 * 10**9, 16e9, "16GB", "16 GB/s", "16GB/s"])
 def test_link_bandwidth_is_bytes_per_second(value):
-    assert LMSConfig(link_bandwidth=value).link_bandwidth == 16 * 10**9
-    assert LMSConfig(link_latency=0).link_latency == 0.0
+    assert LMSConfig(link_bandwidth=value).knobs.link_bandwidth == 16 * 10**9
+    assert LMSConfig(link_latency=0).knobs.link_latency == 0.0
 
 
 def test_from_options_rejects_unknown_names():
@@ -60,11 +60,11 @@ def test_from_options_rejects_unknown_names():
 def test_from_options_overrides_base_and_roundtrips():
     base = LMSConfig(swapout_threshold=7, incl_scopes=("conv1/",))
     cfg = LMSConfig.from_options(base, swapin_ahead=4)
-    assert (cfg.swapout_threshold, cfg.swapin_ahead, cfg.incl_scopes) == (7, 4, ("conv1/",))
+    assert (cfg.knobs.swapout_threshold, cfg.knobs.swapin_ahead, cfg.knobs.incl_scopes) == (7, 4, ("conv1/",))
     assert LMSConfig.from_dict(cfg.to_dict()) == cfg
     assert hash(cfg) == hash(LMSConfig.from_dict(cfg.to_dict()))
 
 
 def test_names_are_sorted_and_deduplicated():
     cfg = LMSConfig(excl_scopes=["b/", "a/", "b/"])
-    assert cfg.excl_scopes == ("a/", "b/")
+    assert cfg.knobs.excl_scopes == ("a/", "b/")

@@ -11,7 +11,7 @@ from tflms.plan.records import RECOMPUTE_SCOPE
 
 from graphs import bn_relu_model, two_group_model
 
-CFG = {"swapout_threshold": 2, "min_bytes": 0}
+CFG = {"swapout_threshold": 2, "min_bytes": 0, "policy": "none"}
 
 
 def test_a_cheap_chain_over_a_swapped_input_is_recomputed_not_swapped():
@@ -94,7 +94,7 @@ def test_recompute_options_are_validated():
         LMSConfig(recompute="yes")
     with pytest.raises(ValueError, match=r"device_bandwidth .*Received: device_bandwidth=-1"):
         LMSConfig(device_bandwidth=-1)
-    assert LMSConfig(device_bandwidth="2TB/s").device_bandwidth == 2 * 10**12
+    assert LMSConfig(device_bandwidth="2TB/s").knobs.device_bandwidth == 2 * 10**12
 
 
 @pytest.mark.parametrize("late_u", [False, True])

@@ -109,7 +109,7 @@ def test_make_plan_with_serialize_adds_orders_to_the_same_swaps():
     options = {"swapout_threshold": 2, "swapin_ahead": 1, "min_bytes": 0}
     plain = make_plan(model, LMSConfig(serialize=False, **options))
     plan = make_plan(model, LMSConfig(**options))  # serialize=True is the default
-    assert LMSConfig().serialize is True
+    assert LMSConfig().knobs.serialize is True
     assert plain.orders == () and plain.swaps and plan.swaps == plain.swaps
     assert plan.orders == (Order(op=G + "b1", after=G + "a2"),)
     assert plan.peak_bytes_after < plain.peak_bytes_after
@@ -147,7 +147,7 @@ def test_a_budget_met_only_with_orders_gets_them_from_the_autotuner():
         make_plan(model, LMSConfig(min_bytes=0, budget=budget, serialize=False))
     assert unordered.value.best_peak_bytes > budget
     config, orders, ordered = tune_ordered(model, LMSConfig(min_bytes=0, budget=budget, serialize=True))
-    assert orders == (order,) and config.n_tensors == 0 and ordered.model.dag.has_edge(G + "a2", G + "b1")
+    assert orders == (order,) and config.knobs.n_tensors == 0 and ordered.model.dag.has_edge(G + "a2", G + "b1")
     assert ordered.peak() == ordered_peak
     plan = make_plan(model, LMSConfig(min_bytes=0, budget=budget, serialize=True))
     assert plan.orders == (order,) and plan.swaps == ()  # the orders alone are the plan, not an empty plan
@@ -287,8 +287,8 @@ def test_late_triggers_never_join_a_filter_gradient_and_its_bias_gradient(monkey
 
 
 def test_a_budget_met_only_with_late_triggers_gets_them_from_make_plan(monkeypatch):
-    from tflms.plan.passes import schedule
     from tflms.errors import BudgetError
+    from tflms.plan.passes import schedule
 
     model = GraphModel.from_ops(_stem_ops())
     early = make_plan(model, LMSConfig(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1))

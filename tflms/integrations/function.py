@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from .. import _tf_internal as tfi
 from .._util import paused_gc
-from ..config import LMSConfig, resolve_swapout_window
+from ..config import LMSConfig, resolve_budget, resolve_swapout_window
 from ..emulate.simulator import Simulator
 from ..errors import LMSWarning
 from ..ir.devices import device_key
@@ -65,7 +65,7 @@ def manual_memory_optimizer() -> contextlib.AbstractContextManager[None]:
     The setting is read when a function is instantiated: call a step always within it, or
     never (outside it, the same function is instantiated a second time, with the default).
     ``tflms.function`` and ``tflms.LMSCallback`` call their steps within it already
-    (``LMSConfig.manual_memory_optimizer``, default ``True``); wrap the calls of a step from
+    (``Knobs.manual_memory_optimizer``, default ``True``); wrap the calls of a step from
     :func:`tflms.optimize` yourself.
 
     Example:
@@ -117,6 +117,33 @@ def device_memory(device: str) -> dict[str, int] | None:
         return dict(tf.config.experimental.get_memory_info(device))
     except (ValueError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
         return None
+
+
+def device_memory_limit(device: str) -> tuple[int | None, str]:
+    """The memory limit of ``device`` in bytes, and where it was read, for ``budget="auto"``.
+
+    A GPU: its allocator's limit (a ``memory_limit`` you gave a logical GPU included). A CPU
+    of this process whose allocator is BFC with a cap (``TF_CPU_ALLOCATOR_USE_BFC=true`` and
+    ``TF_CPU_BFC_MEM_LIMIT_IN_MB``, as in the test bed's device process): that cap. Any other
+    CPU: ``None`` (TensorFlow reports a nominal 256 MiB for it, which limits nothing).
+
+    >>> device_memory_limit("/device:CPU:1")[0] is None  # no capped allocator in this process
+    True
+    """
+    from ..ir.devices import LOCAL_JOB, parse
+
+    spec = parse(device)
+    local = spec.job in (None, LOCAL_JOB)
+    if spec.type == "CPU":
+        cap = os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB", "")
+        bfc = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() == "true"
+        if local and bfc and cap.isdigit():
+            return int(cap) << 20, f"the CPU allocator's cap, TF_CPU_BFC_MEM_LIMIT_IN_MB={cap}"
+        return None, f"no memory limit is known for {device}"
+    limit = tfi.allocator_limit(spec.type, spec.index or 0) if local else None
+    if limit is None:
+        return None, f"TensorFlow reports no memory limit for {device}"
+    return limit, f"{device}'s allocator limit"
 
 
 def check_host(config: LMSConfig) -> None:
@@ -218,14 +245,15 @@ def _optimize(
     ``stacklevel`` makes a warning point at the user's frame (1 = this function).
     """
     graph = concrete_function.graph
-    model = GraphModel.from_func_graph(graph, batch_size=config.batch_size)
+    model = GraphModel.from_func_graph(graph, batch_size=config.knobs.batch_size)
     if is_rewritten(graph):
         reason = "the function is already rewritten by tflms; left unchanged"
         return concrete_function, empty_plan(model, config, Simulator(model, config.host).peak(), reason), None
     # A device or host that does not exist is an error even when nothing is swapped.
     device = resolve_device(config)
     check_host(config)
-    plan = make_plan(model, resolve_swapout_window(config, device))
+    config, budget_text = resolve_budget(config, *device_memory_limit(device) if device else (None, "no device"))
+    plan = make_plan(model, resolve_swapout_window(config, device)).with_budget_text(budget_text)
     if not plan.swaps and not plan.recomputes and not plan.orders and not plan.sums and not plan.tiles:
         return concrete_function, plan, None
     if device is None:
@@ -236,6 +264,7 @@ def _optimize(
     counts = apply_plan(new_graph, plan, device=device, host=config.host)
     new_cf = tfi.rebuild(concrete_function, new_graph)
     _REWRITTEN[new_cf] = plan
+    log.info("tflms: %s: %s", graph.name, budget_text)
     log.info(
         "tflms: %s: Identity +%d (swap-out %d, swap-in %d) on %s/%s, %d recompute clones, %d sum ops",
         graph.name,
@@ -323,8 +352,8 @@ class LMSFunction:
                 )
             return self.python_function(*args, **kwargs)
         new_cf, _, device = self._entry(args, kwargs)
-        level = "MANUAL" if self._config.manual_memory_optimizer else None
-        layout_off = device is not None and not self._config.layout_optimizer  # only for a rewritten step
+        level = "MANUAL" if self._config.knobs.manual_memory_optimizer else None
+        layout_off = device is not None and not self._config.knobs.layout_optimizer  # only for a rewritten step
         with tfi.memory_optimization(level, keep_explicit=True, layout_off=layout_off):
             if device is None:
                 return new_cf(*args, **kwargs)

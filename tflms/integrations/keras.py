@@ -398,8 +398,8 @@ class LMSCallback(keras.callbacks.Callback):
             )
         run = tfi.keras_make_function(model, lms_step if lms else step, jit_compile=xla and not lms)
         model_ref = weakref.ref(model)
-        level = "MANUAL" if lms and self.config.manual_memory_optimizer else None
-        layout_off = lms and not self.config.layout_optimizer
+        level = "MANUAL" if lms and self.config.knobs.manual_memory_optimizer else None
+        layout_off = lms and not self.config.knobs.layout_optimizer
         installation: _Installation
 
         def train_function(iterator: Any) -> Any:
@@ -420,7 +420,7 @@ class LMSCallback(keras.callbacks.Callback):
 
     def _check_batch_dimension(self, iterator: Any) -> None:
         """Warn when the planner would size tensors with batch 1 for lack of ``batch_size``."""
-        if self.config.batch_size is not None:
+        if self.config.knobs.batch_size is not None:
             return
         spec = getattr(iterator, "element_spec", None)
         specs = [s for s in tf.nest.flatten(spec) if isinstance(s, tf.TensorSpec) and s.shape.rank]
@@ -497,7 +497,9 @@ def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
     less = (1 - after / before) * 100 if before else 0.0
     clones = sum(len(r.ops) * len(r.groups) for r in plan.recomputes)
     lines = [
-        f"tflms plan for {plan.function or '<function>'}: {len(plan.swaps)} tensors swapped, "
+        f"tflms plan for {plan.function or '<function>'}"
+        + (f" ({plan.budget_text})" if plan.budget_text else "")
+        + f": {len(plan.swaps)} tensors swapped, "
         f"{format_bytes(plan.swapped_bytes)} out and {format_bytes(back)} back in per step "
         f"({plan.n_swap_ins} swap-ins)"
         + (f"; {_count(len(plan.recomputes), 'tensor')} recomputed ({clones} op clones)" if plan.recomputes else "")

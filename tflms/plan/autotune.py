@@ -74,14 +74,14 @@ AHEADS = (64, 32, 16, 8, 4, 2, 1)
 
 
 def _knobs(config: LMSConfig, threshold: int, ahead: int, groupby: int) -> LMSConfig:
-    return dataclasses.replace(
-        config, budget=None, n_tensors=None, swapout_threshold=threshold, swapin_ahead=ahead, swapin_groupby=groupby
+    return config.replace(
+        budget=None, n_tensors=None, swapout_threshold=threshold, swapin_ahead=ahead, swapin_groupby=groupby
     )
 
 
 def _own_knobs(config: LMSConfig) -> tuple[int, int, int]:
     """``config``'s (threshold, ahead, groupby): the grid entry of the plan ``make_plan`` gives without a budget."""
-    return config.swapout_threshold, config.swapin_ahead, config.swapin_groupby
+    return config.knobs.swapout_threshold, config.knobs.swapin_ahead, config.knobs.swapin_groupby
 
 
 def _thresholds(everything: list[Swap]) -> list[int]:
@@ -126,7 +126,7 @@ def _search(
     """
     lowest = sim.peak()
     if lowest <= budget:
-        return dataclasses.replace(config, budget=budget, n_tensors=0), lowest, [], None
+        return config.replace(budget=budget, n_tensors=0), lowest, [], None
     candidates: set[tuple[tuple[float, int, int, int, int], tuple[int, int, int], int]] = set()
     deepest: list[tuple[int, tuple[int, int, int], int]] = []  # (fast peak, knobs, n): the lowest prefixes
     grid = {}
@@ -146,7 +146,7 @@ def _search(
         fitting = np.flatnonzero(peaks <= budget)
         for n in {int(fitting[0]), *ends} if len(fitting) else ():
             if peaks[n] <= budget:
-                cost = link_seconds(swaps[:n], config.link_bandwidth, config.link_latency)
+                cost = link_seconds(swaps[:n], config.knobs.link_bandwidth, config.knobs.link_latency)
                 candidates.add(((cost, n, -threshold, -groupby, ahead), knobs, n))
     best = None
     for _key, knobs, n in sorted(candidates):
@@ -176,8 +176,8 @@ def _search(
 
 
 def _tuned(config: LMSConfig, budget: int, threshold: int, ahead: int, groupby: int, n: int) -> LMSConfig:
-    return dataclasses.replace(
-        config, budget=budget, swapout_threshold=threshold, swapin_ahead=ahead, swapin_groupby=groupby, n_tensors=n
+    return config.replace(
+        budget=budget, swapout_threshold=threshold, swapin_ahead=ahead, swapin_groupby=groupby, n_tensors=n
     )
 
 
@@ -227,7 +227,7 @@ def _fits(sim: Simulator, swaps: list[Swap], budget: int) -> bool:
 def _serialized_search(
     model: GraphModel, config: LMSConfig, sim: Simulator, budget: int
 ) -> tuple[LMSConfig | None, int, tuple[Order, ...], Simulator]:
-    """:func:`_search`, and with ``config.serialize``, when no plan fits: ordering edges for the
+    """:func:`_search`, and with ``config.knobs.serialize``, when no plan fits: ordering edges for the
     lowest plan (:func:`tflms.plan.passes.schedule.memory_orders`), then the search again on the step with them
     (step 4 of the module doc), then step 5: the lowest plan as ``make_plan`` finishes it
     (:func:`tflms.plan.passes.schedule.finish`, with late triggers), then other plans finished
@@ -239,7 +239,7 @@ def _serialized_search(
     them again from the tuned config.
     """
     tuned, lowest, lowest_swaps, lowest_knobs = _search(model, config, sim, budget)
-    if tuned is not None or not config.serialize or not lowest_swaps:
+    if tuned is not None or not config.knobs.serialize or not lowest_swaps:
         return tuned, lowest, (), sim
     from .passes.schedule import _memory_orders
 
@@ -282,11 +282,11 @@ def _finish_other_knobs(
     seen: set[tuple[Swap, ...]] = set()
     eligible = _eligible(model, config)
     for threshold in reversed(_thresholds(_swaps(model, _knobs(config, 0, 1, 0), eligible))):
-        swaps = _swaps(model, _knobs(config, threshold, 1, config.swapin_groupby), eligible)
+        swaps = _swaps(model, _knobs(config, threshold, 1, config.knobs.swapin_groupby), eligible)
         if not swaps or tuple(swaps) in seen:
             continue
         seen.add(tuple(swaps))
-        knobs = _tuned(config, budget, threshold, 1, config.swapin_groupby, len(swaps))
+        knobs = _tuned(config, budget, threshold, 1, config.knobs.swapin_groupby, len(swaps))
         peak = _finished_peak(sim, knobs)
         lowest = min(lowest, peak)
         if peak <= budget:
@@ -299,7 +299,7 @@ def _finished_peak(sim: Simulator, config: LMSConfig) -> int:
     from .candidates import candidate_swaps
     from .passes.schedule import finish
 
-    swaps = sorted(candidate_swaps(sim.model, config)[: config.n_tensors], key=lambda s: (s.level, s.tensor))
+    swaps = sorted(candidate_swaps(sim.model, config)[: config.knobs.n_tensors], key=lambda s: (s.level, s.tensor))
     swaps, _, finished = finish(sim, swaps, config)
     return finished.peak(swaps)
 
@@ -323,7 +323,7 @@ def tune(model: GraphModel, config: LMSConfig, sim: Simulator | None = None) -> 
 def tune_ordered(
     model: GraphModel, config: LMSConfig, sim: Simulator | None = None
 ) -> tuple[LMSConfig, tuple[Order, ...], Simulator]:
-    """:func:`tune`, and with ``config.serialize`` ordering edges first where no plan fits without them.
+    """:func:`tune`, and with ``config.knobs.serialize`` ordering edges first where no plan fits without them.
 
     When the search finds no plan within the budget, ``serialize=True`` orders the backward
     pass for the lowest plan it saw (:func:`tflms.plan.passes.schedule.memory_orders`) and searches again
@@ -461,6 +461,8 @@ def max_batch_size(
     from .._util import paused_gc
 
     cfg = LMSConfig.from_options(config, **options)
+    if cfg.budget == "auto":  # no device to read a limit from: the budget argument decides
+        cfg = cfg.replace(budget=None)
     if budget is None:
         if cfg.budget is None:
             raise ValueError("max_batch_size needs a budget: pass budget='16GiB' (or set it in config).")

@@ -110,7 +110,7 @@ def _is_candidate(model: GraphModel, t: TensorInfo, config: LMSConfig) -> bool:
     phases = ("forward", "backward") if config.swap_gradients else ("forward",)
     if node["phase"] not in phases or op_type in EXCLUDED_PRODUCER_TYPES or is_collective(op_type):
         return False
-    if t.dtype in EXCLUDED_DTYPES or t.rank is None or t.rank < 2 or t.bytes < config.min_bytes:
+    if t.dtype in EXCLUDED_DTYPES or t.rank is None or t.rank < 2 or t.bytes < config.knobs.min_bytes:
         return False
     if any(d is None for d in t.shape[1:]):
         # Its size cannot be told (only the leading, batch dimension is sized by batch_size):
@@ -121,13 +121,13 @@ def _is_candidate(model: GraphModel, t: TensorInfo, config: LMSConfig) -> bool:
         return False
     if model.dag.nodes[buffer_owner(model, t.name).op]["type"] in RESIDENT_OP_TYPES:
         return False  # a view of a weight, an input or a constant: it stays on the device anyway
-    if config.incl_types and op_type not in config.incl_types:
+    if config.knobs.incl_types and op_type not in config.knobs.incl_types:
         return False
-    if op_type in config.excl_types:
+    if op_type in config.knobs.excl_types:
         return False
-    if config.incl_scopes and not t.op.startswith(config.incl_scopes):
+    if config.knobs.incl_scopes and not t.op.startswith(config.knobs.incl_scopes):
         return False
-    return not (config.excl_scopes and t.op.startswith(config.excl_scopes))
+    return not (config.knobs.excl_scopes and t.op.startswith(config.knobs.excl_scopes))
 
 
 def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig, checked: bool = False) -> Swap | None:
@@ -139,7 +139,7 @@ def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig, checked: b
     far = sorted(
         (nodes[c]["level"], c, i)
         for c, i in t.consumers
-        if nodes[c]["phase"] == "backward" and nodes[c]["level"] - level > config.swapout_threshold
+        if nodes[c]["phase"] == "backward" and nodes[c]["level"] - level > config.knobs.swapout_threshold
     )
     # Shape readers need no data: they keep reading the device copy, never a swap-in. With
     # a static shape Grappler folds them into constants; otherwise they run as soon as their
@@ -156,9 +156,9 @@ def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig, checked: b
     if not far:
         return None
     swap_ins = []
-    for group in group_by_level(far, config.swapin_groupby):
+    for group in group_by_level(far, config.knobs.swapin_groupby):
         first_level, first_op, _ = group[0]
-        trigger = _find_trigger(model, first_op, first_level - config.swapin_ahead, t.op, config)
+        trigger = _find_trigger(model, first_op, first_level - config.knobs.swapin_ahead, t.op, config)
         if trigger is None:
             return None  # nothing would hold the swap-in back: it would come back right after it left
         swap_ins.append(

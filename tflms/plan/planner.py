@@ -61,11 +61,10 @@ Deterministic: the same graph and options give the same plan, byte for byte.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 
 from .._util import format_bytes, format_sizes
-from ..config import LMSConfig, resolve_swapout_window
+from ..config import LMSConfig, resolve_budget, resolve_swapout_window
 from ..emulate.simulator import Simulator
 from ..ir.graph import SUM_OP_TYPES, GraphModel
 from .candidates import EXCLUDED_DTYPES, EXCLUDED_PRODUCER_TYPES, candidate_swaps, is_collective
@@ -90,7 +89,11 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
     :func:`tflms.plan.autotune.tune` and recorded in the plan's options. ``swapout_window='auto'``
     is resolved for ``config.device`` (:func:`tflms.config.resolve_swapout_window`; with no
     device, no fences: :func:`tflms.optimize` passes the device it rewrites for).
+    ``budget="auto"`` needs a device to read a limit from: ``tflms.function``,
+    :func:`tflms.optimize` and ``LMSCallback`` resolve it (:func:`tflms.config.resolve_budget`);
+    here, where there is no device, it plans as ``budget=None``.
     """
+    config, _ = resolve_budget(config, None, "make_plan reads no device")
     config = resolve_swapout_window(config, config.device)
     sim = simulator or Simulator(model, config.host)
     before = sim.peak()
@@ -108,7 +111,7 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         return empty(
             f"the predicted peak ({format_bytes(before)}) fits the budget ({format_sizes(config.budget)}) "
             "without swapping",
-            dataclasses.replace(config, n_tensors=0),
+            config.replace(n_tensors=0),
         )
     from .autotune import prepare, tune_ordered
 
@@ -117,19 +120,19 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         config, more, sim = tune_ordered(model, config, sim)
         model, orders = sim.model, orders + more  # with the orders, if the budget needed them
     swaps = candidate_swaps(model, config)
-    if config.n_tensors is not None:
-        swaps = swaps[: config.n_tensors]
+    if config.knobs.n_tensors is not None:
+        swaps = swaps[: config.knobs.n_tensors]
     swaps.sort(key=lambda s: (s.level, s.tensor))
-    if config.serialize:  # also where no tensor qualifies: the orders alone can be the plan
+    if config.knobs.serialize:  # also where no tensor qualifies: the orders alone can be the plan
         from .passes.schedule import finish
 
         swaps, more, sim = finish(sim, swaps, config)  # sim: of ``model`` (with the budget's orders)
         orders += more
     if not swaps and not recomputes and not orders and not sums and not tiles:
         return empty(
-            f"no tensor qualifies (forward output >= min_bytes={config.min_bytes} with a backward "
-            f"consumer more than swapout_threshold={config.swapout_threshold} levels later)"
-            + (" and no ordering edge lowers the predicted peak" if config.serialize else "")
+            f"no tensor qualifies (forward output >= min_bytes={config.knobs.min_bytes} with a backward "
+            f"consumer more than swapout_threshold={config.knobs.swapout_threshold} levels later)"
+            + (" and no ordering edge lowers the predicted peak" if config.knobs.serialize else "")
         )
     return SwapPlan(
         function=model.name,
@@ -140,7 +143,7 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         peak_bytes_after=sim.peak(swaps),
         variable_bytes=model.variable_bytes,
         recomputes=tuple(recomputes),
-        fences=fences_for(sim.pos, swaps, config.swapout_window) if config.swapout_window else (),
+        fences=fences_for(sim.pos, swaps, config.knobs.swapout_window) if config.knobs.swapout_window else (),
         orders=orders,
         sums=tuple(sums),
         tiles=tuple(tiles),

@@ -161,7 +161,7 @@ class Recompute:
 class Fence:
     """An ordering edge: the forward op ``op`` starts only after the swap-out of ``tensor``
     (a swapped tensor of the same plan) has reached the host. It bounds how far the forward
-    pass runs ahead of the link (see ``LMSConfig.swapout_window``)."""
+    pass runs ahead of the link (see ``Knobs.swapout_window``)."""
 
     tensor: str
     op: str
@@ -170,7 +170,7 @@ class Fence:
 @dataclasses.dataclass(frozen=True, order=True)
 class Order:
     """An ordering edge: ``op`` starts only after ``after`` has run. The memory-aware schedule
-    (``LMSConfig.serialize``) makes a backward op wait for another, so that two branches of the
+    (``Knobs.serialize``) makes a backward op wait for another, so that two branches of the
     backward pass do not hold their buffers at the same time; ``LMSConfig.order_updates`` makes
     a variable's in-place update wait for an op still reading the variable, so that TensorFlow
     does not copy it (:func:`tflms.plan.passes.schedule.update_orders`)."""
@@ -302,6 +302,18 @@ class SwapPlan:
         """
         object.__setattr__(self, "_model", model)
         return self
+
+    def with_budget_text(self, text: str) -> SwapPlan:
+        """This plan, holding the sentence that says which budget it was made for and where
+        that budget came from (``budget="auto"``); like the model, not a field.
+        Returns the plan itself."""
+        object.__setattr__(self, "_budget_text", text)
+        return self
+
+    @property
+    def budget_text(self) -> str:
+        """Which budget the plan was made for and where it came from; ``''`` if not known."""
+        return getattr(self, "_budget_text", "")
 
     @property
     def model(self) -> GraphModel | None:
@@ -480,6 +492,8 @@ class SwapPlan:
                 f"tiles left out: {len(self.tiles)} Tile/BroadcastTo ops of the backward pass, their values broadcast "
                 "by the ops that read them"
             )
+        if self.budget_text:
+            lines.append(f"budget: {self.budget_text}")
         if self.reason:
             lines.append(f"note: {self.reason}")
         if not self.swaps and not self.recomputes:

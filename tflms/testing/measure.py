@@ -147,9 +147,11 @@ MEASURE_MODES = (
 
 def _as_tflms_calls(plan: Any) -> tuple[bool, bool]:
     """``(Grappler's memory optimizer at MANUAL, its layout optimizer off)``: how ``tflms.function``
-    calls a step it rewrote with ``plan`` (``LMSConfig.manual_memory_optimizer``,
-    ``LMSConfig.layout_optimizer``)."""
-    return plan.options["manual_memory_optimizer"], not plan.options["layout_optimizer"]
+    calls a step it rewrote, by default (``Knobs.manual_memory_optimizer``, ``Knobs.layout_optimizer``:
+    call-time knobs, which a plan does not record)."""
+    from ..config import Knobs
+
+    return Knobs.manual_memory_optimizer, not Knobs.layout_optimizer
 
 
 def measure_step(
@@ -206,7 +208,7 @@ def measure_step(
     (Grappler's memory optimizer at ``MANUAL``: no rewrite of ``AddN`` ops into accumulations,
     and no device memory held for them between steps); ``'default'`` leaves TensorFlow's
     setting for every step. Only ``'auto'`` turns Grappler's layout optimizer off for the
-    rewritten steps (``LMSConfig.layout_optimizer``; on a CPU it changes nothing unless asked
+    rewritten steps (``Knobs.layout_optimizer``; on a CPU it changes nothing unless asked
     to convert). A step's peak includes what the functions of earlier modes hold
     between steps (e.g. the zeros of such a rewrite).
     """

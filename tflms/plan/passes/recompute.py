@@ -38,7 +38,6 @@ the simulator see the step as it will run. The result is deterministic.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Sequence
 
 from ...config import LMSConfig
@@ -75,13 +74,13 @@ MAX_OPS = 8
 
 def swap_cost(swap: Swap, config: LMSConfig) -> float:
     """Predicted link seconds of ``swap``: one swap-out and its swap-ins."""
-    return link_seconds([swap], config.link_bandwidth, config.link_latency)
+    return link_seconds([swap], config.knobs.link_bandwidth, config.knobs.link_latency)
 
 
 def recompute_cost(recompute: Recompute, extra_swap_in_bytes: Iterable[int], config: LMSConfig) -> float:
     """Predicted seconds of ``recompute`` (see module doc), with the extra swap-ins it causes."""
-    compute = recompute_seconds([recompute], config.device_bandwidth)
-    return compute + sum(config.link_latency + b / config.link_bandwidth for b in extra_swap_in_bytes)
+    compute = recompute_seconds([recompute], config.knobs.device_bandwidth)
+    return compute + sum(config.knobs.link_latency + b / config.knobs.link_bandwidth for b in extra_swap_in_bytes)
 
 
 def plan_recomputes(model: GraphModel, config: LMSConfig, swaps: Sequence[Swap] | None = None) -> list[Recompute]:
@@ -115,7 +114,7 @@ def plan_recomputes(model: GraphModel, config: LMSConfig, swaps: Sequence[Swap] 
 def with_planned_recomputes(model: GraphModel, config: LMSConfig) -> tuple[GraphModel, list[Recompute]]:
     """``(model with the recomputes applied, the recomputes)`` that :func:`plan_recomputes` picks under
     ``config`` (its budget and ``n_tensors`` ignored: they decide the swaps, afterwards)."""
-    recomputes = plan_recomputes(model, dataclasses.replace(config, budget=None, n_tensors=None))
+    recomputes = plan_recomputes(model, config.replace(budget=None, n_tensors=None))
     return recomputed_model(model, recomputes), recomputes
 
 
@@ -188,7 +187,7 @@ def _chain(
 def _available(model: GraphModel, name: str, level: int, config: LMSConfig) -> bool:
     """Whether tensor ``name`` is on the device at backward level ``level`` without help."""
     t = model.tensors[name]
-    if t.bytes < config.min_bytes:
+    if t.bytes < config.knobs.min_bytes:
         return True
     if model.dag.nodes[buffer_owner(model, name).op]["type"] in RESIDENT_OP_TYPES:
         return True
@@ -198,6 +197,6 @@ def _available(model: GraphModel, name: str, level: int, config: LMSConfig) -> b
 def _extra_swap_ins(model: GraphModel, source: Swap, levels: Sequence[int], config: LMSConfig) -> list[int]:
     """``source.bytes`` once per swap-in group that reads at ``levels`` add to ``source``'s own."""
     own = sorted((model.dag.nodes[c]["level"],) for si in source.swap_ins for c, _ in si.consumers)
-    before = len(group_by_level(own, config.swapin_groupby))
-    after = len(group_by_level(sorted(own + [(level,) for level in levels]), config.swapin_groupby))
+    before = len(group_by_level(own, config.knobs.swapin_groupby))
+    after = len(group_by_level(sorted(own + [(level,) for level in levels]), config.knobs.swapin_groupby))
     return [source.bytes] * (after - before)

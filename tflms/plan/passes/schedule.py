@@ -1,5 +1,5 @@
 """A memory-aware schedule: ordering edges that keep two branches of the backward pass
-from holding their buffers at the same time (``LMSConfig.serialize``).
+from holding their buffers at the same time (``Knobs.serialize``).
 
 TensorFlow's executor runs every op whose inputs are ready. Where the backward pass forks
 (a residual block's main and shortcut branches both read the block's output gradient), it
@@ -517,7 +517,7 @@ def _later_trigger(
 
 
 def finish(sim: Simulator, swaps: list[Swap], config: LMSConfig) -> tuple[list[Swap], tuple[Order, ...], Simulator]:
-    """What :func:`tflms.make_plan` does with a plan's swaps, with ``config.serialize``: ordering
+    """What :func:`tflms.make_plan` does with a plan's swaps, with ``config.knobs.serialize``: ordering
     edges for them (:func:`memory_orders`), then, where ``config.budget`` is still not met,
     later triggers (:func:`late_triggers`), and orders that make room for more of them
     (:func:`_room_orders`) while the peak goes down. Returns ``(swaps, the orders added,
@@ -525,7 +525,7 @@ def finish(sim: Simulator, swaps: list[Swap], config: LMSConfig) -> tuple[list[S
     autotuner predicts a plan's peak with it (step 5 of :mod:`tflms.plan.autotune`); ``make_plan``
     then finishes the same plan, and a call with the last call's simulator (the same object),
     swaps and config returns that call's result (once: the simulators are not kept longer)."""
-    if not config.serialize:
+    if not config.knobs.serialize:
         return swaps, (), sim
     key = (sim, tuple(swaps), config)
     last = _last_finish[0]
