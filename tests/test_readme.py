@@ -76,10 +76,9 @@ def test_python_example_runs(name, code, tmp_path):
     # A fresh process per example, as a user runs it: no logical devices set up by the suite.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    script = tmp_path / "example.py"
-    script.write_text(code)
+    (tmp_path / "example.py").write_text(code)
     out = subprocess.run(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT
+        [sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT
     )
     assert out.returncode == 0, f"{name} failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
 
