@@ -13,7 +13,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 DOCTESTS := tflms
 PYTEST := $(PY) -m pytest -q
 
-.PHONY: run test install horovod lint bench test-unit test-integration test-distributed test-docs test-gpu
+.PHONY: run test install horovod lint bench docs test-unit test-integration test-distributed test-docs test-gpu
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,12 @@ test-docs: install
 # Here a missing GPU is a failure, not a skip.
 test-gpu: install
 	TFLMS_TEST_GPU=1 $(PYTEST) tests --ignore=tests/unit -m gpu
+
+# The documentation site (mkdocs.yml, docs/) into build/site; --strict: a broken link or an
+# API reference that does not resolve fails the build.
+docs: install
+	$(PY) -m pip install -q -e '.[docs]'
+	$(PY) -m mkdocs build --strict
 
 bench: install
 	$(PY) benchmarks/pass_speed.py

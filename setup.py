@@ -50,6 +50,11 @@ setup(
             "ipykernel>=6.29",
         ],
         "plot": ["matplotlib>=3.8"],
+        "docs": [
+            "mkdocs>=1.6",
+            "mkdocs-material>=9.5",
+            "mkdocstrings[python]>=0.26",
+        ],
     },
     entry_points={"console_scripts": ["tflms=tflms.cli:main"]},
     classifiers=[

@@ -1,12 +1,15 @@
 """Markdown tables of the benchmark results in benchmarks/results/*.json.
 
-The README's result tables are pasted from this script's output, and
-``tests/test_readme.py`` checks that they still match the JSON.
+The documentation's benchmarks page (``docs/benchmarks.md``) and the README's headline
+table are rendered by this script from the JSON; ``tests/test_docs.py`` checks that the
+committed page and the README's table are what the JSON gives today.
 
 Usage::
 
-    python benchmarks/report.py            # print every table
-    python benchmarks/report.py capacity   # one of the names in TABLES
+    python benchmarks/report.py                        # print every table
+    python benchmarks/report.py capacity               # one of the names in TABLES
+    python benchmarks/report.py --page docs/benchmarks.md   # write the benchmarks page
+    python benchmarks/report.py --headline             # print the README's headline table
 """
 
 from __future__ import annotations
@@ -704,7 +707,291 @@ def table(name: str, results: Path = RESULTS) -> str | None:
     return TABLES[name](json.loads(path.read_text())) if path.exists() else None
 
 
+def provenance(name: str, data: dict) -> str:
+    """One line naming where a table's figures come from: its JSON file, machine, date and the
+    TensorFlow and tflms versions the JSON records ("not recorded" where it records none)."""
+    gpu = data.get("gpu") if isinstance(data.get("gpu"), dict) else {}
+    machine = data.get("machine") or gpu.get("device_name") or data.get("device") or "not recorded"
+    if isinstance(data.get("device"), str) and data.get("machine") and data["device"] != "test bed":
+        machine = f"{machine}; device: {data['device']}"
+    tflms = data.get("tflms") or (f"commit {data['tflms_commit']}" if data.get("tflms_commit") else "not recorded")
+    source = SOURCES.get(name, name)
+    return (
+        f"Source: `benchmarks/results/{source}.json` · machine: {machine} · date: {data.get('date', 'not recorded')}"
+        f" · TensorFlow {data.get('tensorflow', 'not recorded')} · tflms {tflms}"
+    )
+
+
+#: The benchmarks page, in order: (table name, section title, what the table shows and how it was run).
+SECTIONS: list[tuple[str, str, str]] = [
+    (
+        "testbed_memory",
+        "Peak memory, plain against rewritten (test bed)",
+        "The steady-state peak of the rewritten step against the plain step's, both from the same weights "
+        "in each fresh measured process (`benchmarks/simulator_accuracy.py`). **Measured (test bed).** "
+        "ResNet50's weights and two Adam slots are about 270 MiB of every ResNet50 figure.",
+    ),
+    (
+        "simulator_accuracy",
+        "Simulator accuracy (test bed)",
+        "Each step's measured peak against the simulator's prediction (`benchmarks/simulator_accuracy.py`). "
+        "**Measured (test bed)** against **predicted**.",
+    ),
+    (
+        "testbed_capacity",
+        "Largest batch under a real cap (test bed)",
+        "The largest batch whose step trains under a real memory cap of the test bed's device, plain and "
+        "autotuned to a budget below the cap (`benchmarks/testbed_capacity.py`). **Measured (test bed)**; the "
+        "predicted columns are the simulator's.",
+    ),
+    (
+        "capacity",
+        "Largest batch within 16 GiB and 80 GiB (predicted)",
+        "The largest batch (3D U-Net: cubic input side at batch 1) whose **predicted** peak fits the budget, "
+        "without LMS and with the autotuned plan (`benchmarks/capacity.py`). No GPU was used: these are "
+        "simulator figures.",
+    ),
+    (
+        "gpu",
+        "ResNet50 224² under a 4 GiB cap (H200)",
+        "`benchmarks/gpu.py`: the largest batch that trains under a real 4 GiB cap of TensorFlow's GPU "
+        "allocator, plain and autotuned. **Measured (H200)** against **predicted**.",
+    ),
+    (
+        "gpu_densenet121",
+        "DenseNet121 224² under a 4 GiB cap (H200)",
+        "`benchmarks/gpu.py` on DenseNet121. **Measured (H200)** against **predicted**.",
+    ),
+    (
+        "gpu_options",
+        "ResNet50 224² with the experimental passes (H200)",
+        "`benchmarks/gpu.py` with `swap_gradients`, `split_sums` and `order_updates` (the `/g/s/o` "
+        "variants). **Measured (H200)** against **predicted**.",
+    ),
+    (
+        "gpu_fences",
+        "Fences on the GPU (H200)",
+        "The same plans without fences and with `swapout_window` 1, 2, 4 and 8. Without fences the forward "
+        "pass runs ahead of the link. **Measured (H200)** against **predicted**.",
+    ),
+    (
+        "gpu_layout",
+        "Grappler's layout optimizer on and off (H200)",
+        "Attempts under a real 4 GiB cap with the layout optimizer on and off, and cuDNN's autotuning on "
+        "and off. **Measured (H200)** against **predicted**.",
+    ),
+    (
+        "simulator_accuracy_gpu",
+        "Simulator accuracy on the GPU (H200)",
+        "The test models' steps on one H200. **Measured (H200)** against **predicted**.",
+    ),
+    (
+        "serialize",
+        "Memory-aware schedule, ResNet50 224² (test bed)",
+        "`serialize=False` against `serialize=True`. **Measured (test bed)** against **predicted**.",
+    ),
+    (
+        "serialize96",
+        "Memory-aware schedule, ResNet50 96² (test bed)",
+        "`serialize=False` against `serialize=True`. **Measured (test bed)** against **predicted**.",
+    ),
+    (
+        "default_schedule",
+        "Default schedule (test bed)",
+        "The rewritten steps with the default options of their day. **Measured (test bed)** against **predicted**.",
+    ),
+    (
+        "update_orders",
+        "Variable updates wait for their reads (test bed)",
+        "`order_updates=False` against `order_updates=True`. **Measured (test bed)** against **predicted**.",
+    ),
+    (
+        "recompute",
+        "Recompute (test bed)",
+        "Swaps only against `recompute=True`. **Measured (test bed)**; link and recompute times are the "
+        "plans' predictions.",
+    ),
+    (
+        "fences",
+        "Fences (test bed)",
+        "The default plan against the same plan with `swapout_window=4`. **Measured (test bed)** against "
+        "**predicted**.",
+    ),
+    (
+        "fences_testbed",
+        "Fences on the CNN and ResNet50 (test bed)",
+        "The default plan against the same plan with `swapout_window=4`. **Measured (test bed)** against "
+        "**predicted**.",
+    ),
+    (
+        "memory_optimizer",
+        "Grappler's memory optimizer at its default level and at `MANUAL` (test bed)",
+        "The same steps called at TensorFlow's default memory-optimizer level and at `MANUAL` (see "
+        "`tflms.manual_memory_optimizer`). **Measured (test bed)** against **predicted**.",
+    ),
+    (
+        "peak_anatomy",
+        "What the peak holds (test bed)",
+        "One profiled step per row: the allocator chunks live at the measured peak, grouped by the phase of "
+        "the op behind them, next to the simulator's live buffers at its predicted peak "
+        "(`benchmarks/peak_anatomy.py`). **Measured (test bed)** against **predicted**.",
+    ),
+    (
+        "cpu_overhead",
+        "Step time on one process (CPU)",
+        "Plain and rewritten steps alternating on one process's two logical CPUs "
+        "(`benchmarks/cpu_overhead.py`). **Measured (CPU)**; times on a shared 2-core machine.",
+    ),
+    (
+        "pass_speed",
+        "Speed of the pass",
+        "Graph model, plan and rewrite of growing training steps (stacks of transformer encoder blocks; "
+        "`benchmarks/pass_speed.py`). **Measured (CPU)**, seconds, best of the runs. Tracing the step "
+        "(TensorFlow's work, the same with or without tflms) is not timed.",
+    ),
+]
+
+
+def page(results: Path = RESULTS) -> str:
+    """The documentation's benchmarks page: every table of ``SECTIONS`` whose JSON exists, each
+    with its source, machine, date and versions."""
+    missing = sorted(set(TABLES) - {name for name, _, _ in SECTIONS})
+    if missing:
+        raise ValueError(f"tables with no section on the benchmarks page: {missing}")
+    lines = [
+        "# Benchmarks",
+        "",
+        "<!-- Generated by `python benchmarks/report.py --page docs/benchmarks.md` from "
+        "benchmarks/results/*.json; do not edit by hand. -->",
+        "",
+        "Every figure here is read from a JSON file in `benchmarks/results/`, written by the benchmark "
+        "script named in its section. Labels: **measured (test bed)** is real device memory on the "
+        "two-process test bed ([The test bed](test-bed.md)); **measured (H200)** is TensorFlow's GPU "
+        "allocator on one NVIDIA H200; **predicted** is the simulator ([How it works](how-it-works.md)). "
+        "Each table was made with the options of its date: a row that names an option ran with it.",
+        "",
+    ]
+    for name, title, text in SECTIONS:
+        path = results / f"{SOURCES.get(name, name)}.json"
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        lines += [f"## {title}", "", provenance(name, data), "", text, "", TABLES[name](data), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _load(name: str, results: Path) -> dict:
+    return json.loads((results / f"{name}.json").read_text())
+
+
+def headline(results: Path = RESULTS) -> str:
+    """The README's table of headline results, read from the benchmark JSON."""
+    gpu, dense = _load("gpu", results), _load("gpu_densenet121", results)
+    dense_plain = max(r["batch"] for run in dense["runs"] for r in run["search"] if r["ok"] and r["mode"] == "plain")
+    dense_lms = max(r["batch"] for run in dense["runs"] for r in run["search"] if r["ok"] and r["mode"] == "budget")
+    testbed = _load("testbed_capacity", results)
+    default_row = next(
+        r
+        for r in reversed(testbed["rows"])
+        if r["model"] == "resnet50" and r.get("serialize") and not any(r.get(k) for k in _EXPERIMENTAL)
+    )
+    accuracy = _load("simulator_accuracy", results)
+    plain48, lms48 = (
+        next(r for r in accuracy["rows"] if r["model"] == "resnet50" and r["batch"] == 48 and r["mode"] == mode)
+        for mode in ("plain", "lms")
+    )
+    capacity_rows = _load("capacity", results)["rows"]
+    default_capacity = next(
+        r
+        for r in capacity_rows
+        if r["model"] == "resnet50"
+        and r["budget"] == "16GiB"
+        and r.get("serialize")
+        and not any(r.get(k) for k in _EXPERIMENTAL)
+    )
+    bert = next(r for r in capacity_rows if r["model"] == "bert_base" and r["budget"] == "16GiB")
+    ratios = [a / b for a, b in zip(lms48["runs"], plain48["runs"])]
+    gib = 2**30
+    rows = [
+        (
+            f"ResNet50 {gpu['image_size']}², Adam, real {gpu['cap_bytes'] / gib:g} GiB cap: largest batch",
+            str(gpu["max_batch_plain"]),
+            str(gpu["max_batch_budget"]),
+            f"x{gpu['max_batch_budget'] / gpu['max_batch_plain']:.1f}",
+            "measured (H200)",
+            gpu["date"],
+            "gpu",
+        ),
+        (
+            f"DenseNet121 {dense['image_size']}², Adam, real 4 GiB cap: largest batch",
+            str(dense_plain),
+            str(dense_lms),
+            f"x{dense_lms / dense_plain:.1f}",
+            "measured (H200)",
+            dense["date"],
+            "gpu_densenet121",
+        ),
+        (
+            f"ResNet50 {default_row['size']}², Adam, real {_mib(default_row['cap'])} cap: largest batch",
+            str(default_row["plain"]),
+            str(default_row["lms"]),
+            f"x{default_row['lms'] / default_row['plain']:.1f}",
+            "measured (test bed)",
+            default_row["date"],
+            "testbed_capacity",
+        ),
+        (
+            "ResNet50 96², Adam, batch 48: steady-state peak",
+            _peaks(plain48),
+            _peaks(lms48),
+            _range(ratios, "{:.2f}"),
+            "measured (test bed)",
+            accuracy["date"],
+            "simulator_accuracy",
+        ),
+        (
+            "ResNet50 224², Adam, 16 GiB budget: largest batch",
+            str(default_capacity["without_lms"]),
+            str(default_capacity["with_lms"]),
+            f"x{default_capacity['with_lms'] / default_capacity['without_lms']:.2f}",
+            "predicted",
+            default_capacity["planned"],
+            "capacity",
+        ),
+        (
+            "BERT-base, Adam, 16 GiB budget: largest batch",
+            str(bert["without_lms"]),
+            str(bert["with_lms"]),
+            f"x{bert['with_lms'] / bert['without_lms']:.2f}",
+            "predicted",
+            bert["planned"],
+            "capacity",
+        ),
+    ]
+    lines = [
+        "| result | plain | tflms | ratio | label | date | source |",
+        "|---|---:|---:|---:|---|---|---|",
+    ]
+    for what, plain, lms, ratio, label, date, source in rows:
+        lines.append(f"| {what} | {plain} | {lms} | {ratio} | {label} | {date} | `benchmarks/results/{source}.json` |")
+    return "\n".join(lines)
+
+
+#: Options off by default: a row that names one of them ran an experimental pass.
+_EXPERIMENTAL = ("swap_gradients", "split_sums", "drop_tiles", "order_updates", "recompute", "swapout_window")
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--page"]:
+        if len(argv) != 2:
+            print("usage: report.py --page PATH", file=sys.stderr)
+            return 2
+        Path(argv[1]).write_text(page())
+        print(f"wrote {argv[1]}")
+        return 0
+    if argv == ["--headline"]:
+        print(headline())
+        return 0
     names = argv or list(TABLES)
     for name in names:
         if name not in TABLES:

@@ -1,36 +1,64 @@
-"""The README against what it describes: its benchmark tables are the ones the benchmark
-JSON produces, its two commands are Makefile targets that CI runs and that run every test
-tier, and the tflms names its code examples use exist."""
+"""The README and the documentation site against what they describe: every Python example of
+the README and of docs/getting-started.md runs, the README's two commands are Makefile targets
+that CI runs and that run every test tier, the headline table and the benchmarks page are what
+benchmarks/report.py renders from the JSON today, and the site builds with ``--strict``."""
 
 import ast
 import importlib
 import importlib.util
+import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text()
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+#: The pages whose Python examples are executed: what a new user copies first.
+EXECUTED = (README, DOCS / "getting-started.md")
+#: The one marker that keeps a Python example from running, on the line before its fence.
+NO_RUN = "<!-- no-run -->"
+#: Seconds one example may take (a tiny model, a few steps, on CPU).
+EXAMPLE_TIMEOUT = 120
+
 spec = importlib.util.spec_from_file_location("report", ROOT / "benchmarks" / "report.py")
 report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
 
 
-def _blocks(lang):
-    return re.findall(rf"^```{lang}\n(.*?)^```", README, flags=re.S | re.M)
+def code_blocks(text: str) -> list[tuple[str, str, bool]]:
+    """``(language, code, no_run)`` for every fenced block of ``text``; ``no_run`` when the line
+    before the fence is the ``<!-- no-run -->`` marker."""
+    blocks = []
+    for match in re.finditer(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M):
+        before = text[: match.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
+        blocks.append((match.group(1), match.group(2), before == NO_RUN))
+    return blocks
 
 
-def _readme_commands():
-    """The commands of the README's bash block (``make run``, ``make test``), comments dropped."""
-    (block,) = _blocks("bash")
+def _python_examples() -> list[tuple[str, str]]:
+    """``(id, code)`` of each distinct Python example of ``EXECUTED`` to run (a block that two
+    pages share runs once)."""
+    seen: dict[str, str] = {}
+    for page in EXECUTED:
+        for i, (lang, code, no_run) in enumerate(code_blocks(page.read_text())):
+            if lang == "python" and not no_run and code not in seen:
+                seen[code] = f"{page.relative_to(ROOT)}#{i}"
+    return [(name, code) for code, name in seen.items()]
+
+
+def _readme_commands() -> list[str]:
+    """The commands of the README's block that holds ``make run``, comments dropped."""
+    (block,) = [code for lang, code, _ in code_blocks(README.read_text()) if lang == "bash" and "make run" in code]
     return [line.split("#")[0].strip() for line in block.splitlines() if line.split("#")[0].strip()]
 
 
-def _make_dry_run(target):
+def _make_dry_run(target: str) -> list[str]:
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
     out = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -38,11 +66,64 @@ def _make_dry_run(target):
     return [line.strip() for line in out.stdout.splitlines()]
 
 
-@pytest.mark.parametrize("name", sorted(report.TABLES))
-def test_readme_table_matches_the_benchmark_json(name):
-    table = report.table(name)
-    assert table is not None, f"benchmarks/results/{name}.json is missing: run the benchmark"
-    assert table in README, f"README's {name} table differs from the JSON: paste report.py's"
+def test_code_blocks_finds_the_marker_only_on_the_line_before_the_fence():
+    text = f"a\n{NO_RUN}\n```python\nx = 1\n```\n\n{NO_RUN}\n\ntext\n```python\ny = 2\n```\n"
+    assert code_blocks(text) == [("python", "x = 1\n", True), ("python", "y = 2\n", False)]
+
+
+@pytest.mark.parametrize(("name", "code"), _python_examples(), ids=[name for name, _ in _python_examples()])
+def test_python_example_runs(name, code, tmp_path):
+    # A fresh process per example, as a user runs it: no logical devices set up by the suite.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    (tmp_path / "example.py").write_text(code)
+    out = subprocess.run(
+        [sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=EXAMPLE_TIMEOUT
+    )
+    assert out.returncode == 0, f"{name} failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+
+
+def test_the_examples_show_the_callback_and_the_decorator():
+    names = [pair for _, code in _python_examples() for pair in _tflms_names(code)]
+    assert ("tflms", "LMSCallback") in names and ("tflms", "function") in names
+
+
+def test_only_horovod_examples_are_not_run():
+    for page in EXECUTED:
+        for _lang, code, no_run in code_blocks(page.read_text()):
+            if no_run:
+                assert "horovod" in code, f"{page.name}: a block marked {NO_RUN} that is not a Horovod job:\n{code}"
+
+
+def test_readme_is_short():
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; the docs site holds the rest"
+
+
+def test_headline_table_is_what_the_json_gives():
+    table = report.headline()
+    assert table in README.read_text(), "README's headline table differs from the JSON: paste report.py --headline"
+    assert table in (DOCS / "index.md").read_text(), "docs/index.md's headline table differs from the JSON"
+    rows = [line for line in table.splitlines()[2:]]
+    assert rows and all(re.search(r"\| (measured \(test bed\)|measured \(H200\)|predicted) \|", row) for row in rows), (
+        "every headline figure says how it was obtained"
+    )
+
+
+def test_benchmarks_page_is_what_the_json_gives():
+    page = (DOCS / "benchmarks.md").read_text()
+    assert page == report.page(), "docs/benchmarks.md is stale: python benchmarks/report.py --page docs/benchmarks.md"
+    for name in report.TABLES:
+        if (report.RESULTS / f"{report.SOURCES.get(name, name)}.json").exists():
+            assert report.table(name) in page, f"{name}'s table is not on the benchmarks page"
+
+
+def test_every_table_on_the_benchmarks_page_says_its_machine_date_and_versions():
+    sections = report.page().split("\n## ")[1:]
+    assert len(sections) == len(report.SECTIONS)
+    for section in sections:
+        source = r"^Source: `benchmarks/results/\w+\.json` · machine: .+ · date: \d{4}-\d\d-\d\d"
+        assert re.search(source + r" · TensorFlow \S+ · tflms .+$", section, flags=re.M), section.splitlines()[0]
 
 
 def test_accuracy_table_gives_the_figures_within_10_percent_of_every_step():
@@ -122,6 +203,33 @@ def test_make_run_runs_the_demo():
     assert any(line.endswith("-m tflms demo") for line in _make_dry_run("run"))
 
 
+def test_make_docs_builds_the_site_strictly():
+    assert any(line.endswith("-m mkdocs build --strict") for line in _make_dry_run("docs"))
+
+
+def test_every_docs_page_is_in_the_nav_and_every_nav_entry_exists():
+    text = (ROOT / "mkdocs.yml").read_text()
+    nav = set(re.findall(r":\s*([\w./-]+\.md)\s*$", text, flags=re.M))
+    pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
+    assert nav == pages, f"in the nav only: {sorted(nav - pages)}; pages not in the nav: {sorted(pages - nav)}"
+
+
+def test_docs_build_strict(tmp_path):
+    # Broken links, anchors and API references that do not resolve fail a --strict build.
+    if importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("mkdocstrings_handlers") is None:
+        pytest.skip("the docs extra is not installed: pip install -e '.[docs]'")
+    out = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-5000:]
+    assert (tmp_path / "site" / "api" / "index.html").exists()
+
+
 def test_every_module_with_doctests_is_in_the_makefiles_doctests():
     text = (ROOT / "Makefile").read_text()
     listed = re.search(r"^DOCTESTS :=((?:.*\\\n)*.*)$", text, re.MULTILINE).group(1).replace("\\\n", " ").split()
@@ -149,11 +257,18 @@ def _tflms_names(code):
     return used
 
 
-def test_readme_code_examples_use_names_that_exist():
-    used = [pair for block in _blocks("python") for pair in _tflms_names(block)]
+def test_docs_code_examples_use_names_that_exist():
+    # Every page's Python blocks, those that do not run included (the Horovod ones): their tflms
+    # names must exist.
+    pages = [README, *sorted(DOCS.rglob("*.md"))]
+    used = []
+    for page in pages:
+        for lang, code, _ in code_blocks(page.read_text()):
+            if lang == "python":
+                used += [pair for pair in _tflms_names(code) if pair[0] != "tflms.horovod" or pair[1] is not None]
     assert ("tflms", "function") in used and ("tflms", "LMSCallback") in used  # the parser found the examples
     for module, name in used:
         mod = importlib.import_module(module)
         if name is not None:
             exists = hasattr(mod, name) or importlib.util.find_spec(f"{module}.{name}") is not None  # or a submodule
-            assert exists, f"the README uses {module}.{name}, which does not exist"
+            assert exists, f"the docs use {module}.{name}, which does not exist"
