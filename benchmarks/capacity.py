@@ -21,7 +21,7 @@ Usage::
     python benchmarks/capacity.py --models densenet121 --swap-gradients --split-sums  # sums as terms arrive
 
 The JSON keeps the rows of the models not run. BERT-base is traced per batch with static
-shapes (``tflms.plan.autotune.keras_step_source``): traced with an unknown batch, its ``Dense``
+shapes (``tflms.ir.trace.keras_step_source``): traced with an unknown batch, its ``Dense``
 layers reshape to ``(None, None)``, which no plan swaps.
 """
 
@@ -39,7 +39,7 @@ from report import save_result
 
 import tflms
 from tflms.config import parse_bytes
-from tflms.plan.autotune import keras_step_source, keras_train_step
+from tflms.ir.trace import keras_step_source, keras_train_step
 
 
 def _compile(model: keras.Model) -> keras.Model:
@@ -124,7 +124,8 @@ def largest_side(
     order_updates: bool = False,
 ) -> int:
     """Largest multiple of ``step`` for the 3D U-Net side that fits ``budget`` at batch 1."""
-    from tflms.plan.autotune import _serialized_search, largest_fitting, prepare
+    from tflms.plan.autotune import prepare, serialized_search
+    from tflms.plan.capacity import largest_fitting
 
     def fits(k: int) -> bool:
         cf, _keep = unet_side_step(k * step)
@@ -138,7 +139,7 @@ def largest_side(
         )  # fmt: skip
         if lms:  # the step make_plan plans on
             model, sim, *_ = prepare(model, config, sim)
-        return lms and _serialized_search(model, config, sim, budget)[0] is not None
+        return lms and serialized_search(model, config, sim, budget)[0] is not None
 
     return step * largest_fitting(fits, limit // step, rel_tol)
 
@@ -146,7 +147,7 @@ def largest_side(
 def side_bound(budget: int, start: int, step: int = 16, limit: int = 1024) -> int:
     """Largest multiple of ``step`` for the 3D U-Net side whose floor (``Simulator.floor``) fits ``budget``,
     searched exactly from ``start``: past it no plan fits."""
-    from tflms.plan.autotune import largest_fitting
+    from tflms.plan.capacity import largest_fitting
 
     def fits(k: int) -> bool:
         cf, _keep = unet_side_step(k * step)
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         if name != "unet3d":
             model = BATCH_MODELS[name]()
             # BERT's Dense layers leave forward sizes unknown when traced with an unknown batch:
-            # then it is traced per batch (see tflms.plan.autotune.keras_step_source).
+            # then it is traced per batch (see tflms.ir.trace.keras_step_source).
             step = keras_step_source(model, keras_train_step(model))
         for budget, label in zip(budgets, args.budgets):
             t0 = time.perf_counter()
@@ -316,7 +317,7 @@ def _bounds_only(args: argparse.Namespace, budgets: list[int]) -> int:
             if step is None:
                 bound = side_bound(budget, start)
             else:
-                bound = tflms.plan.autotune.batch_bound(step, budget, limit=1 << 15, start=start)
+                bound = tflms.plan.capacity.batch_bound(step, budget, limit=1 << 15, start=start)
             for r in rows:
                 r["bound"] = bound
             print(f"{name:<12} {rows[0]['budget']:>7} bound {bound:>7} {time.perf_counter() - t0:>8.0f} s", flush=True)

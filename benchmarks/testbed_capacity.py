@@ -34,7 +34,7 @@ from pathlib import Path
 from report import save_result
 
 from tflms.config import LMSConfig, parse_bytes
-from tflms.plan.autotune import largest_fitting
+from tflms.plan.capacity import largest_fitting
 from tflms.testing.measure import MODELS, measure
 from tflms.testing.testbed import DEVICE_NICE, oom_message
 

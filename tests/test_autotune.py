@@ -99,7 +99,7 @@ def test_max_batch_size_of_a_compiled_keras_model():
     assert 1 <= result.without_lms < result.with_lms <= result.bound < 4096
     assert "simulator" in str(result) and f"{result.without_lms} without LMS" in str(result)
     assert f"no plan fits past {result.bound} (one op's working set)" in str(result)
-    step = tflms.plan.autotune.keras_train_step(model)
+    step = tflms.ir.trace.keras_train_step(model)
 
     def sim(batch):
         return Simulator(tflms.GraphModel.from_func_graph(step.graph, batch_size=batch), HOST)
@@ -108,13 +108,13 @@ def test_max_batch_size_of_a_compiled_keras_model():
     # The bound: the largest batch whose floor (variables and one op's working set) fits.
     assert sim(result.bound).floor()[0] <= budget < sim(result.bound + 1).floor()[0]
     assert tflms.max_batch_size(model, budget, limit=4096).bound is None
-    assert tflms.plan.autotune.batch_bound(model, budget, limit=4096) == result.bound
+    assert tflms.plan.capacity.batch_bound(model, budget, limit=4096) == result.bound
     assert (
-        tflms.plan.autotune.batch_bound(model, budget, limit=result.bound - 1) == result.bound - 1
+        tflms.plan.capacity.batch_bound(model, budget, limit=result.bound - 1) == result.bound - 1
     )  # still fits there
     with pytest.raises(ValueError, match="Received: bound='yes'"):
         tflms.max_batch_size(model, budget, bound="yes")
-    assert tflms.plan.autotune.keras_step_source(model, step) is step  # every forward size is told by the batch
+    assert tflms.ir.trace.keras_step_source(model, step) is step  # every forward size is told by the batch
     # With LMS, the autotuner fits the largest batch and not the next one.
     model_at = tflms.GraphModel.from_func_graph(step.graph, batch_size=result.with_lms)
     assert make_plan(model_at, LMSConfig(budget=budget)).peak_bytes_after <= budget
@@ -138,10 +138,10 @@ def test_max_batch_size_traces_a_transformer_per_batch():
         h = L.LayerNormalization()(h + L.Dense(32)(L.Dense(128, activation="gelu")(h)))
     model = keras.Model(inp, L.Dense(4)(L.GlobalAveragePooling1D()(h)))
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    step = tflms.plan.autotune.keras_train_step(model)
+    step = tflms.ir.trace.keras_train_step(model)
     traced = tflms.GraphModel.from_func_graph(step.graph)
     assert any(t.shape == (None, None) and traced.phase(t.op) == "forward" for t in traced.tensors.values())
-    source = tflms.plan.autotune.keras_step_source(model, step)
+    source = tflms.ir.trace.keras_step_source(model, step)
     assert source is not step
     assert source(8).structured_input_signature[0][0].shape.as_list() == [8, 64, 32]
     budget = 8 * 2**20
@@ -191,14 +191,14 @@ def test_pixels_reshaped_to_rows_are_traced_per_batch():
         ]
 
     plain = model(False)
-    step = tflms.plan.autotune.keras_train_step(plain)
+    step = tflms.ir.trace.keras_train_step(plain)
     assert reshapes(tflms.GraphModel.from_func_graph(step.graph), (None, 8 * 8 * 16))  # the Flatten
-    assert tflms.plan.autotune.keras_step_source(plain, step) is step
+    assert tflms.ir.trace.keras_step_source(plain, step) is step
     per_pixel = model(True)
-    step = tflms.plan.autotune.keras_train_step(per_pixel)
+    step = tflms.ir.trace.keras_train_step(per_pixel)
     folded = reshapes(tflms.GraphModel.from_func_graph(step.graph), (None, 16))
     assert folded
-    source = tflms.plan.autotune.keras_step_source(per_pixel, step)
+    source = tflms.ir.trace.keras_step_source(per_pixel, step)
     assert source is not step
     at_4 = tflms.GraphModel.from_func_graph(source(4).graph)
     assert {at_4.tensors[t.name].shape for t in folded} == {(4 * 8 * 8, 16)}
@@ -230,7 +230,7 @@ def test_keras_train_step_derives_labels_from_outputs_and_loss():
     keras.utils.set_random_seed(0)
     # Segmentation, sparse loss: the output shape without its last axis, int32 (per-pixel class ids).
     unet = _unet()
-    assert _signature(tflms.plan.autotune.keras_train_step(unet)) == (
+    assert _signature(tflms.ir.trace.keras_train_step(unet)) == (
         ((None, 32, 32, 3), "float32"),
         ((None, 32, 32), "int32"),
     )
@@ -239,7 +239,7 @@ def test_keras_train_step_derives_labels_from_outputs_and_loss():
     h = L.GlobalAveragePooling2D()(L.Conv2D(4, 3)(image))
     two = keras.Model([image, meta], L.Dense(3)(L.Concatenate()([h, L.Dense(4)(keras.ops.cast(meta, "float32"))])))
     two.compile("sgd", "mse")
-    assert _signature(tflms.plan.autotune.keras_train_step(two)) == (
+    assert _signature(tflms.ir.trace.keras_train_step(two)) == (
         [((None, 16, 16, 3), "float32"), ((None, 8), "int32")],
         ((None, 3), "float32"),
     )
@@ -247,19 +247,19 @@ def test_keras_train_step_derives_labels_from_outputs_and_loss():
     a = keras.Input((6,))
     named = keras.Model(a, {"score": L.Dense(1)(a), "kind": L.Dense(4)(a)})
     named.compile("sgd", {"score": "mse", "kind": keras.losses.SparseCategoricalCrossentropy(from_logits=True)})
-    assert _signature(tflms.plan.autotune.keras_train_step(named))[1] == {
+    assert _signature(tflms.ir.trace.keras_train_step(named))[1] == {
         "kind": ((None,), "int32"),
         "score": ((None, 1), "float32"),
     }
     # Explicit labels override the derived ones (one output only).
-    cf = tflms.plan.autotune.keras_train_step(unet, label_shape=(32, 32, 1), label_dtype="int64")
+    cf = tflms.ir.trace.keras_train_step(unet, label_shape=(32, 32, 1), label_dtype="int64")
     assert _signature(cf)[1] == ((None, 32, 32, 1), "int64")
 
 
 def test_keras_train_step_of_a_segmentation_model_trains_and_fits_a_budget():
     keras.utils.set_random_seed(1)
     unet = _unet()
-    cf = tflms.plan.autotune.keras_train_step(unet)
+    cf = tflms.ir.trace.keras_train_step(unet)
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(size=(2, 32, 32, 3)).astype("float32"))
     y = tf.constant(rng.integers(0, 5, size=(2, 32, 32)).astype("int32"))
@@ -279,7 +279,7 @@ def test_keras_train_step_of_a_segmentation_model_trains_and_fits_a_budget():
     result = tflms.max_batch_size(unet, budget, limit=4096)
     # The per-pixel loss reshapes the logits to (None, None) (batch x 32 x 32 rows): the batch does
     # not tell that tensor's size, so the model is sized on a trace per batch.
-    source = tflms.plan.autotune.keras_step_source(unet, cf)
+    source = tflms.ir.trace.keras_step_source(unet, cf)
     assert source is not cf
 
     def peak(batch):
@@ -291,13 +291,13 @@ def test_keras_train_step_of_a_segmentation_model_trains_and_fits_a_budget():
 
 def test_keras_train_step_refuses_what_it_cannot_trace():
     plain = keras.Sequential([keras.Input((4,)), L.Dense(2)])
-    for call in (lambda: tflms.plan.autotune.keras_train_step(plain), lambda: tflms.max_batch_size(plain, "1GiB")):
+    for call in (lambda: tflms.ir.trace.keras_train_step(plain), lambda: tflms.max_batch_size(plain, "1GiB")):
         with pytest.raises(ValueError, match=r"is not compiled: compile it first.*Received: model='sequential"):
             call()
     no_loss = keras.Sequential([keras.Input((4,)), L.Dense(2)])
     no_loss.compile("adam")
     with pytest.raises(ValueError, match="compiled without a loss.*Received: .*loss=None"):
-        tflms.plan.autotune.keras_train_step(no_loss)
+        tflms.ir.trace.keras_train_step(no_loss)
 
     class Sub(keras.Model):
         def __init__(self):
@@ -310,26 +310,26 @@ def test_keras_train_step_refuses_what_it_cannot_trace():
     sub = Sub()
     sub.compile("adam", "mse")
     with pytest.raises(ValueError, match="no known inputs and outputs.*keras.Input"):
-        tflms.plan.autotune.keras_train_step(sub)
+        tflms.ir.trace.keras_train_step(sub)
     with pytest.raises(TypeError, match="Received: model=42"):
-        tflms.plan.autotune.keras_train_step(42)
+        tflms.ir.trace.keras_train_step(42)
     unet = _unet()
     with pytest.raises(ValueError, match=r"Received: label_shape=\(0, 3\)"):
-        tflms.plan.autotune.keras_train_step(unet, label_shape=(0, 3))
+        tflms.ir.trace.keras_train_step(unet, label_shape=(0, 3))
     with pytest.raises(ValueError, match="Received: label_dtype='int33'"):
-        tflms.plan.autotune.keras_train_step(unet, label_dtype="int33")
+        tflms.ir.trace.keras_train_step(unet, label_dtype="int33")
     a = keras.Input((6,))
     multi = keras.Model(a, [L.Dense(1)(a), L.Dense(2)(a)])
     multi.compile("sgd", ["mse", "mse"])
     with pytest.raises(ValueError, match=r"one output.*has 2.*Received: label_shape=\(\)"):
-        tflms.plan.autotune.keras_train_step(multi, label_shape=())
+        tflms.ir.trace.keras_train_step(multi, label_shape=())
     # A loss on class ids whose name does not say so: tracing fails, with the labels tried and the fix.
     ids = lambda y_true, y_pred: keras.losses.sparse_categorical_crossentropy(y_true, y_pred)  # noqa: E731
     own = keras.Sequential([keras.Input((12,)), L.Dense(6)])
     own.compile("adam", ids)
     with pytest.raises(ValueError, match=r"Tracing the training step.*labels \(None, 6\) float32.*label_shape="):
-        tflms.plan.autotune.keras_train_step(own)
-    assert _signature(tflms.plan.autotune.keras_train_step(own, label_shape=(), label_dtype="int32"))[1] == (
+        tflms.ir.trace.keras_train_step(own)
+    assert _signature(tflms.ir.trace.keras_train_step(own, label_shape=(), label_dtype="int32"))[1] == (
         (None,),
         "int32",
     )
@@ -347,7 +347,7 @@ def test_step_5_finishes_other_resnet50_plans_where_the_lowest_one_does_not_fit(
     keras.utils.set_random_seed(0)
     net = keras.applications.ResNet50(weights=None)
     net.compile(optimizer=keras.optimizers.Adam(1e-4), loss="sparse_categorical_crossentropy")
-    model = tflms.GraphModel.from_func_graph(tflms.plan.autotune.keras_train_step(net).graph, batch_size=1424)
+    model = tflms.GraphModel.from_func_graph(tflms.ir.trace.keras_train_step(net).graph, batch_size=1424)
     config = LMSConfig(budget="16GiB", swap_gradients=True, split_sums=True, drop_tiles=True)
     finished, calls = tflms.plan.autotune._finished_peak, []  # noqa: SLF001 (the step 5 it checks)
 

@@ -34,7 +34,7 @@ def _unet_step():
     model = keras.Model(inp, out)
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     _KEEP.append(model)
-    return tflms.plan.autotune.keras_train_step(model), 64
+    return tflms.ir.trace.keras_train_step(model), 64
 
 
 def _measure_step(name, batch, size):

@@ -1,11 +1,11 @@
 from . import horovod, testbed
-from .config import LMSConfig
+from .config import Knobs, LMSConfig
 from .emulate.simulator import MemoryProfile, Simulator, simulate
 from .errors import BudgetError, LMSWarning, TflmsError
 from .integrations.function import LMSFunction, function, manual_memory_optimizer, optimize
 from .integrations.keras import LMSCallback
 from .ir.graph import GraphModel
-from .plan.autotune import BatchSizeResult, max_batch_size
+from .plan.capacity import BatchSizeResult, max_batch_size
 from .plan.planner import make_plan
 from .plan.records import Fence, Order, Recompute, Swap, SwapIn, SwapPlan
 from .report.plot import plot_memory

@@ -196,7 +196,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     import tflms
-    from tflms.plan.autotune import _specs_text, keras_step_source, keras_train_step
+    from tflms.ir.trace import keras_step_source, keras_train_step, specs_text
 
     # The options first: a bad one fails before the model is built and traced.
     schedule = {} if args.serialize is None else {"serialize": args.serialize}  # None: LMSConfig's default
@@ -223,7 +223,7 @@ def _plan(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as err:
         raise CLIError(" ".join(str(err).split())) from None
     x_spec, y_spec = step.structured_input_signature[0]
-    print(f"{args.model}: inputs {_specs_text(x_spec)}; labels {_specs_text(y_spec)}; batch {args.batch}")
+    print(f"{args.model}: inputs {specs_text(x_spec)}; labels {specs_text(y_spec)}; batch {args.batch}")
     source = keras_step_source(model, step, args.label_shape, args.label_dtype)
     if source is step:
         gm = tflms.GraphModel.from_func_graph(step.graph, batch_size=args.batch)

@@ -1,0 +1,212 @@
+"""The capacity search: the largest batch size whose predicted peak fits a budget, with tflms and without."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from .._util import format_sizes
+from ..config import LMSConfig, parse_bytes
+from ..emulate.simulator import Simulator
+from ..ir.graph import GraphModel
+from ..ir.trace import graph_source
+from .autotune import prepare, serialized_search
+
+__all__ = ["BatchSizeResult", "batch_bound", "largest_fitting", "max_batch_size"]
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSizeResult:
+    """Largest batch sizes whose *predicted* (simulator) peak fits ``budget``.
+
+    A size of 0 means even batch 1 does not fit; ``limit`` means the search stopped there.
+    ``bound`` (with ``max_batch_size(..., bound=True)``, else ``None``): the largest batch
+    whose :meth:`~tflms.emulate.simulator.Simulator.floor` fits, beyond which no plan of swaps,
+    recomputes and orders can fit (the largest single op's working set no longer does).
+    """
+
+    budget: int
+    without_lms: int
+    with_lms: int
+    limit: int
+    bound: int | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        return self.with_lms / self.without_lms if self.without_lms else None
+
+    def __str__(self) -> str:
+        ratio = f" (x{self.ratio:.1f})" if self.ratio else ""
+        cap = lambda b: f">={b}" if b >= self.limit else str(b)  # noqa: E731
+        # Both unit systems: "16 GB" (powers of 10) and "16 GiB" (powers of 2) differ by 7%.
+        size = format_sizes(self.budget)
+        bound = "" if self.bound is None else f"; no plan fits past {cap(self.bound)} (one op's working set)"
+        return (
+            f"largest batch within {size} (simulator prediction): "
+            f"{cap(self.without_lms)} without LMS, {cap(self.with_lms)} with LMS{ratio}{bound}"
+        )
+
+
+def largest_fitting(fits: Callable[[int], bool], limit: int, rel_tol: float = 0.0, start: int = 1) -> int:
+    """Largest b in [1, limit] with ``fits(b)``, for a monotone predicate; 0 if none.
+
+    The search starts at ``start`` (a guess: it doubles up or halves down from
+    there, then bisects), so a good guess saves evaluations when each one is costly
+    (a measured run). With ``rel_tol`` > 0 the bisection stops once the bracket is
+    within that fraction of the lower end (the result is then a lower bound, that close).
+
+    >>> largest_fitting(lambda b: b * b <= 1000, limit=100)
+    31
+    >>> largest_fitting(lambda b: b <= 40, limit=100, start=64), largest_fitting(lambda b: False, 100)
+    (40, 0)
+    """
+    lo, hi = 0, limit + 1  # lo fits (0: nothing known), hi does not
+    b = max(1, min(start, limit))
+    if fits(b):
+        lo = b
+        while lo * 2 <= limit and fits(lo * 2):
+            lo *= 2
+        hi = min(lo * 2, limit + 1)
+    else:
+        hi = b
+        while hi > 1 and not fits(hi // 2):
+            hi //= 2
+        if hi == 1:
+            return 0
+        lo = hi // 2
+    while hi - lo > max(1, int(lo * rel_tol)):
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def max_batch_size(
+    step: Any,
+    budget: int | str | None = None,
+    *,
+    config: LMSConfig | None = None,
+    limit: int = 1 << 16,
+    rel_tol: float = 0.0,
+    bound: bool = False,
+    **options: Any,
+) -> BatchSizeResult:
+    """Largest batch whose predicted device peak fits ``budget``, without and with LMS.
+
+    ``step`` is one of:
+
+    * a ConcreteFunction traced with an unknown (``None``) batch dimension: sizes
+      are re-estimated per batch with the ``batch_size`` rule, no retracing;
+    * a compiled ``keras.Model`` (loss and optimizer set): its training step is
+      traced once with an unknown batch dimension (see :func:`keras_train_step`), or per
+      batch with static shapes where that trace leaves the size of a forward tensor
+      unknown (a ``Dense`` on a 3-D input reshapes it to ``(None, None)``, which no plan
+      can swap: its size would be a guess);
+    * a callable ``factory(batch_size) -> ConcreteFunction`` (retraced per size).
+
+    "With LMS" means the autotuner (:func:`tune`) finds a plan that fits (with
+    ``recompute=True``: on the model with the recomputes applied, as :func:`tflms.make_plan` does;
+    with ``serialize=True``: with ordering edges where it needs them, see :func:`tune_ordered`).
+    ``budget`` may also come from ``config.budget`` (or ``budget=`` among the
+    options); naming two different budgets is an error.
+    ``rel_tol`` > 0 trades exactness for fewer evaluations: each result is then a
+    size that fits, within that fraction below the true largest one.
+    ``bound=True`` also searches ``result.bound``, the largest batch at which the step's
+    :meth:`~tflms.emulate.simulator.Simulator.floor` (the variables and its largest single-op working
+    set) fits: an upper limit of what any plan can reach, so the gap to ``with_lms`` is what
+    better planning could still gain. It is searched exactly (``rel_tol`` does not apply: a
+    bound must not be an underestimate), tracing or estimating the step at larger batches.
+
+    Example (a small CNN; the figures are the simulator's):
+        >>> import tflms
+        >>> from tflms.testing.measure import build
+        >>> model = build("cnn", batch=1, size=32)[0]
+        >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=False)
+        >>> r = tflms.max_batch_size(model, "64MiB", rel_tol=0.05, bound=True)
+        >>> print(r)  # doctest: +ELLIPSIS
+        largest batch within 64.0 MiB = 67.1 MB (simulator prediction): ... without LMS, ... with LMS (x...); no plan...
+        >>> r.without_lms < r.with_lms <= r.bound
+        True
+    """
+    from .._util import paused_gc
+
+    cfg = LMSConfig.from_options(config, **options)
+    if cfg.budget == "auto":  # no device to read a limit from: the budget argument decides
+        cfg = cfg.replace(budget=None)
+    if budget is None:
+        if cfg.budget is None:
+            raise ValueError("max_batch_size needs a budget: pass budget='16GiB' (or set it in config).")
+        budget = cfg.budget
+    budget = parse_bytes(budget, "budget")
+    if cfg.budget is not None and cfg.budget != budget:
+        raise ValueError(
+            f"max_batch_size got two budgets: budget={budget} and config.budget={cfg.budget}. "
+            "Pass one of them (or the same value)."
+        )
+    _check_limit(limit)
+    if not isinstance(bound, bool):
+        raise ValueError(f"bound must be True or False. Received: bound={bound!r}")
+    graph_of = graph_source(step)
+    planned_of = graph_of  # the step the plans are made on (and the bound searched on)
+    if cfg.split_sums:
+        from .passes.sums import with_split_sums
+
+        planned_of = lambda batch: with_split_sums(graph_of(batch))[0]  # noqa: E731
+    if cfg.drop_tiles:
+        from .passes.tiles import with_dropped_tiles
+
+        planned_of = lambda batch, split=planned_of: with_dropped_tiles(split(batch))[0]  # noqa: E731
+    cache: dict[int, tuple[bool, bool]] = {}
+
+    def fits(batch: int) -> tuple[bool, bool]:
+        """(plain step fits, some plan of the autotuner fits) at this batch size."""
+        if batch not in cache:
+            with paused_gc():
+                model = graph_of(batch)
+                sim = Simulator(model, cfg.host)
+                plain = sim.peak() <= budget
+                if not plain:  # the step make_plan plans on
+                    model, sim, *_ = prepare(model, cfg, sim)
+                cache[batch] = (plain, plain or serialized_search(model, cfg, sim, budget)[0] is not None)
+        return cache[batch]
+
+    without = largest_fitting(lambda b: fits(b)[0], limit, rel_tol)
+    with_lms = largest_fitting(lambda b: fits(b)[1], limit, rel_tol)
+    return BatchSizeResult(
+        budget=budget,
+        without_lms=without,
+        with_lms=with_lms,
+        limit=limit,
+        bound=_bound(planned_of, budget, cfg.host, limit, with_lms) if bound else None,
+    )
+
+
+def batch_bound(step: Any, budget: int | str, *, host: str | None = None, limit: int = 1 << 16, start: int = 1) -> int:
+    """Largest batch at which ``step``'s :meth:`~tflms.emulate.simulator.Simulator.floor` fits ``budget``
+    (``limit`` if it still fits there, 0 if not even batch 1): past it no plan fits.
+
+    ``step`` as for :func:`max_batch_size`; ``host`` the plan's host (ops placed there
+    allocate no device memory); ``start`` a guess to search from (e.g. ``with_lms``).
+    :func:`max_batch_size` with ``bound=True`` returns it as ``result.bound``.
+    """
+    budget = parse_bytes(budget, "budget")
+    _check_limit(limit)
+    return _bound(graph_source(step), budget, host, limit, start)
+
+
+def _bound(graph_of: Callable[[int], GraphModel], budget: int, host: str | None, limit: int, start: int) -> int:
+    from .._util import paused_gc
+
+    def floor_fits(batch: int) -> bool:
+        with paused_gc():
+            return Simulator(graph_of(batch), host).floor()[0] <= budget
+
+    return largest_fitting(floor_fits, limit, start=max(1, start))
+
+
+def _check_limit(limit: Any) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an integer >= 1. Received: limit={limit!r}")
