@@ -124,8 +124,9 @@ def largest_side(
     order_updates: bool = False,
 ) -> int:
     """Largest multiple of ``step`` for the 3D U-Net side that fits ``budget`` at batch 1."""
-    from tflms.plan.autotune import prepare, serialized_search
+    from tflms.plan.autotune import serialized_search
     from tflms.plan.capacity import largest_fitting
+    from tflms.plan.registry import prepare
 
     def fits(k: int) -> bool:
         cf, _keep = unet_side_step(k * step)

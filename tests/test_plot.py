@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 import tflms
 from tflms import SwapPlan
 from tflms.ir.graph import GraphModel
-from tflms.report.plot import draw_memory, memory_plot_data
+from tflms.report.plot import draw_memory, memory_plot_data, plot_plan
 
 import zoo
 from conftest import DEVICE
@@ -60,15 +60,15 @@ def test_real_model_plans_from_optimize_and_tflms_function_plot(tmp_path):
     assert (data.peak_before, data.peak_after) == (plan.peak_bytes_before, plan.peak_bytes_after)
     assert len(data.swap_out_steps) == len(plan.swaps) and len(data.swap_in_steps) == plan.n_swap_ins
     assert set(data.phases) == {"forward", "backward", "update"}
-    assert plan.plot(tmp_path / "cnn.png").read_bytes()[:8] == PNG_MAGIC
+    assert plot_plan(plan, tmp_path / "cnn.png").read_bytes()[:8] == PNG_MAGIC
     # A plan from JSON plots with the graph model of the (unchanged) traced step.
     loaded = SwapPlan.from_json(plan.to_json())
     np.testing.assert_array_equal(memory_plot_data(GraphModel.from_func_graph(cf.graph), loaded).after, data.after)
 
     lms = tflms.function(setup.step_fn(), device=DEVICE)
     lms_plan = lms.get_plan(setup.x, setup.y)
-    assert lms_plan.plot(tmp_path / "fn.png").read_bytes()[:8] == PNG_MAGIC
+    assert plot_plan(lms_plan, tmp_path / "fn.png").read_bytes()[:8] == PNG_MAGIC
     # tflms.function rewrote its own trace in place: that graph is not the one the plan was made from.
     rewritten = GraphModel.from_func_graph(lms.get_concrete_function(setup.x, setup.y).graph)
     with pytest.raises(ValueError, match="before tflms rewrote it"):
-        SwapPlan.from_json(lms_plan.to_json()).plot(tmp_path / "bad.png", model=rewritten)
+        plot_plan(SwapPlan.from_json(lms_plan.to_json()), tmp_path / "bad.png", model=rewritten)

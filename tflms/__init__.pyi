@@ -8,6 +8,6 @@ from .ir.graph import GraphModel
 from .plan.capacity import BatchSizeResult, max_batch_size
 from .plan.planner import make_plan
 from .plan.records import Fence, Order, Recompute, Swap, SwapIn, SwapPlan
-from .report.plot import plot_memory
+from .report.plot import plot_memory, plot_plan
 
 __version__: str

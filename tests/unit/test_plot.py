@@ -13,7 +13,7 @@ from matplotlib.image import imread
 import tflms
 from tflms import LMSConfig, SwapPlan, make_plan, simulate
 from tflms.emulate.order import ready_order
-from tflms.report.plot import MemoryPlotData, draw_memory, memory_plot_data
+from tflms.report.plot import MemoryPlotData, draw_memory, memory_plot_data, plot_plan
 
 from graphs import bn_relu_model, chain_model
 
@@ -174,7 +174,7 @@ def test_plot_memory_writes_a_png_of_the_requested_size(tmp_path):
 
 def test_plan_plot_uses_its_model_and_json_ignores_it(tmp_path):
     model, plan = chain_plan()
-    assert plan.plot(tmp_path / "p.png").read_bytes()[:8] == PNG_MAGIC
+    assert plot_plan(plan, tmp_path / "p.png").read_bytes()[:8] == PNG_MAGIC
     bare = dataclasses.replace(plan)  # same fields, no model attached
     assert bare.model is None and plan.model is model
     assert plan.to_json() == bare.to_json() and plan.fingerprint() == bare.fingerprint()
@@ -182,16 +182,16 @@ def test_plan_plot_uses_its_model_and_json_ignores_it(tmp_path):
     loaded = SwapPlan.from_json(plan.to_json())
     assert loaded == plan and loaded.to_json() == plan.to_json()
     with pytest.raises(ValueError, match=r"model=tflms.GraphModel.from_func_graph"):
-        loaded.plot(tmp_path / "l.png")
+        plot_plan(loaded, tmp_path / "l.png")
     assert not (tmp_path / "l.png").exists()
-    assert loaded.plot(tmp_path / "l.png", model=model).read_bytes()[:8] == PNG_MAGIC
+    assert plot_plan(loaded, tmp_path / "l.png", model=model).read_bytes()[:8] == PNG_MAGIC
 
 
 def test_a_model_that_does_not_match_the_plan_is_refused(tmp_path):
     _, plan = chain_plan(n_fwd=8)
     other = chain_model(n_fwd=4)
     with pytest.raises(ValueError, match="does not match the plan"):
-        plan.plot(tmp_path / "x.png", model=other)
+        plot_plan(plan, tmp_path / "x.png", model=other)
 
 
 def test_empty_plan_plots_the_plain_step(tmp_path):
@@ -201,7 +201,7 @@ def test_empty_plan_plots_the_plain_step(tmp_path):
     data = memory_plot_data(model, plan)
     np.testing.assert_array_equal(data.before, data.after)
     assert data.swap_out_steps == () and data.swap_in_steps == ()
-    assert imread(plan.plot(tmp_path / "e.png")).shape == (500, 1100, 4)
+    assert imread(plot_plan(plan, tmp_path / "e.png")).shape == (500, 1100, 4)
 
 
 def test_importing_tflms_does_not_need_matplotlib():

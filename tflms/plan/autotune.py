@@ -55,7 +55,6 @@ from .records import Order, Swap, link_seconds
 __all__ = [
     "tune",
     "tune_ordered",
-    "prepare",
     "serialized_search",
     "THRESHOLDS",
     "GROUPBYS",
@@ -173,43 +172,6 @@ def _tuned(config: LMSConfig, budget: int, threshold: int, ahead: int, groupby: 
     return config.replace(
         budget=budget, swapout_threshold=threshold, swapin_ahead=ahead, swapin_groupby=groupby, n_tensors=n
     )
-
-
-def prepare(
-    model: GraphModel, config: LMSConfig, sim: Simulator
-) -> tuple[GraphModel, Simulator, list, list, list, tuple]:
-    """The step that swaps are planned on: ``model`` with ``config``'s split sums, left-out
-    tiles, planned recomputes and update orders applied, in that order (see :mod:`tflms.plan.planner`).
-    Returns ``(model, a simulator of it, sums, tiles, recomputes, orders)``; ``sim`` is ``model``'s and is
-    returned when nothing changed. :func:`tflms.make_plan`, :func:`max_batch_size` and the
-    capacity benchmark plan on it."""
-    sums: list = []
-    if config.split_sums:
-        from .passes.sums import with_split_sums
-
-        model, sums = with_split_sums(model)
-        if sums:
-            sim = Simulator(model, config.host)
-    tiles: list = []
-    if config.drop_tiles:
-        from .passes.tiles import with_dropped_tiles
-
-        model, tiles = with_dropped_tiles(model)
-        if tiles:
-            sim = Simulator(model, config.host)
-    recomputes: list = []
-    if config.recompute:
-        from .passes.recompute import with_planned_recomputes
-
-        model, recomputes = with_planned_recomputes(model, config)
-        if recomputes:
-            sim = Simulator(model, config.host)
-    orders: tuple = ()
-    if config.order_updates:  # every variable update waits for the reads of it still held
-        from .passes.schedule import _with_update_orders
-
-        model, orders, sim = _with_update_orders(model, sim)
-    return model, sim, sums, tiles, recomputes, orders
 
 
 def _fits(sim: Simulator, swaps: list[Swap], budget: int) -> bool:

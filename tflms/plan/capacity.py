@@ -11,7 +11,8 @@ from ..config import LMSConfig, parse_bytes
 from ..emulate.simulator import Simulator
 from ..ir.graph import GraphModel
 from ..ir.trace import graph_source
-from .autotune import prepare, serialized_search
+from .autotune import serialized_search
+from .registry import prepare
 
 __all__ = ["BatchSizeResult", "batch_bound", "largest_fitting", "max_batch_size"]
 

@@ -113,9 +113,12 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
             "without swapping",
             config.replace(n_tensors=0),
         )
-    from .autotune import prepare, tune_ordered
+    from .autotune import tune_ordered
+    from .registry import prepare
 
-    model, sim, sums, tiles, recomputes, orders = prepare(model, config, sim)
+    model, sim, decided = prepare(model, config, sim)
+    sums, tiles, recomputes = decided.get("sums", ()), decided.get("tiles", ()), decided.get("recomputes", ())
+    orders = decided.get("orders", ())
     if config.budget is not None:
         config, more, sim = tune_ordered(model, config, sim)
         model, orders = sim.model, orders + more  # with the orders, if the budget needed them

@@ -61,8 +61,6 @@ from .._util import format_bytes, format_sizes
 from .passes.sums import Sum
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from ..ir.graph import GraphModel
 
 __all__ = [
@@ -319,48 +317,6 @@ class SwapPlan:
     def model(self) -> GraphModel | None:
         """The graph model the plan was made from, or ``None`` (loaded from JSON, built by hand)."""
         return getattr(self, "_model", None)
-
-    def planned_step(self, model: GraphModel) -> GraphModel:
-        """``model`` (the step the plan was made from) as the plan changes it before swapping: its
-        sums split, tiles left out, recomputes and orders applied, in the rewrite's order. The
-        simulator runs the swaps on it."""
-        from ..ir.graph import with_orders, with_recomputes
-        from .passes.sums import with_split_sums
-        from .passes.tiles import with_dropped_tiles
-
-        step = with_dropped_tiles(with_split_sums(model, self.sums)[0], self.tiles)[0]
-        return with_orders(with_recomputes(step, self.recomputes), self.orders)
-
-    def plot(self, path: str | Path, model: GraphModel | None = None, **kwargs: Any) -> Path:
-        """Save the predicted memory timeline, before and after this plan, as a PNG.
-
-        ``model`` defaults to the graph model the plan was made from; a plan loaded
-        from JSON has none, so pass ``model=tflms.GraphModel.from_func_graph(cf.graph)``
-        of the (not rewritten) traced step. ``kwargs`` go to :func:`tflms.plot_memory`.
-
-        Example:
-            >>> import tempfile, tensorflow as tf, tflms
-            >>> from tflms.testing.measure import build
-            >>> model, x, y, train_step = build("cnn", batch=8, size=32)
-            >>> cf = tf.function(train_step).get_concrete_function(x, y)
-            >>> graph = tflms.GraphModel.from_func_graph(cf.graph)
-            >>> plan = tflms.make_plan(graph, tflms.LMSConfig(swapout_threshold=20))
-            >>> plan.plot(tempfile.mkdtemp() + "/memory.png").name
-            'memory.png'
-        """
-        from ..report.plot import plot_memory
-
-        model = model if model is not None else self.model
-        if model is None:
-            raise ValueError(
-                "This plan holds no graph model (it was loaded from JSON, built by hand, or made "
-                "by tflms.optimize for an already rewritten function), so it "
-                "cannot be simulated for plotting. Pass the traced step's graph model, e.g. "
-                "plan.plot(path, model=tflms.GraphModel.from_func_graph(cf.graph, "
-                f"batch_size={self.options.get('batch_size')!r})) where cf is the step's "
-                "ConcreteFunction before tflms rewrote it. Received: model=None"
-            )
-        return plot_memory(model, self, path, **kwargs)
 
     # ------------------------------------------------------------ serialisation
     def to_dict(self) -> dict[str, Any]:

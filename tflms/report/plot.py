@@ -14,7 +14,7 @@ only when a plot is drawn. The figure is rendered with Agg without pyplot, so it
 works headless and leaves the session's matplotlib backend alone.
 
 Example (``new_cf, plan = tflms.optimize(cf)`` gives a plan that remembers its
-model, and then ``plan.plot("memory.png")`` is enough)::
+model, and then ``tflms.plot_plan(plan, "memory.png")`` is enough)::
 
     >>> import tempfile, tensorflow as tf, tflms
     >>> from tflms.testing.measure import build
@@ -41,13 +41,14 @@ from ..errors import LMSWarning
 from ..ir.graph import ALIAS_OP_TYPES, GraphModel
 from ..plan.passes.sums import chain_ops
 from ..plan.passes.tiles import SUFFIX as TILE_SUFFIX
+from ..plan.registry import replay
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
     from ..plan.records import SwapPlan
 
-__all__ = ["MemoryPlotData", "memory_plot_data", "draw_memory", "plot_memory", "PHASE_COLORS"]
+__all__ = ["MemoryPlotData", "memory_plot_data", "draw_memory", "plot_memory", "plot_plan", "PHASE_COLORS"]
 
 PHASES = ("forward", "backward", "update")
 
@@ -176,7 +177,7 @@ def memory_plot_data(model: GraphModel, plan: SwapPlan) -> MemoryPlotData:
     """
     _check_matches(model, plan)
     plain = Simulator(model, plan.options.get("host")).profile()
-    planned_model = plan.planned_step(model)
+    planned_model = replay(model, plan)
     planned = Simulator(planned_model, plan.options.get("host")).profile(plan.swaps)
     planned = _on_schedule(planned, plain.schedule)
     if plain.peak_bytes != plan.peak_bytes_before:
@@ -442,3 +443,33 @@ def plot_memory(
     draw_memory(data, ax, title=title)
     fig.savefig(path, dpi=dpi, format="png")
     return path
+
+
+def plot_plan(plan: SwapPlan, path: str | pathlib.Path, model: GraphModel | None = None, **kwargs: Any) -> pathlib.Path:
+    """Save the predicted memory timeline, before and after ``plan``, as a PNG.
+
+    ``model`` defaults to the graph model the plan was made from; a plan loaded
+    from JSON has none, so pass ``model=tflms.GraphModel.from_func_graph(cf.graph)``
+    of the (not rewritten) traced step. ``kwargs`` go to :func:`plot_memory`.
+
+    Example:
+        >>> import tempfile, tensorflow as tf, tflms
+        >>> from tflms.testing.measure import build
+        >>> model, x, y, train_step = build("cnn", batch=8, size=32)
+        >>> cf = tf.function(train_step).get_concrete_function(x, y)
+        >>> graph = tflms.GraphModel.from_func_graph(cf.graph)
+        >>> plan = tflms.make_plan(graph, tflms.LMSConfig(swapout_threshold=20))
+        >>> tflms.plot_plan(plan, tempfile.mkdtemp() + "/memory.png").name
+        'memory.png'
+    """
+    model = model if model is not None else plan.model
+    if model is None:
+        raise ValueError(
+            "This plan holds no graph model (it was loaded from JSON, built by hand, or made "
+            "by tflms.optimize for an already rewritten function), so it "
+            "cannot be simulated for plotting. Pass the traced step's graph model, e.g. "
+            "tflms.plot_plan(plan, path, model=tflms.GraphModel.from_func_graph(cf.graph, "
+            f"batch_size={plan.options.get('batch_size')!r})) where cf is the step's "
+            "ConcreteFunction before tflms rewrote it. Received: model=None"
+        )
+    return plot_memory(model, plan, path, **kwargs)

@@ -57,6 +57,7 @@ forwards the received buffer and does not change when the tensor arrives.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import networkx as nx
@@ -67,6 +68,9 @@ from ..plan.passes.sums import apply_sums
 from ..plan.passes.tiles import SUFFIX as TILE_SUFFIX
 from ..plan.passes.tiles import apply_tiles
 from ..plan.records import RECOMPUTE_SCOPE, SwapPlan
+from ..plan.registry import PASSES
+
+log = logging.getLogger("tflms.passes")
 
 __all__ = [
     "apply_plan",
@@ -129,8 +133,10 @@ def _plan_error(plan: SwapPlan, what: str) -> ValueError:
 
 
 def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on: str = "host") -> dict[str, int]:
-    """Edit ``graph`` in place; return op-count changes, e.g.
+    """Edit ``graph`` in place, one pass of :data:`tflms.plan.registry.PASSES` after the other,
+    in registry order; return op-count changes, e.g.
     ``{'swap_out': 3, 'swap_in': 4, 'landing': 4, 'recompute': 0, 'fence': 0, 'order': 0, 'sum': 0, 'tile': 0}``.
+    Each pass logs the ops it added (logger ``tflms.passes``).
 
     ``device`` is where the step runs (its unplaced ops and the consumers of swap-ins);
     every swap op is placed on ``host``. ``swap_in_on='device'`` instead places the
@@ -151,88 +157,121 @@ def apply_plan(graph: Any, plan: SwapPlan, device: str, host: str, *, swap_in_on
     for fence in plan.fences:
         if fence.tensor not in swapped:
             raise _plan_error(plan, f"fence on {fence.tensor!r}, which the plan does not swap")
-    n_sums = apply_sums(graph, plan.sums, device, lookup)  # the other decisions name the chains' ops
-    n_tiles = apply_tiles(graph, plan.tiles, device, lookup, [s.op for s in plan.sums])  # and the ops made again
-    gates = _order_gates(graph, plan, lookup)
-    _check_acyclic(graph, plan, gates)
-    n_clones = _apply_recomputes(graph, plan, device, lookup)
-    tensors = [lookup("tensor", graph.get_tensor_by_name, s.tensor) for s in plan.swaps]
-    with graph.as_default(), tf.control_dependencies(None):
-        with tf.device(host):
-            outs = [
-                tf.identity(t, name=f"{SWAP_OUT_SCOPE}/{s.tensor.replace(':', '_')}")
-                for s, t in zip(plan.swaps, tensors)
-            ]
-        with tf.device(host if swap_in_on == "host" else device):
-            backs = [
-                [
-                    tf.identity(out, name=f"{SWAP_IN_SCOPE}/{s.tensor.replace(':', '_')}/{k}")
-                    for k in range(len(s.swap_ins))
+    rewrite = _Rewrite(graph, plan, device, host, swap_in_on, lookup)
+    for p in PASSES:
+        n_ops = len(graph.get_operations())
+        getattr(rewrite, p.name)()
+        if getattr(plan, p.field):
+            log.info("tflms pass %s on %s: ops +%d", p.name, graph.name, len(graph.get_operations()) - n_ops)
+    return rewrite.counts
+
+
+class _Rewrite:
+    """The appliers of the registry's passes to one TensorFlow graph, one method a pass (named
+    as the pass), sharing what a later pass needs of an earlier one."""
+
+    def __init__(self, graph: Any, plan: SwapPlan, device: str, host: str, swap_in_on: str, lookup: Any) -> None:
+        self.graph, self.plan, self.device, self.host, self.swap_in_on, self.lookup = (
+            graph, plan, device, host, swap_in_on, lookup,
+        )  # fmt: skip
+        self.counts = dict.fromkeys(("swap_out", "swap_in", "landing", "recompute", "fence", "order", "sum", "tile"), 0)
+        self.gates: dict[int, list[tuple[Any, int]]] = {}
+        self.swapped_out: dict[str, Any] = {}
+
+    def split_sums(self) -> None:
+        # The other decisions name the chains' ops.
+        self.counts["sum"] = apply_sums(self.graph, self.plan.sums, self.device, self.lookup)
+
+    def drop_tiles(self) -> None:
+        # The other decisions name the ops made again.
+        gone = [s.op for s in self.plan.sums]
+        self.counts["tile"] = apply_tiles(self.graph, self.plan.tiles, self.device, self.lookup, gone)
+
+    def recompute(self) -> None:
+        # The orders' gates are found, and the orders with the triggers checked for a cycle,
+        # on the graph before any clone, swap or order edge is added.
+        self.gates = _order_gates(self.graph, self.plan, self.lookup)
+        _check_acyclic(self.graph, self.plan, self.gates)
+        self.counts["recompute"] = _apply_recomputes(self.graph, self.plan, self.device, self.lookup)
+
+    def swaps(self) -> None:
+        graph, plan, device, host, lookup = self.graph, self.plan, self.device, self.host, self.lookup
+        tensors = [lookup("tensor", graph.get_tensor_by_name, s.tensor) for s in plan.swaps]
+        with graph.as_default(), tf.control_dependencies(None):
+            with tf.device(host):
+                outs = [
+                    tf.identity(t, name=f"{SWAP_OUT_SCOPE}/{s.tensor.replace(':', '_')}")
+                    for s, t in zip(plan.swaps, tensors)
                 ]
-                for s, out in zip(plan.swaps, outs)
-            ]
-        if swap_in_on == "host":
-            with tf.device(device):
-                lands = [
-                    [tf.identity(b, name=landing_name(s.tensor, k)) for k, b in enumerate(group)]
-                    for s, group in zip(plan.swaps, backs)
+            with tf.device(host if self.swap_in_on == "host" else device):
+                backs = [
+                    [
+                        tf.identity(out, name=f"{SWAP_IN_SCOPE}/{s.tensor.replace(':', '_')}/{k}")
+                        for k in range(len(s.swap_ins))
+                    ]
+                    for s, out in zip(plan.swaps, outs)
                 ]
-        else:
-            lands = backs
-    for swap, tensor, out, group, landed in zip(plan.swaps, tensors, outs, backs, lands):
-        tfi.set_attr(out.op, "_grappler_do_not_remove", True)
-        tfi.set_attr(out.op, SWAP_ATTR, "out")
-        for swap_in, back, land in zip(swap.swap_ins, group, landed):
-            tfi.set_attr(back.op, "_grappler_do_not_remove", True)
-            tfi.set_attr(back.op, SWAP_ATTR, "in")
-            if land is not back:
-                tfi.set_attr(land.op, "_grappler_do_not_remove", True)
-                tfi.set_attr(land.op, SWAP_ATTR, "landing")
-            if swap_in.trigger is not None:
-                tfi.add_control_input(back.op, lookup("trigger op", graph.get_operation_by_name, swap_in.trigger))
-            for op_name, index in swap_in.consumers:
-                op = lookup("consumer op", graph.get_operation_by_name, op_name)
-                if index >= len(op.inputs) or op.inputs[index].name != tensor.name:
-                    raise _plan_error(plan, f"input {index} of {op_name!r} is not {swap.tensor!r}")
-                tfi.update_input(op, index, land)
-    swapped_out = {s.tensor: out for s, out in zip(plan.swaps, outs)}
-    for fence in plan.fences:
-        tfi.add_control_input(lookup("fence op", graph.get_operation_by_name, fence.op), swapped_out[fence.tensor].op)
-    implied = _implied_orders(graph, plan, gates)
-    for i, order in enumerate(plan.orders):
-        get = graph.get_operation_by_name
-        ordered = lookup("ordered op", get, order.op)
-        after = lookup("ordered op", get, order.after)
-        for index in implied.get(i, ()):
-            source = ordered.inputs[index]
-            with graph.as_default(), tf.control_dependencies(None), tf.device(ordered.device or device):
-                gate = tf.identity(source, name=order_gate_name(source.name, i))
-            tfi.add_control_input(gate.op, after)
-            tfi.set_attr(gate.op, "_grappler_do_not_remove", True)
-            tfi.set_attr(gate.op, SWAP_ATTR, "order")
-            tfi.update_input(ordered, index, gate)
-        if i not in gates and not implied.get(i):
-            tfi.add_control_input(ordered, after)
-            tfi.set_attr(ordered, SWAP_ATTR, "order")  # marks the step as rewritten (a plan may be orders only)
-        for identity_n, index in gates.get(i, ()):
-            source = identity_n.inputs[index]
-            with graph.as_default(), tf.control_dependencies(None), tf.device(identity_n.device or device):
-                gate = tf.identity(source, name=f"{ORDER_SCOPE}/{order.op}/{i}")
-            tfi.add_control_input(gate.op, after)
-            tfi.set_attr(gate.op, "_grappler_do_not_remove", True)
-            tfi.set_attr(gate.op, SWAP_ATTR, "order")
-            tfi.update_input(identity_n, index, gate)
-    n_in = sum(len(g) for g in backs)
-    return {
-        "swap_out": len(outs),
-        "swap_in": n_in,
-        "landing": n_in if swap_in_on == "host" else 0,
-        "recompute": n_clones,
-        "fence": len(plan.fences),
-        "order": len(plan.orders),
-        "sum": n_sums,
-        "tile": n_tiles,
-    }
+            if self.swap_in_on == "host":
+                with tf.device(device):
+                    lands = [
+                        [tf.identity(b, name=landing_name(s.tensor, k)) for k, b in enumerate(group)]
+                        for s, group in zip(plan.swaps, backs)
+                    ]
+            else:
+                lands = backs
+        for swap, tensor, out, group, landed in zip(plan.swaps, tensors, outs, backs, lands):
+            tfi.set_attr(out.op, "_grappler_do_not_remove", True)
+            tfi.set_attr(out.op, SWAP_ATTR, "out")
+            for swap_in, back, land in zip(swap.swap_ins, group, landed):
+                tfi.set_attr(back.op, "_grappler_do_not_remove", True)
+                tfi.set_attr(back.op, SWAP_ATTR, "in")
+                if land is not back:
+                    tfi.set_attr(land.op, "_grappler_do_not_remove", True)
+                    tfi.set_attr(land.op, SWAP_ATTR, "landing")
+                if swap_in.trigger is not None:
+                    tfi.add_control_input(back.op, lookup("trigger op", graph.get_operation_by_name, swap_in.trigger))
+                for op_name, index in swap_in.consumers:
+                    op = lookup("consumer op", graph.get_operation_by_name, op_name)
+                    if index >= len(op.inputs) or op.inputs[index].name != tensor.name:
+                        raise _plan_error(plan, f"input {index} of {op_name!r} is not {swap.tensor!r}")
+                    tfi.update_input(op, index, land)
+        self.swapped_out = {s.tensor: out for s, out in zip(plan.swaps, outs)}
+        n_in = sum(len(g) for g in backs)
+        self.counts.update(swap_out=len(outs), swap_in=n_in, landing=n_in if self.swap_in_on == "host" else 0)
+
+    def fences(self) -> None:
+        for fence in self.plan.fences:
+            op = self.lookup("fence op", self.graph.get_operation_by_name, fence.op)
+            tfi.add_control_input(op, self.swapped_out[fence.tensor].op)
+        self.counts["fence"] = len(self.plan.fences)
+
+    def orders(self) -> None:
+        graph, plan, device, lookup, gates = self.graph, self.plan, self.device, self.lookup, self.gates
+        implied = _implied_orders(graph, plan, gates)
+        for i, order in enumerate(plan.orders):
+            get = graph.get_operation_by_name
+            ordered = lookup("ordered op", get, order.op)
+            after = lookup("ordered op", get, order.after)
+            for index in implied.get(i, ()):
+                source = ordered.inputs[index]
+                with graph.as_default(), tf.control_dependencies(None), tf.device(ordered.device or device):
+                    gate = tf.identity(source, name=order_gate_name(source.name, i))
+                tfi.add_control_input(gate.op, after)
+                tfi.set_attr(gate.op, "_grappler_do_not_remove", True)
+                tfi.set_attr(gate.op, SWAP_ATTR, "order")
+                tfi.update_input(ordered, index, gate)
+            if i not in gates and not implied.get(i):
+                tfi.add_control_input(ordered, after)
+                tfi.set_attr(ordered, SWAP_ATTR, "order")  # marks the step as rewritten (a plan may be orders only)
+            for identity_n, index in gates.get(i, ()):
+                source = identity_n.inputs[index]
+                with graph.as_default(), tf.control_dependencies(None), tf.device(identity_n.device or device):
+                    gate = tf.identity(source, name=f"{ORDER_SCOPE}/{order.op}/{i}")
+                tfi.add_control_input(gate.op, after)
+                tfi.set_attr(gate.op, "_grappler_do_not_remove", True)
+                tfi.set_attr(gate.op, SWAP_ATTR, "order")
+                tfi.update_input(identity_n, index, gate)
+        self.counts["order"] = len(plan.orders)
 
 
 def order_gate_name(tensor: str, i: int) -> str:

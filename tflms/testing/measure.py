@@ -539,6 +539,7 @@ def anatomy_step(
     from ..emulate.simulator import Simulator
     from ..integrations.function import optimize
     from ..ir.graph import GraphModel
+    from ..plan.registry import replay
     from ..rewrite.apply import is_landing
     from . import testbed
 
@@ -553,7 +554,7 @@ def anatomy_step(
         step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **(options or {}))
         swaps, host, serialize = plan.swaps, testbed.HOST, plan.options["serialize"]
         # The step as planned and simulated: with its recompute clones (backward ops).
-        graph_model = plan.planned_step(graph_model)
+        graph_model = replay(graph_model, plan)
     sim = Simulator(graph_model, host)
 
     def phase(op: str) -> str:

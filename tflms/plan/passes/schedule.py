@@ -176,7 +176,7 @@ def _leading_to_updates(model: GraphModel) -> set[str]:
     return useful
 
 
-def _with_update_orders(model: GraphModel, sim: Simulator) -> tuple[GraphModel, tuple[Order, ...], Simulator]:
+def with_update_orders(model: GraphModel, sim: Simulator) -> tuple[GraphModel, tuple[Order, ...], Simulator]:
     """``(model with its update orders, the orders, a simulator of it)``, or ``(model, (), sim)``
     when there are none or the simulator predicts a higher peak with them (``sim``: of ``model``)."""
     orders = update_orders(model, sim.host)

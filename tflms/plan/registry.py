@@ -1,0 +1,140 @@
+"""The ordered pass registry: every transform of a step, in the one order that the planner,
+the replay on the graph model and the rewrite of the TensorFlow graph follow.
+
+=============  =============  ====================  ==================================================
+pass           plan field     decided               what it does to the step
+=============  =============  ====================  ==================================================
+split_sums     ``sums``       before the swaps      a gradient ``AddN`` becomes a chain of ``AddV2``
+drop_tiles     ``tiles``      before the swaps      the gradient of a mean is broadcast, not tiled
+recompute      ``recomputes`` before the swaps      cheap tensors are recomputed, not swapped
+swaps          ``swaps``      by the autotuner      tensors go to the host and come back, host-gated
+fences         ``fences``     with the swaps        a forward op waits for an earlier swap-out
+orders         ``orders``     before and with them  update orders (``order_updates``), then the
+                                                    memory-aware schedule's orders
+=============  =============  ====================  ==================================================
+
+A pass that is decided before the swaps runs when its ``policy`` name is in the config's
+policy (:data:`tflms.config.POLICIES`); :func:`prepare` runs them in registry order and logs
+what each changed. :func:`replay` applies a plan's decisions to the graph model it was made
+from, in the same order (the swaps and fences are run by the simulator, not applied). The
+rewrite (:func:`tflms.rewrite.apply.apply_plan`) applies every pass to the TensorFlow graph in
+this order too.
+
+Example:
+    >>> [p.name for p in PASSES]
+    ['split_sums', 'drop_tiles', 'recompute', 'swaps', 'fences', 'orders']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..config import LMSConfig
+from ..emulate.simulator import Simulator
+from ..ir.graph import GraphModel, with_orders, with_recomputes
+from .passes.recompute import with_planned_recomputes
+from .passes.schedule import with_update_orders
+from .passes.sums import with_split_sums
+from .passes.tiles import with_dropped_tiles
+from .records import SwapPlan
+
+__all__ = ["PASSES", "Pass", "op_count_change", "prepare", "replay"]
+
+log = logging.getLogger("tflms.passes")
+
+#: ``(model, config, simulator of it) -> (model with the pass applied, its decisions, simulator of that)``.
+Prepare = Callable[[GraphModel, LMSConfig, Simulator], tuple[GraphModel, tuple, Simulator]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Pass:
+    """One transform of a step.
+
+    Attributes:
+        name: the pass's name (in logs and in the rewrite's table of appliers).
+        field: the :class:`~tflms.SwapPlan` field that holds its decisions.
+        policy: the policy name that turns it on before the swaps; ``None`` when the autotuner
+            decides it with the swaps.
+        prepare: decides the pass on a step before the swaps (``None``: decided with them).
+        replay: applies a plan's decisions to the graph model (``None``: the simulator runs them).
+    """
+
+    name: str
+    field: str
+    policy: str | None
+    prepare: Prepare | None
+    replay: Callable[[GraphModel, Sequence[Any]], GraphModel] | None
+
+
+def _resimulated(
+    pass_: Callable[[GraphModel], tuple[GraphModel, list]],
+) -> Prepare:
+    def prepare(model: GraphModel, config: LMSConfig, sim: Simulator) -> tuple[GraphModel, tuple, Simulator]:
+        new, decisions = pass_(model)
+        return new, tuple(decisions), Simulator(new, config.host) if decisions else sim
+
+    return prepare
+
+
+def _prepare_recompute(model: GraphModel, config: LMSConfig, sim: Simulator) -> tuple[GraphModel, tuple, Simulator]:
+    return _resimulated(lambda m: with_planned_recomputes(m, config))(model, config, sim)
+
+
+def _prepare_orders(model: GraphModel, config: LMSConfig, sim: Simulator) -> tuple[GraphModel, tuple, Simulator]:
+    return with_update_orders(model, sim)
+
+
+#: The passes, in the order in which they are decided before the swaps and applied.
+PASSES: tuple[Pass, ...] = (
+    Pass("split_sums", "sums", "split_sums", _resimulated(with_split_sums), lambda m, d: with_split_sums(m, d)[0]),
+    Pass(
+        "drop_tiles", "tiles", "drop_tiles", _resimulated(with_dropped_tiles), lambda m, d: with_dropped_tiles(m, d)[0]
+    ),
+    Pass("recompute", "recomputes", "recompute", _prepare_recompute, with_recomputes),
+    Pass("swaps", "swaps", None, None, None),
+    Pass("fences", "fences", None, None, None),
+    Pass("orders", "orders", "order_updates", _prepare_orders, with_orders),
+)
+
+
+def op_count_change(before: GraphModel, after: GraphModel) -> str:
+    """What a pass changed, as op-type counts: ``'AddV2 +3, AddN -1'`` (``'nothing'`` if none).
+
+    >>> out = [("float32", (4,), 16, False)]
+    >>> a = GraphModel.from_ops([{"name": "x", "type": "AddN", "inputs": [], "outputs": out}])
+    >>> b = GraphModel.from_ops([{"name": "y", "type": "AddV2", "inputs": [], "outputs": out}])
+    >>> op_count_change(a, b), op_count_change(a, a)
+    ('AddV2 +1, AddN -1', 'nothing')
+    """
+    diff = Counter(dict(after.dag.nodes(data="type")).values())
+    diff.subtract(Counter(dict(before.dag.nodes(data="type")).values()))
+    parts = [f"{t} {n:+d}" for t, n in sorted(diff.items(), key=lambda kv: (-kv[1], kv[0])) if n]
+    return ", ".join(parts) or "nothing"
+
+
+def prepare(model: GraphModel, config: LMSConfig, sim: Simulator) -> tuple[GraphModel, Simulator, dict[str, tuple]]:
+    """The step that swaps are planned on: ``model`` with the passes of ``config.policy`` that
+    are decided before the swaps applied, in registry order. Returns ``(model, a simulator of
+    it, {plan field: decisions})``; ``sim`` (``model``'s) is returned when nothing changed."""
+    decided: dict[str, tuple] = {}
+    for p in PASSES:
+        if p.prepare is None or p.policy not in config.policy:
+            continue
+        before = model
+        model, decisions, sim = p.prepare(model, config, sim)
+        decided[p.field] = tuple(decisions)
+        log.info("tflms pass %s on %s: %s", p.name, model.name, op_count_change(before, model))
+    return model, sim, decided
+
+
+def replay(model: GraphModel, plan: SwapPlan) -> GraphModel:
+    """``model`` (the step ``plan`` was made from) as the plan changes it before swapping: every
+    pass's decisions applied in registry order. The simulator runs the swaps on it."""
+    for p in PASSES:
+        if p.replay is not None:
+            model = p.replay(model, getattr(plan, p.field))
+    return model
