@@ -75,6 +75,19 @@ def _parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _parse_budget(text: str) -> int | str | None:
+    """``--budget``: ``'auto'``, ``'none'`` or a size."""
+    word = text.strip().lower()
+    if word in ("auto", "none"):
+        return None if word == "none" else "auto"
+    return _parse_size(text)
+
+
+def _parse_policy(text: str) -> tuple[str, ...]:
+    """``--policy``: comma-separated pass names (checked by :class:`tflms.LMSConfig`)."""
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
 def _parse_window(text: str) -> int | str:
     """``--swapout-window``: ``'auto'``, ``'none'`` or an integer (checked by :class:`tflms.LMSConfig`)."""
     word = text.strip().lower()
@@ -194,30 +207,43 @@ def plan_cmd(args: argparse.Namespace) -> int:
         raise CLIError(f"{_one_line(err)} (run with --traceback for the full traceback)") from None
 
 
+def _resolve_budget(config: Any) -> tuple[Any, str]:
+    """``budget="auto"`` for ``tflms plan``: the limit of this machine's first GPU, if it has one."""
+    from .config import resolve_budget
+
+    if config.budget != "auto":
+        return resolve_budget(config, None, "")
+    import tensorflow as tf
+
+    if tf.config.list_logical_devices("GPU"):
+        from .integrations.function import device_memory_limit
+
+        return resolve_budget(config, *device_memory_limit("/device:GPU:0"))
+    return resolve_budget(config, None, "no GPU on this machine")
+
+
 def _plan(args: argparse.Namespace) -> int:
     import tflms
     from tflms.ir.trace import keras_step_source, keras_train_step, specs_text
 
     # The options first: a bad one fails before the model is built and traced.
-    schedule = {} if args.serialize is None else {"serialize": args.serialize}  # None: LMSConfig's default
-    if args.order_updates is not None:
-        schedule["order_updates"] = args.order_updates
+    schedule = {} if args.serialize is None else {"serialize": args.serialize}  # None: the knob's default
     try:
         config = tflms.LMSConfig(
-            budget=None if args.budget is None else int(args.budget),
-            recompute=args.recompute,
-            swap_gradients=args.swap_gradients,
-            split_sums=args.split_sums,
-            drop_tiles=args.drop_tiles,
+            budget=args.budget if args.budget in (None, "auto") else int(args.budget),
+            policy=args.policy,
             **schedule,
             **({} if args.swapout_window is None else {"swapout_window": _window_option(args.swapout_window)}),
         )
     except ValueError as err:
         raise CLIError(str(err)) from None
+    config, budget_text = _resolve_budget(config)
     shape = tuple(args.input_shape or (224, 224, 3))
     model = build_model(args.model, shape, classes=args.classes or 1000)
-    if args.budget is not None:
+    if isinstance(args.budget, int):
         print(f"budget: {_budget_text(args.budget)}; KB/MB/GB are powers of 10, KiB/MiB/GiB and K/M/G powers of 2")
+    else:
+        print(budget_text)
     try:
         step = keras_train_step(model, label_shape=args.label_shape, label_dtype=args.label_dtype)
     except (TypeError, ValueError) as err:
@@ -233,10 +259,10 @@ def _plan(args: argparse.Namespace) -> int:
         plan = tflms.make_plan(gm, config)
     except tflms.BudgetError as err:
         raise CLIError(
-            f"no swap plan brings the predicted device peak within the budget {_budget_text(args.budget, True)}: "
+            f"no swap plan brings the predicted device peak within the budget {_budget_text(err.budget, True)}: "
             f"the best plan's peak is {format_sizes(err.best_peak_bytes, True)} "
             f"({format_sizes(err.plain_peak_bytes)} without LMS; simulator). Raise --budget or lower --batch. "
-            f"Received: --budget={args.budget.text!r}"
+            f"Received: --budget={getattr(args.budget, 'text', 'auto')!r}"
         ) from None
     print(plan.summary(max_rows=args.rows))
     if args.json:
@@ -248,11 +274,11 @@ def _plan(args: argparse.Namespace) -> int:
         plot_memory(gm, plan, args.plot)
         print(f"wrote {args.plot}")
     if args.max_batch:
-        result = tflms.max_batch_size(
-            source, int(args.budget), recompute=args.recompute, swap_gradients=args.swap_gradients,
-            split_sums=args.split_sums, drop_tiles=args.drop_tiles, bound=True, **schedule,
-        )  # fmt: skip
-        print(result)
+        if config.budget is None:
+            raise CLIError("--max-batch needs a budget: pass --budget 16GiB (or --budget auto where a GPU has one)")
+                "--max-batch needs a budget: pass --budget 16GiB (or run where a GPU gives --budget auto one)"
+            )
+        print(tflms.max_batch_size(source, config.budget, config=config.replace(budget=None), bound=True))
     return 0
 
 
@@ -320,11 +346,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--label-dtype", help="dtype of the labels, e.g. int32 (default: int32 for a sparse loss, else float32)"
     )
-    p.add_argument("--budget", type=_parse_size, help="device memory budget, e.g. 16GiB: autotune to it")
     p.add_argument(
-        "--recompute",
-        action="store_true",
-        help="recompute cheap element-wise tensors instead of swapping them where the cost model predicts less time",
+        "--budget",
+        type=_parse_budget,
+        default="auto",
+        help="device memory budget: a size such as 16GiB (autotune to it), auto (default: the limit of this "
+        "machine's first GPU x 0.9; none without a GPU) or none (swap every candidate)",
     )
     p.add_argument(
         "--swapout-window",
@@ -340,27 +367,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(default: on; --no-serialize: the swaps alone, faster planning)",
     )
     p.add_argument(
-        "--order-updates",
-        action=argparse.BooleanOptionalAction,
-        help="each variable update waits for the ops still holding a value read from that variable, so "
-        "TensorFlow does not copy it (order_updates=True; default: off)",
-    )
-    p.add_argument(
-        "--swap-gradients",
-        action="store_true",
-        help="tensors of the backward pass are swap candidates too (swap_gradients=True)",
-    )
-    p.add_argument(
-        "--split-sums",
-        action="store_true",
-        help="gradient AddN sums of 3+ terms become AddV2 chains that add each term as it arrives, "
-        "bit-identically (split_sums=True)",
-    )
-    p.add_argument(
-        "--drop-tiles",
-        action="store_true",
-        help="gradient Tiles of a per-channel value (BatchNorm's, LayerNorm's means) are left out and the ops "
-        "that read them broadcast it, bit-identically (drop_tiles=True; needs --split-sums)",
+        "--policy",
+        type=_parse_policy,
+        default=("default",),
+        metavar="NAMES",
+        help="the passes the planner may use besides swaps, comma-separated: default (swap_gradients, split_sums, "
+        "drop_tiles, order_updates), none, or names such as default,recompute (default: default)",
     )
     p.add_argument("--json", help="write the plan JSON here")
     p.add_argument("--plot", help="write the memory timeline PNG here")
