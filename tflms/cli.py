@@ -276,8 +276,6 @@ def _plan(args: argparse.Namespace) -> int:
     if args.max_batch:
         if config.budget is None:
             raise CLIError("--max-batch needs a budget: pass --budget 16GiB (or --budget auto where a GPU has one)")
-                "--max-batch needs a budget: pass --budget 16GiB (or run where a GPU gives --budget auto one)"
-            )
         print(tflms.max_batch_size(source, config.budget, config=config.replace(budget=None), bound=True))
     return 0
 
