@@ -170,3 +170,44 @@ def test_on_a_cpu_the_layout_optimizer_changes_nothing_unless_asked_to_convert()
     assert tfi.layout_converts("/job:localhost/replica:0/task:0/device:GPU:1", config_pb2.ConfigProto())
     with tf.device(DEVICE):
         assert not tfi.layout_converts(None, config_pb2.ConfigProto())
+
+
+def test_fit_with_the_callback_on_a_cpu_device_runs_as_plain_fit_with_tensorflows_layout_setting(monkeypatch):
+    """``LMSCallback`` on ``/device:CPU:1``: its train function is called with the layout
+    optimizer as plain ``fit`` has it, and a Conv3D U-Net (16³) trains to the plain fit's losses
+    and weights, bit for bit."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 16, 16, 16, 1), dtype=np.float32)
+    y = (rng.random((4, 16, 16, 16, 1)) > 0.5).astype(np.float32)
+    seen = []
+    make = tfi.keras_make_function
+
+    def recording_make(model, step, jit_compile):
+        run = make(model, step, jit_compile)
+
+        def recorded(iterator):
+            seen.append(tfi._call_config().graph_options.rewrite_options)  # noqa: SLF001
+            return run(iterator)
+
+        return recorded
+
+    monkeypatch.setattr(tfi, "keras_make_function", recording_make)
+
+    def fit(lms):
+        keras.utils.set_random_seed(0)
+        model = _unet3d(size=16)
+        model.compile(optimizer="adam", loss="binary_crossentropy", jit_compile=False)
+        cb = tflms.LMSCallback(device=DEVICE, batch_size=2, min_bytes=1 << 14) if lms else None
+        history = model.fit(x, y, batch_size=2, epochs=2, verbose=0, shuffle=False, callbacks=[cb] if cb else [])
+        return cb, history.history["loss"], model.get_weights()
+
+    _, plain_losses, plain_weights = fit(lms=False)
+    assert not seen  # plain fit: Keras's own train function
+    cb, losses, weights = fit(lms=True)
+    assert cb.plan.swaps
+    assert losses == plain_losses
+    for a, b in zip(weights, plain_weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+    plain_layout = tfi._call_config().graph_options.rewrite_options.layout_optimizer  # noqa: SLF001
+    assert len(seen) == 4  # 2 epochs of 2 batches
+    assert {c.layout_optimizer for c in seen} == {plain_layout} != {RewriterConfig.OFF}
