@@ -380,11 +380,12 @@ def test_steps_are_called_with_a_manual_memory_optimizer_unless_configured_other
 
 
 def test_steps_are_called_with_the_layout_optimizer_off_unless_configured_otherwise():
-    """tflms.function calls a step it rewrote with Grappler's layout optimizer off: on a GPU its
-    transposes are buffers the plan does not count (README, "Grappler's layout optimizer").
-    On a CPU it converts only where the caller asks for it (``cpu_layout_conversion``), as
-    here: an NCHW convolution then runs as NHWC between Transposes, unless tflms turns the
-    optimizer off. ``layout_optimizer=True`` leaves TensorFlow's setting, and so does a
+    """tflms.function calls a step it rewrote with Grappler's layout optimizer off where it would
+    convert: on a GPU its transposes are buffers the plan does not count (README, "Grappler's
+    layout optimizer"). On a CPU it converts only where the caller asks for it
+    (``cpu_layout_conversion``), as here: an NCHW convolution then runs as NHWC between
+    Transposes, unless tflms turns the optimizer off (without the ask, tflms leaves it:
+    tests/test_layout_unet3d.py). ``layout_optimizer=True`` leaves TensorFlow's setting, and so does a
     layout optimizer the caller turned on explicitly, and a step tflms did not rewrite."""
     from tensorflow.core.protobuf import rewriter_config_pb2
 

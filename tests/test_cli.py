@@ -32,6 +32,7 @@ def test_demo_shows_a_real_out_of_memory_plain_and_real_training_with_tflms():
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout
     assert "two-process test bed" in out and "ResNet50 96x96, batch 16" in out
+    assert "Adam; each run trains 1 step of warm-up, then measures 1 step." in out
     plain = re.search(r"1\. plain step, no cap: +measured peak ([\d,]+) MiB, predicted ([\d,]+) MiB", out)
     assert plain, out
     assert "real memory cap for the next runs: 520 MiB; tflms budget: 468 MiB (90% of the cap), serialize=True" in out
@@ -50,6 +51,7 @@ def test_demo_shows_a_real_out_of_memory_plain_and_real_training_with_tflms():
     assert largest <= request + 0.1 and in_use + free <= 520.1 < in_use + free + request + 0.2, held.group(0)
     lms = re.search(r"3\. tflms step, capped: +TRAINED, measured peak ([\d,]+) MiB, predicted ([\d,]+) MiB", out)
     assert lms, out
+    assert re.search(r"losses [\d.]+ \(warm-up\), then [\d.]+, step time", out), out  # 1 + 1 steps
     measured_plain, measured_lms = (int(m.group(1).replace(",", "")) for m in (plain, lms))
     assert measured_lms <= 520 < measured_plain
     assert measured_lms <= 1.10 * 468, measured_lms  # the budget, measured (cap 520 MiB, budget 468 MiB)
@@ -287,3 +289,127 @@ def test_factory_errors_are_one_line(project, args, message):
     assert r.returncode == 1, (r.returncode, r.stderr[-2000:])
     assert message in last_line(r)
     assert "Traceback" not in r.stderr
+
+
+# -- what the demo says, and TensorFlow's load-time log lines ---------------------------
+
+BANNER = "oneDNN custom operations are on"
+
+
+def test_the_demo_says_how_many_steps_each_run_trains_and_prints_a_loss_for_each(monkeypatch, capsys):
+    """The header names the warm-up and the measured steps, and the loss line labels the
+    warm-up's loss: as many losses as steps trained. The measurements are replaced here (the
+    real ones take minutes: ``test_demo_shows_a_real_out_of_memory_plain_and_real_training_with_tflms``);
+    each fake run trains as many steps as the demo asks ``measure`` for."""
+    import argparse
+
+    from tflms import demo, measure
+    from tflms.testing.testbed import MeasuredResult
+
+    asked = []
+
+    def fake_measure(model, batch, *, modes, cap=None, options=None, size, steps, warmup=1, gpu):  # measure_step: 1
+        asked.append({"modes": modes, "steps": steps, "warmup": warmup})
+        n = warmup + steps
+        entry = {
+            "peak": 400 * 2**20 if cap else 600 * 2**20,
+            "predicted": 500 * 2**20,
+            "losses": [7.0 - 0.25 * k for k in range(n)],
+            "step_seconds": [2.0] * n,
+        }
+        if modes == ["plain"] and cap:
+            return MeasuredResult("oom", returncode=1, error="ResourceExhaustedError")
+        if modes == ["lms"]:
+            entry.update(n_swaps=12, swapped_bytes=50 * 2**20, n_orders=3)
+        return MeasuredResult("ok", value={modes[0]: entry})
+
+    monkeypatch.setattr(measure, "measure", fake_measure)
+    args = argparse.Namespace(batch=16, image_size=64, steps=3, cap=None, budget=None)
+    assert demo.run_demo(args) == 0
+    out = capsys.readouterr().out
+    assert "ResNet50 64x64, batch 16, Adam; each run trains 1 step of warm-up, then measures 3 steps." in out
+    assert "losses 7.0000 (warm-up), then 6.7500, 6.5000, 6.2500, step time" in out
+    assert "steps per run" not in out
+    assert [a["steps"] for a in asked] == [3, 3, 3] and [a["warmup"] for a in asked] == [demo.WARMUP] * 3 == [1] * 3
+
+
+FAKE_TENSORFLOW = """
+import os, sys
+notice = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\\n"
+banner = b"] oneDNN custom operations are on. You may see slightly different numerical results.\\n"
+os.write(2, notice + b"I0000 00:00:1795826966.133185   27641 port.cc:153" + banner)
+os.write(2, b"E0000 00:00:1795826966.200000   27641 loader.cc:7] a real error\\n")
+print("a Python warning", file=sys.stderr, flush=True)
+os.write(2, notice + b"I0000 00:00:1795826970.100000   27641 port.cc:153" + banner)
+if os.environ.get("FAKE_TF_ABORT"):
+    os.abort()
+"""
+
+
+@pytest.mark.parametrize(
+    "level, expected",
+    [
+        ("2", ["E0000 00:00:1795826966.200000   27641 loader.cc:7] a real error", "a Python warning", "imported"]),
+        (
+            "0",
+            [
+                "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+                f"I0000 00:00:1795826966.133185   27641 port.cc:153] {BANNER}. You may see slightly different "
+                "numerical results.",
+                "E0000 00:00:1795826966.200000   27641 loader.cc:7] a real error",
+                "a Python warning",
+                "imported",
+            ],
+        ),
+        ("3", ["a Python warning", "imported"]),
+    ],
+)
+def test_tensorflows_load_time_log_lines_follow_the_log_level_and_come_once(tmp_path, level, expected):
+    """``tflms.cli.import_tensorflow`` on a stand-in ``tensorflow`` package that writes to file
+    descriptor 2 as TensorFlow 2.21 does on import (the banner from two libraries, each after absl's
+    notice): the lines ``TF_CPP_MIN_LOG_LEVEL`` hides, and the repeat, are left out; errors and
+    everything that is not a hidden log line come through, in order."""
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text(FAKE_TENSORFLOW)
+    env = {**ENV, "TF_CPP_MIN_LOG_LEVEL": level, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    code = (
+        "import sys; from tflms.cli import import_tensorflow; import_tensorflow(); print('imported', file=sys.stderr)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == expected
+
+
+def test_what_was_written_before_a_crash_during_the_import_still_shows(tmp_path):
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text(FAKE_TENSORFLOW)
+    env = {**ENV, "TF_CPP_MIN_LOG_LEVEL": "2", "FAKE_TF_ABORT": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), *sys.path])
+    code = "from tflms.cli import import_tensorflow; import_tensorflow()"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode != 0
+    assert "loader.cc:7] a real error" in r.stderr and "a Python warning" in r.stderr and BANNER not in r.stderr
+
+
+@pytest.mark.parametrize("level, banners", [(None, 0), ("0", 1)])
+def test_the_command_line_prints_tensorflows_onednn_banner_at_most_once(level, banners):
+    """The real TensorFlow, through ``python -m tflms`` (a command that imports it and fails fast,
+    before any measurement): with the log level the command line sets (2, where the caller sets
+    none) the INFO banner is not shown; with ``TF_CPP_MIN_LOG_LEVEL=0`` it is shown once, not once
+    per library that logs it. The error is still the last line."""
+    env = {k: v for k, v in ENV.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    if level is not None:
+        env["TF_CPP_MIN_LOG_LEVEL"] = level
+    assert env.get("TF_ENABLE_ONEDNN_OPTS") == "1"  # tests/conftest.py: oneDNN on, so TensorFlow logs the banner
+    r = subprocess.run(
+        [sys.executable, "-m", "tflms", "demo", "--cap", "500MiB", "--budget", "600MiB"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert r.stderr.count(BANNER) == banners, r.stderr
+    assert r.stderr.count("before absl::InitializeLog()") == banners, r.stderr
+    last = [line for line in r.stderr.splitlines() if line.strip()][-1]
+    assert last.startswith("tflms: error: --budget must be at most the real memory cap"), r.stderr

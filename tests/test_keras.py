@@ -647,10 +647,10 @@ def test_fit_calls_the_step_with_a_manual_memory_optimizer_unless_configured_oth
 
 
 def test_fit_calls_the_step_with_the_layout_optimizer_off_unless_configured_otherwise():
-    """The callback's train function runs with Grappler's layout optimizer off (on a GPU its
-    transposes are buffers the plan does not count). On a CPU it converts only where the
-    caller asks for it (``cpu_layout_conversion``), as here: the channels-first convolution
-    then runs as NHWC between Transposes, unless the callback turns the optimizer off;
+    """The callback's train function runs with Grappler's layout optimizer off where it would
+    convert (on a GPU its transposes are buffers the plan does not count). On a CPU it converts
+    only where the caller asks for it (``cpu_layout_conversion``), as here: the channels-first
+    convolution then runs as NHWC between Transposes, unless the callback turns the optimizer off;
     ``layout_optimizer=True`` leaves TensorFlow's setting. Each way trains to the numbers of
     the plain ``fit`` run the same way (the two layouts run other kernels)."""
     from tensorflow.core.protobuf import rewriter_config_pb2

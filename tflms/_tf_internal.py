@@ -20,7 +20,8 @@ A TensorFlow upgrade that breaks tflms should break only this module, and
 * ``context.context().function_call_options`` (thread-local) carries the ``ConfigProto``
   with which the runtime instantiates a function called under it (eagerly, or the call
   op traced under it): :func:`memory_optimization` sets Grappler's memory optimizer
-  to ``MANUAL`` there, and turns its layout optimizer off.
+  to ``MANUAL`` there, and turns its layout optimizer off where it would convert
+  (:func:`layout_converts`).
 * Keras 3 (TensorFlow backend) internals used by ``LMSCallback`` (``keras_*``
   functions below; pinned by ``tests/test_keras.py``): ``Model._make_function`` and
   ``_jit_compile`` to install the rewritten step, ``_resolve_auto_jit_compile``,
@@ -57,6 +58,7 @@ __all__ = [
     "profile_step",
     "ran_graphs",
     "memory_optimization",
+    "layout_converts",
     "rewrite_options",
     "op_type_registered",
     "keras_make_function",
@@ -188,12 +190,18 @@ def grappler_optimize(cf: ConcreteFunction, device: str, config: Any = None) -> 
 
 
 @contextlib.contextmanager
-def memory_optimization(level: str | None, keep_explicit: bool = False, layout_off: bool = False) -> Iterator[None]:
+def memory_optimization(
+    level: str | None, keep_explicit: bool = False, layout_off: bool = False, device: str | None = None
+) -> Iterator[None]:
     """Within it, functions are instantiated with Grappler's memory optimizer at ``level``, a
     ``RewriterConfig.MemOptType`` name (``'MANUAL'``: why, :func:`tflms.integrations.function.manual_memory_optimizer`),
-    and with ``layout_off=True`` with Grappler's layout optimizer off (why:
-    ``Knobs.layout_optimizer``); the rest of the current ``ConfigProto`` is kept.
-    ``level=None`` and ``layout_off=False`` change nothing.
+    and with ``layout_off=True`` with Grappler's layout optimizer off where it would convert
+    layouts on ``device``, the device the function is called on (:func:`layout_converts`; why:
+    ``Knobs.layout_optimizer``); ``device=None`` is the device scope in effect when the
+    context is entered. Where it would convert nothing (a CPU device, no ``cpu_layout_conversion``)
+    the layout setting is left as it is, so that the step runs with the same ``ConfigProto`` as a
+    plain call. The rest of the current ``ConfigProto`` is kept. ``level=None`` and
+    ``layout_off=False`` change nothing.
 
     ``keep_explicit=True`` keeps what the caller set: a memory level other than Grappler's
     default (``DEFAULT_MEM_OPT``), and a layout optimizer turned on explicitly (``ON``,
@@ -209,10 +217,48 @@ def memory_optimization(level: str | None, keep_explicit: bool = False, layout_o
     fields: dict[str, int] = {}
     if level is not None and not (keep_explicit and options.memory_optimization != rewriter.DEFAULT_MEM_OPT):
         fields["memory_optimization"] = rewriter.MemOptType.Value(level)
-    if layout_off and not (keep_explicit and options.layout_optimizer not in (rewriter.DEFAULT, rewriter.OFF)):
+    if (
+        layout_off
+        and not (keep_explicit and options.layout_optimizer not in (rewriter.DEFAULT, rewriter.OFF))
+        and layout_converts(device, config)
+    ):
         fields["layout_optimizer"] = rewriter.OFF
     with _rewritten(config, fields):
         yield
+
+
+def layout_converts(device: str | None = None, config: Any = None) -> bool:
+    """Whether Grappler's layout optimizer, left on, may convert the layouts of ops placed on
+    ``device`` and add ``Transpose`` ops at the edges of what it converted.
+
+    It converts on a GPU (to NCHW, or NHWC for half precision on Tensor Cores); on a CPU
+    only where ``config`` (a ``ConfigProto``; default: the thread's function call options)
+    asks for a conversion (``rewrite_options.cpu_layout_conversion``, e.g. ``NCHW_TO_NHWC``).
+    Otherwise its CPU pass returns the graph unchanged (``GenericLayoutOptimizer::Optimize``).
+    Any other device type, or a string that names no one device, is answered ``True``
+    (unknown: assume it may convert).
+    ``device=None`` is the device scope in effect (``tf.device``), and without one the device
+    the runtime places unplaced ops on: the first GPU, else the CPU.
+    """
+    from tensorflow.core.protobuf import rewriter_config_pb2
+    from tensorflow.python.eager import context
+
+    from .devices import parse
+
+    if config is None:
+        config = _call_config()
+    if device is None:
+        device = context.context().device_name or ""
+    try:
+        kind = parse(device).type if device else None
+    except ValueError:  # not one device (a wildcard): assume it may convert
+        return True
+    if kind is None:
+        kind = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+    if kind.upper() != "CPU":
+        return True
+    conversion = config.graph_options.rewrite_options.cpu_layout_conversion
+    return conversion != rewriter_config_pb2.RewriterConfig.NO_CONVERSION_ON_CPU
 
 
 def _call_config() -> Any:

@@ -28,6 +28,82 @@ class CLIError(Exception):
     """An error reported as one line, exit code 1."""
 
 
+#: Run in a child process by :func:`import_tensorflow`: copies its stdin to its stdout line by line,
+#: leaving out the lines of absl's log format whose severity ``TF_CPP_MIN_LOG_LEVEL`` (argv[1]) hides
+#: (I: 0, W: 1, E: 2; F lines are always kept) or that repeat an earlier line's source and message
+#: (the same log statement of a second copy of a library), and absl's notice that logging is not
+#: initialised where the level is 1 or more or it came before. Every other line (Python warnings,
+#: tracebacks, anything else) is copied as it is.
+_LOG_FILTER = r"""
+import re, sys
+level = int(sys.argv[1])
+line_re = re.compile(rb"^([IWEF])\d{4} [\d:.]+ +\d+ ([^ \]]+:\d+\] .*?)\s*$")
+notice = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
+seen = set()
+out = sys.stdout.buffer
+for line in sys.stdin.buffer:
+    m = line_re.match(line)
+    if m and m.group(1) != b"F":
+        if b"IWE".index(m.group(1)) < level or m.group(2) in seen:
+            continue
+        seen.add(m.group(2))
+    elif line.rstrip() == notice:
+        if level >= 1 or notice in seen:
+            continue
+        seen.add(notice)
+    out.write(line)
+    out.flush()
+"""
+
+
+def min_log_level() -> int:
+    """``TF_CPP_MIN_LOG_LEVEL`` as TensorFlow reads it: 0 (everything) to 3 (no errors either);
+    0 when unset or not a number."""
+    try:
+        return max(0, int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0")))
+    except ValueError:
+        return 0
+
+
+def import_tensorflow() -> None:
+    """Import TensorFlow, leaving out of stderr the load-time log lines ``TF_CPP_MIN_LOG_LEVEL`` hides
+    and the second copy of a repeated one.
+
+    TensorFlow 2.21 logs "oneDNN custom operations are on ..." (INFO) from a static
+    initializer of each of two libraries it loads on import (``libtensorflow_framework.so.2``,
+    then ``_pywrap_profiler_plugin.so``), each before its copy of absl logging is set up, so the
+    line comes twice and ``TF_CPP_MIN_LOG_LEVEL`` does not hide it (its later logs it does).
+    Here stderr (file descriptor 2) goes through a filter process while TensorFlow is imported:
+    the log lines whose severity ``TF_CPP_MIN_LOG_LEVEL`` hides, and repeats, are left out; every
+    other line is passed on as it comes (errors, Python warnings and tracebacks included; if this
+    process crashes during the import, what it wrote before still shows, since the filter outlives
+    it). With TensorFlow already imported it does nothing. Call it before anything imports
+    TensorFlow: ``tflms.cli.main`` does for ``tflms demo`` and ``tflms plan``.
+    """
+    if "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        filt = subprocess.Popen(
+            [sys.executable, "-S", "-c", _LOG_FILTER, str(min_log_level())], stdin=subprocess.PIPE, stdout=saved
+        )
+    except OSError:  # no filter: import as it is
+        os.close(saved)
+        import tensorflow
+
+        return
+    os.dup2(filt.stdin.fileno(), 2)
+    try:
+        import tensorflow  # noqa: F401
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        filt.stdin.close()
+        filt.wait()
+
+
 def _setup_devices() -> tuple[str | None, str]:
     """On a machine without GPU, split the CPU into two logical devices.
 
@@ -327,7 +403,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="batch size (default 32)",
     )
     p.add_argument("--image-size", type=int, default=96, help="input height and width (default 96)")
-    p.add_argument("--steps", type=int, default=3, help="training steps (default 3)")
+    p.add_argument(
+        "--steps", type=int, default=3, help="measured training steps per run, after one warm-up step (default 3)"
+    )
     p.set_defaults(func=demo)
 
     p = sub.add_parser("plan", help="plan a model for a batch size (simulator)")
@@ -394,6 +472,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if value is not None and value < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1. Received: {value}")
     try:
+        if args.func in (demo, plan_cmd):
+            import_tensorflow()
         return args.func(args)
     except CLIError as err:
         print(f"tflms: error: {err}", file=sys.stderr)

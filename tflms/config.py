@@ -271,14 +271,18 @@ class Knobs:
             :func:`tflms.optimize` are called by the caller, who can wrap the calls.
         layout_optimizer: when ``False`` (default), ``tflms.function`` calls a step it
             rewrote, and ``tflms.LMSCallback`` its train function, with Grappler's layout
-            optimizer off. On a GPU it converts convolutions to NCHW and adds ``Transpose``
-            ops at the edges of what it converted: activation-sized buffers that the plan does
-            not count (measured on an H200: two plans ran out of memory allocating one; README
-            "Grappler's layout optimizer"). ``True``: TensorFlow's setting (on by default). A
-            layout optimizer the caller turned on explicitly is kept. On a CPU it converts
-            nothing unless ``cpu_layout_conversion`` is set. It changes no plan; steps from
-            :func:`tflms.optimize` are called by the caller
-            (``tf.config.optimizer.set_experimental_options({"layout_optimizer": False})``).
+            optimizer off where it would convert layouts on the step's device: on a GPU, where
+            it converts convolutions to NCHW and adds ``Transpose`` ops at the edges of what it
+            converted, activation-sized buffers that the plan does not count (measured on an
+            H200: two plans ran out of memory allocating one; docs, "TensorFlow interactions");
+            on a CPU device only where the call options ask it to convert
+            (``cpu_layout_conversion``). On a CPU device without that, the layout optimizer
+            converts nothing, and tflms leaves the setting as it is: the rewritten step runs
+            with the ``ConfigProto`` of a plain ``tf.function`` call. ``True``: TensorFlow's
+            setting (on by default) everywhere. A layout optimizer the caller turned on
+            explicitly is kept. It changes no plan; steps from :func:`tflms.optimize` are called
+            by the caller (on a GPU: ``tf.config.optimizer.set_experimental_options(
+            {"layout_optimizer": False})``).
 
     Example:
         >>> Knobs(swapout_threshold=40).swapin_groupby

@@ -353,8 +353,9 @@ class LMSFunction:
             return self.python_function(*args, **kwargs)
         new_cf, _, device = self._entry(args, kwargs)
         level = "MANUAL" if self._config.knobs.manual_memory_optimizer else None
-        layout_off = device is not None and not self._config.knobs.layout_optimizer  # only for a rewritten step
-        with tfi.memory_optimization(level, keep_explicit=True, layout_off=layout_off):
+        # Only for a rewritten step, and only where the layout optimizer would convert on its device.
+        layout_off = device is not None and not self._config.knobs.layout_optimizer
+        with tfi.memory_optimization(level, keep_explicit=True, layout_off=layout_off, device=device):
             if device is None:
                 return new_cf(*args, **kwargs)
             with tf.device(device):

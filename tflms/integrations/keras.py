@@ -400,6 +400,7 @@ class LMSCallback(keras.callbacks.Callback):
         model_ref = weakref.ref(model)
         level = "MANUAL" if lms and self.config.knobs.manual_memory_optimizer else None
         layout_off = lms and not self.config.knobs.layout_optimizer
+        device = resolve_device(self.config) if layout_off else None  # the rewritten step's device
         installation: _Installation
 
         def train_function(iterator: Any) -> Any:
@@ -409,7 +410,7 @@ class LMSCallback(keras.callbacks.Callback):
                     self._check_batch_dimension(iterator)
             self._before_run(model_ref, iterator)
             # Keras inlines the step into its own function, so the outer call's config counts.
-            with tfi.memory_optimization(level, keep_explicit=True, layout_off=layout_off):
+            with tfi.memory_optimization(level, keep_explicit=True, layout_off=layout_off, device=device):
                 logs = run(iterator)
             if lms and len(lms_step.plans) > self._shown:
                 self._report(installation)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import time
 
-__all__ = ["run_demo", "CAP_FRACTION", "BUDGET_FRACTION", "DEMO_OPTIONS"]
+__all__ = ["run_demo", "CAP_FRACTION", "BUDGET_FRACTION", "DEMO_OPTIONS", "WARMUP"]
 
 #: Default cap on the test bed, as a fraction of the plain step's measured peak.
 CAP_FRACTION = 0.75
@@ -35,6 +35,9 @@ BUDGET_FRACTION = 0.85
 #: "Memory-aware schedule"). It is the default since 2026-11-25; named here so that the demo
 #: prints it.
 DEMO_OPTIONS = {"serialize": True}
+#: Steps each run trains before the ``--steps`` it measures: a function's first call also
+#: instantiates it, so its peak is not counted (:func:`tflms.testing.measure.measure_step`).
+WARMUP = 1
 
 
 def _mib(n: float) -> str:
@@ -56,6 +59,10 @@ def _has_gpu() -> bool:
     import tensorflow as tf
 
     return bool(tf.config.list_physical_devices("GPU"))
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
 
 
 def _seconds(s: float) -> str:
@@ -95,9 +102,10 @@ def _measured_demo(args: argparse.Namespace, gpu: bool) -> int:
     )
     print(
         f"tflms {tflms.__version__}, TensorFlow {tf.__version__}, demo {where}.\n"
-        f"ResNet50 {size}x{size}, batch {batch}, Adam, {steps} steps per run.\n"
+        f"ResNet50 {size}x{size}, batch {batch}, Adam; each run trains {_steps(WARMUP)} of warm-up, "
+        f"then measures {_steps(steps)}.\n"
     )
-    common = {"size": size, "steps": steps, "gpu": gpu}
+    common = {"size": size, "steps": steps, "warmup": WARMUP, "gpu": gpu}
 
     def fail(what: str, r: MeasuredResult) -> ValueError:
         return ValueError(f"{what} failed ({r.status}, exit code {r.returncode}): {r.error.strip()[-800:]}")
@@ -148,7 +156,10 @@ def _measured_demo(args: argparse.Namespace, gpu: bool) -> int:
     if not lms.ok:
         raise fail(f"the tflms step under the {_mib(cap)} cap", lms)
     swapped = lms.value["lms"]
-    losses = ", ".join(f"{v:.4f}" for v in swapped["losses"])
+    warm, measured = swapped["losses"][:WARMUP], swapped["losses"][WARMUP:]
+    losses = ", ".join(f"{v:.4f}" for v in measured)
+    if warm:
+        losses = f"{', '.join(f'{v:.4f}' for v in warm)} (warm-up), then {losses}"
     print(
         f"3. tflms step, capped:     TRAINED, measured peak {_mib(swapped['peak'])}, "
         f"predicted {_mib(swapped['predicted'])}  ({time.perf_counter() - t0:.0f} s)\n"
