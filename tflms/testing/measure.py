@@ -38,6 +38,7 @@ __all__ = [
     "replay_allocations",
     "recorded_order",
     "anatomy_step",
+    "fit_data",
 ]
 
 
@@ -136,6 +137,23 @@ def build(name: str, batch: int, size: int | None = None, seed: int = 0) -> tupl
 
     train_step.optimizer = optimizer
     return model, x, y, train_step
+
+
+def fit_data(name: str, batch: int, size: int | None = None, seed: int = 0) -> tuple[Any, Any, Any]:
+    """``(model, x, y)`` for ``model.fit``: a model of :data:`MODELS` compiled with Adam and the
+    sparse cross-entropy of :func:`build`, and one batch of its data (``x``, ``y`` as tensors of
+    ``batch`` rows). A factory for :func:`tflms.testbed.measure_model`:
+    ``measure_model("tflms.testing.measure:fit_data", {"name": "resnet50", "batch": 16}, batch_size=16)``.
+    """
+    import keras
+
+    model, x, y, _ = build(name, batch, size, seed)
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
+    return model, x, y
 
 
 #: The modes :func:`measure_step` measures.
