@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import tflms
 import tflms.integrations.horovod as lms_hvd
 
 REPO = Path(__file__).resolve().parents[1]
@@ -150,6 +151,8 @@ def test_plan_is_identical_on_every_rank(job, kind):
     assert r0[kind]["structure"] == r1[kind]["structure"]
     assert r0[kind]["structure"]["n_swap_out"] == r0[kind]["n_swaps"]
     assert r0[kind]["structure"]["n_swap_in"] == r0[kind]["n_swap_ins"]
+    # Each rank's device was given explicitly (/device:CPU:1): its swap ops sit on the default host.
+    assert r0[kind]["structure"]["swap_out_devices"] == r0[kind]["structure"]["swap_in_devices"] == ["/device:CPU:0"]
 
 
 def test_plan_mismatch_raises_on_every_rank(job):
@@ -238,6 +241,73 @@ def test_benchmark_script_prints_throughput_on_rank_0_only(horovod_available, tm
     assert len(result["losses_rank0"]) == 3 and all(np.isfinite(result["losses_rank0"]))
 
 
+# ------------------------------------------ a GPT with an Embedding, CPU split by init
+EMBEDDING_CASES = ("fit_dense", "fit_sparse", "loop_dense", "loop_sparse")
+
+
+@pytest.fixture(scope="module")
+def embedding_job(horovod_available, tmp_path_factory):
+    """One 2-rank run of horovod_jobs/embedding_job.py: its out dir and both rank reports."""
+    out = tmp_path_factory.mktemp("horovod_embedding")
+    run = horovodrun(JOBS / "embedding_job.py", "--out", str(out), timeout=300)
+    assert run.returncode == 0, run.stdout[-6000:]
+    return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.parametrize("case", EMBEDDING_CASES)
+def test_embedding_gradients_are_averaged(embedding_job, case):
+    """fit with HorovodLMSCallback and a custom loop with DistributedGradientTape, sparse gradients
+    densified (default) or allgathered: both ranks end equal to one process on the whole batches."""
+    import embedding_job as ej
+
+    out, reports = embedding_job
+    for report in reports:
+        # The case that broke hvd.grouped_allreduce: the Embedding's IndexedSlices after a dense gradient.
+        kinds = report["gradient_kinds"]
+        assert kinds[:2] == ["dense", "sparse"] and kinds.count("sparse") == 1
+        assert report["tflms_file"] == str(REPO / "tflms" / "__init__.py")  # the ranks ran this checkout
+        assert report[case]["warnings"] == []
+    initial = _load(out / f"{case}_initial.npz")
+    rank0, rank1 = _load(out / f"{case}_rank0.npz"), _load(out / f"{case}_rank1.npz")
+    assert len(rank0) == len(rank1) == len(initial)
+    for a, b in zip(rank0, rank1):
+        np.testing.assert_array_equal(a, b)  # the same averaged update, bit for bit
+    batches = ej.global_batches(2)
+    with tf.device("/device:CPU:1"):
+        want = ej.reference_run(initial, batches)
+    for got, w in zip(rank0, want, strict=True):
+        np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+    # The comparison can fail: training moved the weights (the token embedding's too) far beyond
+    # the tolerance, and rank 0's half of each batch alone lands elsewhere.
+    moved = [float(np.max(np.abs(g - i))) for g, i in zip(rank0, initial) if g.dtype.kind == "f"]
+    assert min(moved[1], max(moved)) > 1e-2  # index 1: the token embedding
+    with tf.device("/device:CPU:1"):
+        alone = ej.reference_run(initial, [ej.shard(b, 0) for b in batches])
+    assert max(float(np.max(np.abs(g - a))) for g, a in zip(rank0, alone) if g.dtype.kind == "f") > 1e-3
+    # Dense: one grouped allreduce; sparse: the dense gradients' allreduce and the allgathers of the rows.
+    ops = reports[0][case]["structure"]["horovod_ops"]
+    assert ops == reports[1][case]["structure"]["horovod_ops"]
+    if case.endswith("dense"):
+        assert ops == ["HorovodGroupedAllreduce"]
+    else:
+        assert "HorovodGroupedAllreduce" in ops and len([t for t in ops if "Allgather" in t]) == 2, ops
+
+
+@pytest.mark.parametrize("case", EMBEDDING_CASES)
+def test_split_cpu_ranks_swap_to_the_host(embedding_job, case):
+    """init(split_cpu=True) and no device: each rank swaps from /device:CPU:1 to /device:CPU:0."""
+    _, (r0, r1) = embedding_job
+    for report in (r0, r1):
+        assert [n.rsplit("/", 1)[-1] for n in report["logical_devices"]] == ["device:CPU:0", "device:CPU:1"]
+        assert report["resolved_device"] == report[case]["rewrite_device"] == "/device:CPU:1"
+        plan, structure = report[case]["plan"], report[case]["structure"]
+        assert plan["n_swaps"] >= 10 and plan["device"] is None and plan["host"] == "/device:CPU:0"
+        assert structure["n_swap_out"] == plan["n_swaps"] and structure["n_swap_in"] >= plan["n_swaps"]
+        assert structure["swap_out_devices"] == structure["swap_in_devices"] == ["/device:CPU:0"]
+        assert not [w for w in report[case]["warnings"] if "no GPU found" in w]
+    assert r0[case]["plan"]["fingerprint"] == r1[case]["plan"]["fingerprint"] == r0[case]["plan"]["plan_fingerprint"]
+
+
 # --------------------------------------------------------- without horovodrun
 def test_gradient_groups_are_cut_from_the_last_gradient():
     from tflms.integrations.horovod.gradients import _split_groups
@@ -249,6 +319,89 @@ def test_gradient_groups_are_cut_from_the_last_gradient():
     assert _split_groups([0, 1, 3], grads, 1) == [[3], [1], [0]]
     with pytest.raises(ValueError, match="group_bytes=0"):
         lms_hvd.allreduce_gradients(grads, group_bytes=0)
+
+
+class _RecordingHorovod:
+    """Stands in for an initialised 2-rank ``horovod.tensorflow``: records the groups it is asked to reduce."""
+
+    Average, Sum = "Average", "Sum"
+
+    def __init__(self):
+        self.groups = []
+
+    def is_initialized(self):
+        return True
+
+    def size(self):
+        return 2
+
+    def grouped_allreduce(self, tensors, name=None, op=None):
+        self.groups.append(["sparse" if isinstance(t, tf.IndexedSlices) else "dense" for t in tensors])
+        return list(tensors)
+
+
+def test_sparse_gradients_are_densified_or_grouped_alone(monkeypatch):
+    """An Embedding's IndexedSlices gradient after a dense one: densified by default; with
+    sparse_as_dense=False in a group of its own (hvd.grouped_allreduce mislabels a mixed group)."""
+    keras.utils.set_random_seed(0)
+    dense, embedding = keras.layers.Dense(4), keras.layers.Embedding(10, 4)
+    dense.build((None, 4))
+    embedding.build((None, 3))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(dense(embedding(tf.constant([[1, 2, 2]]))) ** 2)
+    variables = [dense.kernel, embedding.embeddings, dense.bias]
+    grads = tape.gradient(loss, variables)
+    assert [type(g).__name__ for g in grads] == ["EagerTensor", "IndexedSlices", "EagerTensor"]
+    fake = _RecordingHorovod()
+    monkeypatch.delenv("HOROVOD_RANK", raising=False)
+    monkeypatch.setitem(sys.modules, "horovod.tensorflow", fake)
+    averaged = lms_hvd.allreduce_gradients(grads)
+    assert fake.groups == [["dense", "dense", "dense"]]
+    np.testing.assert_array_equal(averaged[1].numpy(), tf.convert_to_tensor(grads[1]).numpy())
+    fake.groups.clear()
+    averaged = lms_hvd.allreduce_gradients(grads, sparse_as_dense=False)
+    assert fake.groups == [["dense", "dense"], ["sparse"]] and averaged[1] is grads[1]
+    fake.groups.clear()
+    tape = lms_hvd.DistributedGradientTape(persistent=True)
+    with tape:
+        loss = tf.reduce_sum(dense(embedding(tf.constant([[1, 2, 2]]))) ** 2)
+    tape.gradient(loss, variables)
+    tape = lms_hvd.DistributedGradientTape(tape.tape, sparse_as_dense=False)
+    tape.gradient(loss, variables)
+    assert fake.groups == [["dense", "dense", "dense"], ["dense", "dense"], ["sparse"]]
+
+
+def test_bad_sparse_as_dense_and_split_cpu(monkeypatch):
+    monkeypatch.delenv("HOROVOD_RANK", raising=False)
+    with pytest.raises(TypeError, match="Received: sparse_as_dense='no'"):
+        lms_hvd.allreduce_gradients([tf.ones(2)], sparse_as_dense="no")
+    with pytest.raises(TypeError, match="Received: sparse_as_dense=None"):
+        lms_hvd.DistributedGradientTape(sparse_as_dense=None)
+    with pytest.raises(TypeError, match="Received: sparse_as_dense=1"):
+        lms_hvd.HorovodLMSCallback(sparse_as_dense=1)
+    with pytest.raises(TypeError, match="Received: sparse_as_dense='x'"):
+        tflms.LMSCallback(horovod=True, sparse_as_dense="x")
+    with pytest.raises(ValueError, match="Received: sparse_as_dense=False with train_step="):
+        lms_hvd.HorovodLMSCallback(sparse_as_dense=False, train_step=lms_hvd.averaging_train_step)
+    assert lms_hvd.HorovodLMSCallback().sparse_as_dense is True
+    assert lms_hvd.HorovodLMSCallback(sparse_as_dense=False).sparse_as_dense is False
+    with pytest.raises(TypeError, match="Received: split_cpu='yes'"):
+        lms_hvd.init(split_cpu="yes")
+    # One process without Horovod: a split CPU is no reason to swap by default (device=None: no device).
+    assert lms_hvd.runtime.split_cpu_device() is None and tflms.resolve_device(tflms.LMSConfig()) is None
+
+
+def test_split_cpu_after_tensorflow_started_is_refused():
+    code = (
+        "import tensorflow as tf; tf.constant(1.0); import tflms.horovod as h\n"
+        "try:\n    h.init(split_cpu=True)\nexcept RuntimeError as e:\n    print(e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "init(split_cpu=True) must run before TensorFlow initialises its devices" in run.stdout
+    assert "Received: split_cpu=True with the devices already initialised (/device:CPU:0)" in run.stdout
 
 
 def test_importing_tflms_does_not_import_horovod():

@@ -39,6 +39,8 @@ def rewritten_structure(lms_fn, x, y) -> dict:
         "swap_in_trigger_types": sorted(c.type for op in ins for c in op.control_inputs),
         "n_swap_out": len(outs),
         "n_swap_in": len(ins),
+        "swap_out_devices": sorted({op.device for op in outs}),
+        "swap_in_devices": sorted({op.device for op in ins}),
     }
 
 

@@ -85,7 +85,8 @@ def manual_memory_optimizer() -> contextlib.AbstractContextManager[None]:
 def resolve_device(config: LMSConfig) -> str | None:
     """The compute device LMS targets: ``config.device``, else the Horovod
     local-rank GPU when Horovod is initialised and several GPUs are visible, else
-    the first GPU, else ``None``.
+    the first GPU, else, on a Horovod rank whose CPU ``tflms.horovod.init(split_cpu=True)``
+    split, ``'/device:CPU:1'``, else ``None``.
 
     An explicit device that does not exist raises ``ValueError``.
     """
@@ -96,7 +97,7 @@ def resolve_device(config: LMSConfig) -> str | None:
         return config.device
     gpus = tf.config.list_logical_devices("GPU")
     if not gpus:
-        return None
+        return _horovod_split_cpu_device()
     index = 0
     hvd_rank = _horovod_local_rank()
     if hvd_rank is not None and hvd_rank < len(gpus) and len(gpus) > 1:
@@ -181,11 +182,24 @@ def _horovod_local_rank() -> int | None:
     return None if hvd is None else int(hvd.local_rank())
 
 
+def _horovod_split_cpu_device() -> str | None:
+    from .horovod.runtime import split_cpu_device  # imports nothing of Horovod itself
+
+    return split_cpu_device()
+
+
 def _no_device_message() -> str:
+    from .horovod.runtime import loaded
+
+    hint = (
+        " Under Horovod, tflms.horovod.init(split_cpu=True), called first, does that on every rank."
+        if loaded() is not None
+        else ""
+    )
     return (
         "tflms: no GPU found and no `device` given, so the step runs without swapping "
         "(the plan was still made: see get_plan). Run on a GPU machine, or pass device= "
-        "e.g. '/device:CPU:1' after splitting the CPU into two logical devices for testing."
+        "e.g. '/device:CPU:1' after splitting the CPU into two logical devices for testing." + hint
     )
 
 

@@ -17,9 +17,13 @@ acts as on a single rank (no collective, no import of Horovod); under
 
 * :func:`init`, :func:`rank`, :func:`size`, :func:`local_rank`,
   :func:`local_size`, :func:`is_root`, :func:`is_initialized`: rank helpers
-  (``tflms.integrations.horovod.runtime``).
+  (``tflms.integrations.horovod.runtime``). ``init(split_cpu=True)`` lets the ranks of a machine
+  without GPU swap (each rank's CPU split into ``/device:CPU:1``, the device, and
+  ``/device:CPU:0``, the host), to try and test a job.
 * :func:`allreduce_gradients`: average a list of gradients with grouped
-  allreduces (groups of at most 8 MiB), eagerly or inside a traced step.
+  allreduces (groups of at most 8 MiB), eagerly or inside a traced step; sparse
+  gradients (an ``Embedding``'s ``tf.IndexedSlices``) are densified first unless
+  ``sparse_as_dense=False``, which allgathers their rows.
 * :class:`DistributedGradientTape`: ``hvd.DistributedGradientTape`` that accepts
   Keras 3 variables (Horovod's raises "'Variable' object has no attribute 'ref'";
   Horovod's own tape also works in a ``@tflms.function`` step when asked for

@@ -23,9 +23,11 @@ import keras
 import tensorflow as tf
 
 from ... import _tf_internal as tfi
+from ...config import LMSConfig
 from ...errors import LMSWarning
 from .. import horovod as lms_hvd
-from ..keras import LMSCallback
+from ..keras import LMSCallback, TrainStep
+from .gradients import _check_sparse_as_dense
 
 __all__ = ["HorovodLMSCallback", "averaging_train_step"]
 
@@ -33,7 +35,7 @@ __all__ = ["HorovodLMSCallback", "averaging_train_step"]
 _ALLREDUCE_TYPES = frozenset({"HorovodAllreduce", "HorovodGroupedAllreduce"})
 
 
-def averaging_train_step(model: keras.Model, data: Any) -> dict[str, Any]:
+def averaging_train_step(model: keras.Model, data: Any, *, sparse_as_dense: bool = True) -> dict[str, Any]:
     """Keras 3's ``Model.train_step`` (TensorFlow backend) with Horovod gradient averaging.
 
     The same computation as ``keras.Model.train_step``: forward pass, ``compute_loss``
@@ -41,7 +43,9 @@ def averaging_train_step(model: keras.Model, data: Any) -> dict[str, Any]:
     optimizer's loss scaling (``LossScaleOptimizer``), ``tape.gradient``, then
     ``optimizer.apply_gradients`` and ``compute_metrics``, except that the gradients
     are averaged over all Horovod ranks with
-    :func:`tflms.integrations.horovod.allreduce_gradients` first. With one rank (or without
+    :func:`tflms.integrations.horovod.allreduce_gradients` first (``sparse_as_dense`` is its
+    option: by default an ``Embedding``'s ``tf.IndexedSlices`` gradient is densified
+    and allreduced; ``False`` allgathers its rows). With one rank (or without
     Horovod) it trains exactly like ``keras.Model.train_step`` (pinned by a test).
     :class:`HorovodLMSCallback` uses it; it can also be passed as
     ``tflms.LMSCallback(train_step=averaging_train_step)``. Also importable from
@@ -68,7 +72,7 @@ def averaging_train_step(model: keras.Model, data: Any) -> dict[str, Any]:
     if model.trainable_weights:
         trainable_weights = model.trainable_weights
         gradients = tape.gradient(loss, trainable_weights)
-        gradients = lms_hvd.allreduce_gradients(gradients)
+        gradients = lms_hvd.allreduce_gradients(gradients, sparse_as_dense=sparse_as_dense)
         model.optimizer.apply_gradients(zip(gradients, trainable_weights))
     else:
         warnings.warn("The model does not have any trainable weights.", stacklevel=2)
@@ -94,7 +98,10 @@ class HorovodLMSCallback(LMSCallback):
     * averages the gradients over the ranks inside the rewritten step
       (:func:`averaging_train_step`, i.e. Keras's ``train_step`` plus
       :func:`tflms.integrations.horovod.allreduce_gradients`; loss scaling, ``sample_weight``,
-      ``class_weight``, metrics as in Keras);
+      ``class_weight``, metrics as in Keras). Sparse gradients (``tf.IndexedSlices``,
+      e.g. an ``Embedding``'s) are densified and allreduced like the others; pass
+      ``sparse_as_dense=False`` to allgather their looked-up rows instead (see
+      :func:`tflms.integrations.horovod.allreduce_gradients` for when that moves less);
     * broadcasts rank 0's model and optimizer variables (building the optimizer,
       and a subclassed model that was never called, first) at the first ``fit`` of
       each model in this process, whichever callback object runs it, so ranks may
@@ -134,11 +141,20 @@ class HorovodLMSCallback(LMSCallback):
     ``apply_gradients``, and say so with ``train_step=MyModel.train_step``
     (called as ``train_step(model, data)``); the callback then does all the rest.
 
+    Args:
+        sparse_as_dense: ``True`` (default): densify ``tf.IndexedSlices`` gradients
+            before the allreduce; ``False``: allgather their values and indices. Used
+            by :func:`averaging_train_step` only: with a ``train_step=`` of yours, pass
+            it to your :func:`tflms.horovod.allreduce_gradients` call instead
+            (``sparse_as_dense=False`` with ``train_step=`` raises ``ValueError``).
+        config, verbose, train_step, horovod, xla, options: as :class:`tflms.LMSCallback`.
+
     Raises:
-        TypeError, ValueError: as :class:`tflms.LMSCallback`; ``ValueError`` also for
-            ``horovod=False``, and at train begin for a model that overrides
-            ``train_step`` (unless ``train_step=`` is given) or a distribution
-            strategy with several replicas.
+        TypeError, ValueError: as :class:`tflms.LMSCallback`; ``TypeError`` also for a
+            ``sparse_as_dense`` that is not a bool; ``ValueError`` also for
+            ``horovod=False``, ``sparse_as_dense=False`` with ``train_step=``, and at
+            train begin for a model that overrides ``train_step`` (unless
+            ``train_step=`` is given) or a distribution strategy with several replicas.
         RuntimeError: in a process started by ``horovodrun`` before
             :func:`tflms.integrations.horovod.init`.
         tflms.integrations.horovod.PlanMismatchError: when the ranks made different plans
@@ -196,10 +212,34 @@ class HorovodLMSCallback(LMSCallback):
     #: Initial variables still to broadcast (an unbuilt model: at its first step); set at train begin.
     _broadcast_pending = False
 
+    def __init__(
+        self,
+        config: LMSConfig | None = None,
+        *,
+        sparse_as_dense: bool = True,
+        verbose: bool | int = 0,
+        train_step: TrainStep | None = None,
+        horovod: bool | None = None,
+        xla: str = "disable",
+        **options: Any,
+    ) -> None:
+        _check_sparse_as_dense(sparse_as_dense)
+        if train_step is not None and not sparse_as_dense:
+            raise ValueError(
+                "sparse_as_dense=False applies to the callback's own train step, and a train_step= of yours "
+                "averages its gradients itself: pass it there, e.g. "
+                "`tflms.horovod.allreduce_gradients(grads, sparse_as_dense=False)`. "
+                f"Received: sparse_as_dense=False with train_step={train_step!r}"
+            )
+        super().__init__(config, verbose=verbose, train_step=train_step, horovod=horovod, xla=xla, **options)
+        #: Whether :func:`averaging_train_step` densifies sparse gradients before the allreduce.
+        self.sparse_as_dense = sparse_as_dense
+
     def make_train_step(self, model: keras.Model) -> Callable[[Any], Any]:
         """The per-batch step to rewrite: ``step(data) -> logs``.
 
-        The ``train_step`` given to the constructor, else :func:`averaging_train_step`;
+        The ``train_step`` given to the constructor, else :func:`averaging_train_step`
+        (with this callback's ``sparse_as_dense``);
         a model that overrides ``train_step`` without ``train_step=`` raises
         ``ValueError`` (its step would train every rank on its own gradients).
         Override this to wrap or replace the step; whatever it returns is traced into
@@ -218,7 +258,12 @@ class HorovodLMSCallback(LMSCallback):
                 "broadcasts the initial variables, averages the logs and checks the plan. "
                 f"Received: a model of class {name} with its own train_step"
             )
-        return functools.partial(averaging_train_step, model)
+        sparse_as_dense = self.sparse_as_dense
+
+        def train_step(data: Any) -> dict[str, Any]:  # one argument: tf.function traces its signature
+            return averaging_train_step(model, data, sparse_as_dense=sparse_as_dense)
+
+        return train_step
 
     @property
     def async_safe(self) -> bool:

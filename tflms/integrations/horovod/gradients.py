@@ -30,6 +30,16 @@ def _check_group_bytes(group_bytes: Any) -> None:
         raise ValueError(f"group_bytes must be an integer >= 1 or None. Received: group_bytes={group_bytes!r}")
 
 
+def _check_sparse_as_dense(sparse_as_dense: Any) -> None:
+    """Raise ``TypeError`` unless ``sparse_as_dense`` is a bool."""
+    if not isinstance(sparse_as_dense, bool):
+        raise TypeError(
+            "sparse_as_dense must be True (densify tf.IndexedSlices gradients, e.g. an Embedding's, and "
+            "allreduce them) or False (allgather their values and indices). "
+            f"Received: sparse_as_dense={sparse_as_dense!r}"
+        )
+
+
 def _reduce_op(hvd: Any, op: Any) -> Any:
     if isinstance(op, str):
         return {"average": hvd.Average, "sum": hvd.Sum}[op.lower()]
@@ -40,7 +50,7 @@ def allreduce_gradients(
     gradients: Sequence[Any],
     op: Any = "average",
     compression: Any = None,
-    sparse_as_dense: bool = False,
+    sparse_as_dense: bool = True,
     group_bytes: int | None = DEFAULT_GROUP_BYTES,
     name: str | None = None,
 ) -> list[Any]:
@@ -56,8 +66,16 @@ def allreduce_gradients(
     2 ranks: predicted device peak 449.5 MiB with one group, 381.6 MiB with
     8 MiB groups, 376.4 MiB for the same step without Horovod). The groups are
     the same on every rank.
-    ``tf.IndexedSlices`` are densified when ``sparse_as_dense``, else allgathered
-    by Horovod. Works eagerly and inside a traced (``tf.function`` /
+    Sparse gradients (``tf.IndexedSlices``: an ``Embedding``'s, any
+    ``tf.gather`` of a variable) are densified and allreduced with the others when
+    ``sparse_as_dense`` (default, as Horovod's ``sparse_as_dense=True``); with
+    ``sparse_as_dense=False`` they stay sparse: their values and indices are
+    allgathered (in groups of their own; the values divided by the number of ranks
+    for ``op='average'``), so every rank receives every rank's looked-up rows (one
+    per lookup, repeats included): less data than the dense allreduce while the
+    ranks' lookups together are few against the variable's rows, more with many
+    ranks or long batches.
+    ``compression`` applies to dense gradients only. Works eagerly and inside a traced (``tf.function`` /
     ``tflms.function``) step. Every rank must pass the same shapes and dtypes in
     the same order. With one rank the gradients are returned unchanged (as a list).
 
@@ -73,6 +91,7 @@ def allreduce_gradients(
         >>> _ = keras.optimizers.SGD(0.1).apply_gradients(zip(averaged, model.trainable_variables))
     """
     _check_op(op)
+    _check_sparse_as_dense(sparse_as_dense)
     _check_group_bytes(group_bytes)
     hvd = runtime.active("allreduce_gradients")
     grads = list(gradients)
@@ -81,11 +100,14 @@ def allreduce_gradients(
     reduce_op = _reduce_op(hvd, op)
     if sparse_as_dense:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-    by_dtype: dict[tf.DType, list[int]] = {}
+    # Sparse gradients go in groups of their own: hvd.grouped_allreduce (0.28.1) gives the
+    # k-th IndexedSlices of a group the dense_shape of the group's k-th *tensor*, which
+    # fails (or is another gradient's) where dense tensors come before it in the group.
+    by_kind: dict[tuple[tf.DType, bool], list[int]] = {}
     for i, g in enumerate(grads):
         if g is not None:
-            by_dtype.setdefault(g.dtype, []).append(i)
-    groups = [group for indices in by_dtype.values() for group in _split_groups(indices, grads, group_bytes)]
+            by_kind.setdefault((g.dtype, isinstance(g, tf.IndexedSlices)), []).append(i)
+    groups = [group for indices in by_kind.values() for group in _split_groups(indices, grads, group_bytes)]
     kwargs: dict[str, Any] = {"op": reduce_op}
     if compression is not None:
         kwargs["compression"] = compression
@@ -128,7 +150,8 @@ class DistributedGradientTape:
     Wraps a ``tf.GradientTape``; :meth:`gradient` maps Keras variables among the
     sources to their backing ``tf.Variable`` (:func:`tflms.integrations.horovod.backing_variable`), takes the
     gradients, averages them with :func:`allreduce_gradients` (``op``,
-    ``compression``, ``sparse_as_dense``, ``group_bytes`` are its options) and
+    ``compression``, ``sparse_as_dense`` (default ``True``: an ``Embedding``'s
+    ``tf.IndexedSlices`` gradient is densified), ``group_bytes`` are its options) and
     returns them in the structure of ``sources``. Anything else is delegated to the wrapped tape.
     Use it inside a ``@tflms.function`` step like Horovod's tape. Without a tape
     argument it makes one and is used as the context manager itself.
@@ -149,7 +172,7 @@ class DistributedGradientTape:
         *,
         op: Any = "average",
         compression: Any = None,
-        sparse_as_dense: bool = False,
+        sparse_as_dense: bool = True,
         group_bytes: int | None = DEFAULT_GROUP_BYTES,
         persistent: bool = False,
         watch_accessed_variables: bool = True,
@@ -159,6 +182,7 @@ class DistributedGradientTape:
         elif not isinstance(tape, tf.GradientTape):
             raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape. Received: tape={tape!r}")
         _check_op(op)
+        _check_sparse_as_dense(sparse_as_dense)
         _check_group_bytes(group_bytes)
         self._tape = tape
         self._op = op

@@ -58,17 +58,76 @@ def active(what: str) -> Any | None:
     return hvd
 
 
-def init() -> None:
+#: The compute device and host of a rank whose CPU :func:`init` split (``split_cpu=True``).
+CPU_DEVICE, CPU_HOST = "/device:CPU:1", "/device:CPU:0"
+
+#: Set by ``init(split_cpu=True)`` on a rank without GPU: the device tflms swaps from by default.
+_split_cpu_device: str | None = None
+
+
+def init(*, split_cpu: bool = False) -> None:
     """Initialise Horovod (idempotent).
 
-    Example:
-        >>> import tflms.integrations.horovod as lms_hvd  # doctest: +SKIP
-        >>> lms_hvd.init(); lms_hvd.rank(), lms_hvd.size()  # doctest: +SKIP
-        (0, 2)
+    ``split_cpu=True`` lets a job swap on a machine without GPU, to try or test it:
+    where this rank sees no GPU, the CPU is split into two logical devices first,
+    ``/device:CPU:1`` playing the GPU and ``/device:CPU:0`` the host, and tflms steps
+    and callbacks with ``device=None`` then swap from ``/device:CPU:1`` to the default
+    host ``/device:CPU:0`` (:func:`tflms.integrations.function.resolve_device`), as with ``device='/device:CPU:1'``.
+    The two logical CPUs share one allocator, so this shows the numbers and the
+    rewritten graphs of a swapping job, not its memory (for that see
+    ``tflms.testbed``). Where the rank sees a GPU, it changes nothing: ``device=None``
+    is the local-rank GPU. Call it before anything else uses TensorFlow's devices.
+
+    Raises:
+        TypeError: ``split_cpu`` is not a bool.
+        RuntimeError: ``split_cpu=True`` without GPU after TensorFlow initialised its
+            devices with a single CPU (too late to split it).
+
+    Example (``horovodrun --gloo -np 2 -H localhost:2 python train.py`` on a machine without GPU)::
+
+        import tflms, tflms.horovod as lms_hvd
+        lms_hvd.init(split_cpu=True)  # first
+        lms = lms_hvd.HorovodLMSCallback(swapout_threshold=40)  # swaps /device:CPU:1 -> /device:CPU:0
     """
+    global _split_cpu_device
+    if not isinstance(split_cpu, bool):
+        raise TypeError(
+            "split_cpu must be True (without GPU, split the CPU in two so that tflms swaps from "
+            f"{CPU_DEVICE} to {CPU_HOST}) or False. Received: split_cpu={split_cpu!r}"
+        )
+    if split_cpu:
+        _split_cpu_device = _split_cpu()
     hvd = _import_hvd()
     if not hvd.is_initialized():
         hvd.init()
+
+
+def _split_cpu() -> str | None:
+    """Split the CPU into two logical devices where there is no GPU: the device to swap from, or None."""
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        return None
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    except RuntimeError:  # TensorFlow's devices exist already: fine if the CPU was split before
+        names = sorted(d.name for d in tf.config.list_logical_devices("CPU"))
+        if len(names) < 2:
+            raise RuntimeError(
+                "tflms.horovod.init(split_cpu=True) must run before TensorFlow initialises its devices "
+                "(before the first tensor, model or tf.config.list_logical_devices call): it splits the CPU "
+                f"into {CPU_HOST} and {CPU_DEVICE}. Call it first in the script, or split the CPU yourself and "
+                f"pass device='{CPU_DEVICE}'. Received: split_cpu=True with the devices already initialised "
+                f"({', '.join(names)})"
+            ) from None
+    return CPU_DEVICE
+
+
+def split_cpu_device() -> str | None:
+    """The device tflms swaps from by default on this rank after ``init(split_cpu=True)``
+    without GPU (``'/device:CPU:1'``); ``None`` otherwise or while Horovod is not initialised."""
+    return _split_cpu_device if loaded() is not None else None
 
 
 def is_initialized() -> bool:
