@@ -441,7 +441,7 @@ def test_train_step_hook_runs_inside_the_rewritten_step(mlp):
 
 
 def test_bad_options():
-    with pytest.raises(TypeError, match="swapout_treshold.*Valid options: .*swapout_threshold"):
+    with pytest.raises(TypeError, match="swapout_treshold.*knobs \\(tflms.Knobs\\): swapout_threshold"):
         LMSCallback(swapout_treshold=3)
     with pytest.raises(ValueError, match="swapin_ahead=0"):
         LMSCallback(swapin_ahead=0)
@@ -457,7 +457,7 @@ def test_bad_options():
     assert LMSCallback(cfg, swapin_ahead=4).config == LMSConfig(device=DEVICE, swapout_threshold=5, swapin_ahead=4)
     assert tflms.LMSCallback is LMSCallback and "LMSCallback" in tflms.__all__
     assert LMSCallback(horovod=False).horovod is False and type(LMSCallback(horovod=False)) is LMSCallback
-    assert list(inspect.signature(LMSCallback).parameters) == [  # __init__'s, not __new__'s
+    assert list(inspect.signature(LMSCallback).parameters) == [
         "config",
         "verbose",
         "train_step",
@@ -468,7 +468,7 @@ def test_bad_options():
 
 
 def test_the_plain_callback_imports_nothing_of_horovod():
-    """Horovod's callback is a subclass in tflms.integrations.horovod; the plain one never loads that package."""
+    """Horovod's mode lives in tflms.integrations.horovod; the plain callback never loads that package."""
     code = (
         "import sys, tflms, tflms.integrations.keras\n"
         "cb = tflms.LMSCallback(device='/device:CPU:1', horovod=False)\n"

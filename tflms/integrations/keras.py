@@ -23,10 +23,11 @@ same rewritten step: nothing is traced or rewritten twice (until ``model.compile
 makes Keras build a new train function). The Keras internals used are wrapped in
 :mod:`tflms._tf_internal` (``keras_*``).
 
-Data parallelism under ``horovodrun`` is the subclass
-:class:`tflms.integrations.horovod.HorovodLMSCallback` (in ``tflms.integrations.horovod.callback``; pinned by
-``tests/test_horovod_keras.py``), which ``LMSCallback(horovod=True)`` also makes. This
-module imports nothing of Horovod until that is asked for.
+What differs between one process and data parallelism under ``horovodrun`` is a *mode*
+the callback holds: :class:`OneProcess` here, Horovod's (``tflms.integrations.horovod.fit``,
+pinned by ``tests/test_horovod_keras.py``) with ``LMSCallback(horovod=True)`` or
+:class:`tflms.horovod.HorovodLMSCallback`. This module imports nothing of Horovod until that
+is asked for.
 
 Example (without a GPU, or ``device=``, a warning says the step trains unrewritten;
 the plan is made all the same)::
@@ -47,7 +48,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import logging
 import warnings
 import weakref
@@ -79,14 +79,59 @@ MEASURED_PEAK_KEY = "measured_peak_bytes"
 PREDICTED_PEAK_KEY = "predicted_peak_bytes"
 
 
-class _InitSignature:
-    """``cls.__signature__``: the parameters of ``cls.__init__`` (without ``self``), for any subclass too."""
+class OneProcess:
+    """How :class:`LMSCallback` trains in one process: what Horovod's mode
+    (``tflms.integrations.horovod.fit.HorovodFit``) does differently, done the plain way."""
 
-    def __get__(self, obj: Any, cls: type) -> inspect.Signature | None:
-        if obj is not None:
-            return None  # an instance: inspect's usual rules
-        sig = inspect.signature(cls.__init__)
-        return sig.replace(parameters=list(sig.parameters.values())[1:], return_annotation=inspect.Signature.empty)
+    #: Whether the callback trains data-parallel under Horovod.
+    horovod = False
+    #: Whether Keras may call the batch-end hooks from a thread pool.
+    async_safe = True
+    #: Whether the step is installed (unrewritten) where it cannot be rewritten.
+    installs_without_lms = False
+    #: Appended to the ``run_eagerly=True`` warning.
+    eager_note = ""
+
+    def make_train_step(self, model: keras.Model, train_step: TrainStep | None) -> Callable[[Any], Any]:
+        """``model.train_step``, or ``train_step`` given to the callback."""
+        return model.train_step if train_step is None else functools.partial(train_step, model)
+
+    def several_replicas(self, replicas: int) -> bool:
+        """A distribution strategy with ``replicas`` > 1: warn and train plain (False)."""
+        warnings.warn(
+            f"tflms.LMSCallback does not support a distribution strategy with {replicas} replicas; "
+            "fit runs without LMS. Use one replica per process (e.g. Horovod).",
+            LMSWarning,
+            stacklevel=3,
+        )
+        return False
+
+    def step_to_trace(self, step: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """What is traced (and rewritten) as the per-batch step."""
+        return step
+
+    def set_params(self, params: dict) -> None:
+        """Called with the parameters Keras hands the callbacks."""
+
+    def train_begin(self, model: keras.Model) -> None:
+        """Called at train begin, after the train function is installed."""
+
+    def before_run(self, model_ref: weakref.ReferenceType, iterator: Any) -> None:
+        """Called by the installed train function before each run of the step."""
+
+    def first_plan(self, plan: SwapPlan) -> str | None:
+        """Called once per installation with the first plan; returns the callback's ``fingerprint``."""
+        return None
+
+    def prints(self) -> bool:
+        """Whether this process prints the plan (``verbose``)."""
+        return True
+
+    def batch_end(self, logs: dict) -> None:
+        """Called at batch end with Keras's logs (to change in place)."""
+
+    def epoch_end(self, logs: dict) -> None:
+        """Called at epoch end with Keras's logs, before the memory entries are added."""
 
 
 @dataclasses.dataclass
@@ -129,10 +174,10 @@ class LMSCallback(keras.callbacks.Callback):
             ``train_step(model, data)`` inside the rewritten step; it must return the
             logs like ``Model.train_step``. Subclasses can override
             :meth:`make_train_step` instead.
-        horovod: ``True`` makes a :class:`tflms.integrations.horovod.HorovodLMSCallback`
-            (data-parallel training under ``horovodrun``; the same as constructing
-            that class, which documents it), also for a subclass of this class.
-            ``False`` or ``None`` (default): this plain callback.
+        horovod: ``True``: data-parallel training under ``horovodrun``, as
+            :class:`tflms.horovod.HorovodLMSCallback` documents it (which is this callback
+            with ``horovod=True`` and Horovod's own options); also for a subclass of this
+            class. ``False`` (default): one process.
         **options: :class:`tflms.LMSConfig` fields, e.g. ``device='/device:GPU:0'``,
             ``swapout_threshold=40``, ``batch_size=64``. Pass ``batch_size`` when the
             batches have no static size (a partial last batch, a dataset batched
@@ -156,7 +201,7 @@ class LMSCallback(keras.callbacks.Callback):
         plan: the :class:`tflms.SwapPlan` of the step (``None`` until the first
             training step has traced it).
         plans: plans of every input signature traced so far (usually one).
-        horovod: False here, True in :class:`tflms.integrations.horovod.HorovodLMSCallback`.
+        horovod: whether the callback trains data-parallel under Horovod.
         fingerprint: under Horovod, the plan fingerprint that every rank was
             checked to share; always ``None`` here.
 
@@ -183,27 +228,13 @@ class LMSCallback(keras.callbacks.Callback):
         '...:0'
     """
 
-    #: Whether the callback trains data-parallel under Horovod (the subclass's answer is True).
-    horovod: bool = False
-
-    #: What help() and inspect show as the class's parameters: its ``__init__``'s, not ``__new__``'s.
-    __signature__ = _InitSignature()
-
-    def __new__(cls, *args: Any, horovod: bool | None = None, **kwargs: Any) -> LMSCallback:
-        _check_horovod(horovod)
-        if horovod and not cls.horovod:
-            from .horovod.callback import horovod_class  # imports Horovod's integration only when asked
-
-            cls = horovod_class(cls)
-        return super().__new__(cls)
-
     def __init__(
         self,
         config: LMSConfig | None = None,
         *,
         verbose: bool | int = 0,
         train_step: TrainStep | None = None,
-        horovod: bool | None = None,
+        horovod: bool = False,
         xla: str = "disable",
         **options: Any,
     ) -> None:
@@ -217,12 +248,8 @@ class LMSCallback(keras.callbacks.Callback):
             raise TypeError(
                 f"train_step must be a callable (model, data) -> logs, or None. Received: train_step={train_step!r}"
             )
-        _check_horovod(horovod)
-        if horovod is not None and horovod != self.horovod:
-            raise ValueError(
-                f"{type(self).__name__} always trains {'under' if self.horovod else 'without'} Horovod; use "
-                f"tflms.LMSCallback(horovod={horovod}) instead. Received: horovod={horovod!r}"
-            )
+        if not isinstance(horovod, bool):
+            raise TypeError(f"horovod must be True or False. Received: horovod={horovod!r}")
         if xla not in XLA_MODES:
             raise ValueError(f"xla must be one of {', '.join(map(repr, XLA_MODES))}. Received: xla={xla!r}")
         self.verbose = verbose
@@ -233,6 +260,11 @@ class LMSCallback(keras.callbacks.Callback):
         self._shown = 0  # plans already reported
         self._checked_batch = False  # batch dimension of the fed data looked at
         self._measured_device: str | None = None  # device whose peak this epoch's logs report
+        self._mode: Any = OneProcess()
+        if horovod:
+            from .horovod.fit import HorovodFit  # imports Horovod's integration only when asked
+
+            self._mode = HorovodFit()
 
     # -- extension point -------------------------------------------------------------
 
@@ -244,9 +276,7 @@ class LMSCallback(keras.callbacks.Callback):
         wrap or replace the step; whatever it returns is traced into the one graph
         that tflms rewrites.
         """
-        if self._train_step is not None:
-            return functools.partial(self._train_step, model)
-        return model.train_step
+        return self._mode.make_train_step(model, self._train_step)
 
     # -- public state -----------------------------------------------------------------
 
@@ -268,16 +298,32 @@ class LMSCallback(keras.callbacks.Callback):
         return None if self._installation is None else self._installation.step
 
     @property
+    def horovod(self) -> bool:
+        """Whether the callback trains data-parallel under Horovod."""
+        return self._mode.horovod
+
+    @property
     def async_safe(self) -> bool:
-        """Keras may call the batch-end hooks from a thread pool (they do nothing here)."""
-        return True
+        """Whether Keras may call the batch-end hooks from a thread pool: in one process (they do
+        nothing); not under Horovod (the log averaging is a collective every rank issues in order)."""
+        return self._mode.async_safe
 
     # -- Keras hooks ------------------------------------------------------------------
 
+    def set_params(self, params: dict) -> None:
+        self._mode.set_params(params)
+        super().set_params(params)
+
     def on_train_begin(self, logs: dict | None = None) -> None:
         model = self.model
-        if self._supported(model):
-            self._install(model, lms=True)
+        lms = self._supported(model)
+        if lms or self._mode.installs_without_lms:
+            self._install(model, lms=lms)
+        self._mode.train_begin(model)
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        if logs:
+            self._mode.batch_end(logs)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self._measured_device = self._memory_device()
@@ -288,6 +334,8 @@ class LMSCallback(keras.callbacks.Callback):
                 self._measured_device = None
 
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+        if logs:
+            self._mode.epoch_end(logs)
         if logs is not None:
             logs.update(self._memory_logs())
 
@@ -304,35 +352,6 @@ class LMSCallback(keras.callbacks.Callback):
         model = None if inst is None else inst.model()
         if model is not None and model.train_function is inst.function:
             model.train_function = inst.keras_function
-
-    # -- hooks of tflms.integrations.horovod.HorovodLMSCallback --------------------------------------
-
-    #: Appended to the ``run_eagerly=True`` warning.
-    _eager_note = ""
-
-    def _several_replicas(self, replicas: int) -> bool:
-        """A distribution strategy with ``replicas`` > 1: warn and train plain (False), or raise."""
-        warnings.warn(
-            f"tflms.LMSCallback does not support a distribution strategy with {replicas} replicas; "
-            "fit runs without LMS. Use one replica per process (e.g. Horovod).",
-            LMSWarning,
-            stacklevel=3,
-        )
-        return False
-
-    def _step_to_trace(self, model: keras.Model) -> Callable[[Any], Any]:
-        """What is traced (and rewritten) as the per-batch step: :meth:`make_train_step`'s step."""
-        return self.make_train_step(model)
-
-    def _before_run(self, model_ref: weakref.ReferenceType, iterator: Any) -> None:
-        """Called by the installed train function before each run of the step."""
-
-    def _first_plan(self, plan: SwapPlan) -> None:
-        """Called once per installation, with the first plan, on every rank."""
-
-    def _prints(self) -> bool:
-        """Whether this process prints the plan (``verbose``)."""
-        return True
 
     # -- internals --------------------------------------------------------------------
 
@@ -358,7 +377,7 @@ class LMSCallback(keras.callbacks.Callback):
         if model.run_eagerly:
             warnings.warn(
                 f"tflms.LMSCallback: the model was compiled with run_eagerly=True, so fit runs eagerly "
-                f"without LMS{self._eager_note}. Compile with run_eagerly=False to swap tensors.",
+                f"without LMS{self._mode.eager_note}. Compile with run_eagerly=False to swap tensors.",
                 LMSWarning,
                 stacklevel=2,
             )
@@ -377,13 +396,13 @@ class LMSCallback(keras.callbacks.Callback):
             )
         replicas = model.distribute_strategy.num_replicas_in_sync
         if replicas > 1:
-            return self._several_replicas(replicas)
+            return self._mode.several_replicas(replicas)
         return True
 
     def _build(self, model: keras.Model, keras_function: Callable[[Any], Any], lms: bool = True) -> _Installation:
         # Traced as Keras traces its one_step_on_data: without AutoGraph (do_not_convert) and
         # with reduce_retracing=True.
-        step = tf.autograph.experimental.do_not_convert(self._step_to_trace(model))
+        step = tf.autograph.experimental.do_not_convert(self._mode.step_to_trace(self.make_train_step(model)))
         lms_step = lms_function(step, config=self.config, reduce_retracing=True) if lms else None
         xla = bool(model.jit_compile)
         if lms and xla:  # only where it may be Keras's jit_compile="auto": _supported raised otherwise
@@ -408,7 +427,7 @@ class LMSCallback(keras.callbacks.Callback):
                 self._checked_batch = True
                 if lms:
                     self._check_batch_dimension(iterator)
-            self._before_run(model_ref, iterator)
+            self._mode.before_run(model_ref, iterator)
             # Keras inlines the step into its own function, so the outer call's config counts.
             with tfi.memory_optimization(level, keep_explicit=True, layout_off=layout_off, device=device):
                 logs = run(iterator)
@@ -438,8 +457,8 @@ class LMSCallback(keras.callbacks.Callback):
     def _report(self, inst: _Installation) -> None:
         plans = inst.step.plans
         if self._shown == 0 and plans:
-            self._first_plan(plans[0])
-        root = self._prints()
+            self.fingerprint = self._mode.first_plan(plans[0])  # collective under Horovod
+        root = self._mode.prints()
         measured = self._measured_peak() if self.verbose == 1 and root else None
         for plan in plans[self._shown :]:
             log.info("tflms.LMSCallback: %d tensors swapped in %s", len(plan.swaps), plan.function)
@@ -521,11 +540,6 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
-def _check_horovod(horovod: Any) -> None:
-    if horovod is not None and not isinstance(horovod, bool):
-        raise TypeError(f"horovod must be True or False. Received: horovod={horovod!r}")
-
-
 def _auto_would_choose_xla(model: keras.Model) -> bool:
     """Whether Keras's ``jit_compile="auto"`` turns XLA on for ``model`` here (a GPU, no strategy, ...).
 
@@ -537,9 +551,9 @@ def _auto_would_choose_xla(model: keras.Model) -> bool:
 
 
 def __getattr__(name: str) -> Any:
-    # Moved to tflms.integrations.horovod.callback: still reachable here.
+    # Horovod's train step: still reachable here, without importing Horovod's integration before.
     if name == "averaging_train_step":
-        from .horovod.callback import averaging_train_step
+        from .horovod.fit import averaging_train_step
 
         return averaging_train_step
     raise AttributeError(f"module 'tflms.integrations.keras' has no attribute {name!r}")

@@ -68,7 +68,7 @@ from .sync import PlanMismatchError, allgather_scalar, assert_same_plan, average
 from .variables import backing_variable, broadcast_variables
 
 # Names of tflms.integrations.horovod.callback, which imports Keras: loaded on first use.
-_LAZY = {"HorovodLMSCallback": "callback", "averaging_train_step": "callback"}
+_LAZY = {"HorovodLMSCallback": "callback", "averaging_train_step": "fit"}
 
 __all__ = [
     "PlanMismatchError",

@@ -30,7 +30,7 @@ def _check_group_bytes(group_bytes: Any) -> None:
         raise ValueError(f"group_bytes must be an integer >= 1 or None. Received: group_bytes={group_bytes!r}")
 
 
-def _check_sparse_as_dense(sparse_as_dense: Any) -> None:
+def check_sparse_as_dense(sparse_as_dense: Any) -> None:
     """Raise ``TypeError`` unless ``sparse_as_dense`` is a bool."""
     if not isinstance(sparse_as_dense, bool):
         raise TypeError(
@@ -91,7 +91,7 @@ def allreduce_gradients(
         >>> _ = keras.optimizers.SGD(0.1).apply_gradients(zip(averaged, model.trainable_variables))
     """
     _check_op(op)
-    _check_sparse_as_dense(sparse_as_dense)
+    check_sparse_as_dense(sparse_as_dense)
     _check_group_bytes(group_bytes)
     hvd = runtime.active("allreduce_gradients")
     grads = list(gradients)
@@ -182,7 +182,7 @@ class DistributedGradientTape:
         elif not isinstance(tape, tf.GradientTape):
             raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape. Received: tape={tape!r}")
         _check_op(op)
-        _check_sparse_as_dense(sparse_as_dense)
+        check_sparse_as_dense(sparse_as_dense)
         _check_group_bytes(group_bytes)
         self._tape = tape
         self._op = op
