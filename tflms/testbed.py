@@ -39,11 +39,15 @@ shares this machine's cores, is not starved by the device's compute.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
+import functools
 import importlib
+import importlib.util
 import json
 import os
+import pickle
 import re
 import signal
 import socket
@@ -52,7 +56,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+import traceback
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .config import parse_bytes
@@ -67,11 +72,16 @@ __all__ = [
     "TestBedError",
     "HostWorker",
     "MeasuredResult",
+    "ModelMeasurement",
+    "ModelRun",
+    "STATUSES",
+    "WAYS",
     "allocator_oom_report",
     "connect",
     "device_environ",
     "devices",
     "is_measured_process",
+    "measure_model",
     "memory",
     "oom_message",
     "reset_peak",
@@ -101,6 +111,7 @@ _GPU = "TFLMS_MEASURED_GPU"  # a measured GPU process: its cap in MiB, or 0 (no 
 GPU_DEVICE = "/job:localhost/replica:0/task:0/device:GPU:0"
 GPU_HOST = "/job:localhost/replica:0/task:0/device:CPU:0"
 _RESULT_MARK = "TFLMS_TESTBED_RESULT "
+_FAILED_MARK = "TFLMS_TESTBED_FAILED "
 _READY_MARK = "TFLMS_HOST_READY"
 
 
@@ -368,10 +379,18 @@ def _lower_priority(nice: int) -> None:
 class MeasuredResult:
     """What :func:`run_measured` saw: the function's value, or how the process ended.
 
-    ``status`` is ``'ok'``; ``'oom'`` (``ResourceExhaustedError``, an out-of-memory
-    message, or death by a signal under a cap); or ``'error'`` (anything else:
-    ``error`` holds the last lines of its output). ``oom`` is what the device's
-    allocator reported when it ran out of memory (:func:`allocator_oom_report`), or None.
+    ``status`` is one of :data:`STATUSES`: ``'ok'`` (``value`` is what the function
+    returned); ``'oom'`` (it raised ``ResourceExhaustedError`` or an error that says it
+    ran out of memory, the device's allocator failed a request, or the process died by a
+    signal under a cap); ``'budget'`` (it raised :class:`tflms.BudgetError`: no plan
+    brings the predicted peak within the budget asked for; ``raised`` has the budget and
+    the best predicted peak); or ``'error'`` (anything else, a timeout included).
+    ``error`` holds the last lines of the process's output (the traceback of what the
+    function raised). ``oom`` is what the device's allocator reported when it ran out of
+    memory (:func:`allocator_oom_report`), or None. ``raised`` is what the function raised,
+    as the measured process reported it (no traceback to parse), or None:
+    ``{'type': 'module.Class', 'message': str}``, plus for a ``BudgetError`` its
+    ``budget``, ``best_peak_bytes`` and ``plain_peak_bytes``.
     """
 
     status: str
@@ -380,6 +399,7 @@ class MeasuredResult:
     returncode: int = 0
     seconds: float = 0.0
     oom: dict[str, Any] | None = None
+    raised: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -456,9 +476,12 @@ def oom_message(error: str) -> str | None:
 
 _OOM_MARKS = ("ResourceExhaustedError", "OOM when allocating", "Out of memory", "out of memory")
 
+#: The statuses of a :class:`MeasuredResult` (and of a :class:`ModelRun`).
+STATUSES = ("ok", "oom", "budget", "error")
+
 
 def run_measured(
-    target: str,
+    target: str | Callable[[], Any],
     kwargs: Mapping[str, Any] | None = None,
     *,
     cap: int | str | None = None,
@@ -466,13 +489,22 @@ def run_measured(
     pythonpath: list[str] | None = None,
     gpu: bool = False,
 ) -> MeasuredResult:
-    """Call ``target`` (``'package.module:function'``) in a fresh measured process.
+    """Call ``target`` in a fresh measured process; return what it returned, or how it failed.
+
+    ``target`` is ``'package.module:function'``, or a picklable callable (a function
+    defined at the top level of a module, or a ``functools.partial`` of one; a function
+    of the script that runs this call works too, as with :mod:`multiprocessing`'s spawn:
+    the measured process imports the script, so its own work must sit under
+    ``if __name__ == "__main__":``). A callable target gets this process's ``sys.path``.
 
     The process gets the BFC allocator (and the real memory ``cap``, if any), starts
     a :class:`HostWorker` and connects to it before calling
     ``function(**kwargs)``; the function's JSON-serialisable return value comes back
-    in :attr:`MeasuredResult.value`. A process that dies under a cap is reported as
-    ``status='oom'``, not raised. ``pythonpath`` entries are prepended to the
+    in :attr:`MeasuredResult.value`. Nothing is raised here for what happens there:
+    :attr:`MeasuredResult.status` says whether it returned (``'ok'``), ran out of memory
+    (``'oom'``, also for a process that dies under a cap), raised
+    :class:`tflms.BudgetError` (``'budget'``) or failed otherwise (``'error'``), and
+    :attr:`MeasuredResult.raised` what it raised. ``pythonpath`` entries are prepended to the
     child's ``PYTHONPATH`` (for targets outside installed packages). Under a cap the
     child logs at ``TF_CPP_MIN_LOG_LEVEL=0`` (its output is captured, not shown), so that
     :attr:`MeasuredResult.oom` gets the allocator's out-of-memory report.
@@ -482,14 +514,24 @@ def run_measured(
     device with ``memory_limit``), and without it the GPU's memory grows as needed. A
     process that sees no GPU ends with ``status='error'`` and says so.
     """
-    if not isinstance(target, str) or target.count(":") != 1:
-        raise ValueError(f"target must be 'package.module:function'. Received: target={target!r}")
+    if isinstance(target, str):
+        if target.count(":") != 1:
+            raise ValueError(
+                f"target must be 'package.module:function' or a picklable callable. Received: target={target!r}"
+            )
+        request: dict[str, Any] = {"target": target}
+    elif callable(target):
+        request = _pickled_request(target, "target")
+    else:
+        raise TypeError(
+            f"target must be 'package.module:function' or a picklable callable. Received: target={target!r}"
+        )
     env = device_environ(cap, gpu=gpu)
     # Under a cap, the allocator's out-of-memory dump (INFO lines) feeds MeasuredResult.oom.
     env["TF_CPP_MIN_LOG_LEVEL"] = "0" if cap is not None else env.get("TF_CPP_MIN_LOG_LEVEL", "2")
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *filter(None, [env.get("PYTHONPATH")])])
-    payload = json.dumps({"target": target, "kwargs": dict(kwargs or {})})
+    payload = json.dumps({**request, "kwargs": dict(kwargs or {})})
     start = time.monotonic()
     try:
         proc = subprocess.run(
@@ -504,42 +546,487 @@ def run_measured(
         tail = (err.stderr or b"")[-2000:]
         return MeasuredResult("error", error=f"timed out after {timeout} s: {tail!r}", returncode=-9)
     seconds = time.monotonic() - start
+    raised = None
     for line in proc.stdout.splitlines():
         if line.startswith(_RESULT_MARK):
             return MeasuredResult(
                 "ok", json.loads(line[len(_RESULT_MARK) :]), returncode=proc.returncode, seconds=seconds
             )
+        if line.startswith(_FAILED_MARK):
+            raised = json.loads(line[len(_FAILED_MARK) :])
     output = (proc.stdout + proc.stderr)[-4000:]
-    died = proc.returncode < 0 or proc.returncode in (134, 139)  # by a signal (abort, segfault)
     report = allocator_oom_report(proc.stderr)
-    oom = report is not None or any(m in output for m in _OOM_MARKS) or (died and cap is not None)
-    return MeasuredResult(
-        "oom" if oom else "error", error=output, returncode=proc.returncode, seconds=seconds, oom=report
-    )
+    if raised is not None:  # the function raised: the measured process said what
+        status = raised.pop("status")
+        if status == "error" and report is not None:  # the allocator failed a request first
+            status = "oom"
+    else:  # the process died before it could say (e.g. a segfault under a cap)
+        died = proc.returncode < 0 or proc.returncode in (134, 139)  # by a signal (abort, segfault)
+        oom = report is not None or any(m in output for m in _OOM_MARKS) or (died and cap is not None)
+        status = "oom" if oom else "error"
+    return MeasuredResult(status, error=output, returncode=proc.returncode, seconds=seconds, oom=report, raised=raised)
+
+
+def _pickled_request(fn: Callable[..., Any], name: str) -> dict[str, Any]:
+    """The part of a measured process's request that carries the callable ``fn``, pickled.
+
+    With it go this process's ``sys.path`` and, when the pickle refers to ``__main__``, how
+    to import this process's main module there (as :mod:`multiprocessing`'s spawn does)."""
+    try:
+        data = pickle.dumps(fn)
+    except Exception as err:  # noqa: BLE001 - pickle raises PicklingError, AttributeError, TypeError, ...
+        raise TypeError(
+            f"{name} must be 'package.module:function' or a picklable callable (a function defined at the top "
+            f"level of a module, or a functools.partial of one; not a lambda or a nested function): {err}. "
+            f"Received: {name}={fn!r}"
+        ) from None
+    request: dict[str, Any] = {
+        "pickled": base64.b64encode(data).decode("ascii"),
+        "sys_path": [os.path.abspath(p or os.curdir) for p in sys.path],
+    }
+    if b"__main__" in data:
+        main = sys.modules.get("__main__")
+        spec = getattr(main, "__spec__", None)
+        path = getattr(main, "__file__", None)
+        if spec is not None and getattr(spec, "name", None):
+            request["main_module"] = spec.name  # python -m package.module
+        elif path:
+            request["main_path"] = os.path.abspath(path)
+        else:
+            raise TypeError(
+                f"{name} is defined in an interactive session, which the measured process cannot import: "
+                f"define it in a module (a .py file on sys.path) and pass it, or 'module:function'. "
+                f"Received: {name}={fn!r}"
+            )
+    return request
+
+
+def _load_target(request: Mapping[str, Any]) -> Callable[..., Any]:
+    """The function a measured process's request names (in the measured process)."""
+    if "pickled" not in request:
+        module_name, _, attr = request["target"].partition(":")
+        return getattr(importlib.import_module(module_name), attr)
+    sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
+    if "main_module" in request or "main_path" in request:
+        # The caller's main module, imported under another name so that its main block does not run.
+        if "main_module" in request:
+            main = importlib.import_module(request["main_module"])
+        else:
+            spec = importlib.util.spec_from_file_location("__tflms_main__", request["main_path"])
+            main = importlib.util.module_from_spec(spec)
+            sys.modules["__tflms_main__"] = main
+            spec.loader.exec_module(main)
+        sys.modules["__main__"] = main
+    return pickle.loads(base64.b64decode(request["pickled"]))
+
+
+def _failure(err: BaseException) -> dict[str, Any]:
+    """What a measured process reports about an exception its function raised."""
+    from .errors import BudgetError
+
+    kind = type(err)
+    report: dict[str, Any] = {"type": f"{kind.__module__}.{kind.__qualname__}", "message": str(err)}
+    tf = sys.modules.get("tensorflow")
+    if isinstance(err, BudgetError):
+        report.update(
+            status="budget",
+            budget=err.budget,
+            best_peak_bytes=err.best_peak_bytes,
+            plain_peak_bytes=err.plain_peak_bytes,
+        )
+    elif (tf is not None and isinstance(err, tf.errors.ResourceExhaustedError)) or any(
+        m in report["message"] for m in _OOM_MARKS
+    ):
+        report["status"] = "oom"
+    else:
+        report["status"] = "error"
+    return report
+
+
+def _call_and_exit(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
+    """Call ``fn(**kwargs)``, print its result (or what it raised) for :func:`run_measured`, and end
+    this process at once.
+
+    ``os._exit`` skips TensorFlow's teardown. That matters most after a failure: the
+    teardown removes every function this process made from the host worker too, and once the
+    worker is gone each removal logs "Failed to remove function remotely due to Socket
+    closed". Here the worker is still up, and no removal is even tried; the host worker dies
+    with this process (its parent-death signal)."""
+    try:
+        value = fn(**kwargs)
+        line = _RESULT_MARK + json.dumps(value)
+    except BaseException as err:  # noqa: BLE001 - reported to run_measured, whatever it was
+        traceback.print_exc()
+        sys.stderr.flush()
+        line = _FAILED_MARK + json.dumps(_failure(err), default=repr)
+        code = 1
+    else:
+        code = 0
+    print(line, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
 
 
 def _run_child() -> None:
     """Body of the measured process started by :func:`run_measured`."""
     request = json.loads(sys.stdin.read())
-    module_name, _, attr = request["target"].partition(":")
     sys.path.insert(0, os.getcwd())
     if _is_gpu_process():
         mib = int(os.environ[_GPU])
         setup_gpu(mib * 2**20 if mib else None)
-        value = getattr(importlib.import_module(module_name), attr)(**request["kwargs"])
-        print(_RESULT_MARK + json.dumps(value), flush=True)
-        return
+        _call_and_exit(_load_target(request), request["kwargs"])
     # The worker loads TensorFlow while this process does (two processes, two cores).
-    with HostWorker().start(wait=False) as worker:
-        fn = getattr(importlib.import_module(module_name), attr)
-        import tensorflow  # noqa: F401  (before waiting: connect needs it)
+    worker = HostWorker().start(wait=False)
+    fn = _load_target(request)
+    import tensorflow  # noqa: F401  (before waiting: connect needs it)
 
-        worker.wait()
-        connect(worker)
-        value = fn(**request["kwargs"])
-        print(_RESULT_MARK + json.dumps(value), flush=True)
-        sys.stdout.flush()
-    os._exit(0)  # skip TensorFlow's teardown of the remote context
+    worker.wait()
+    connect(worker)
+    _call_and_exit(fn, request["kwargs"])
+
+
+#: What :func:`measure_model` can run: the step as written, and the step rewritten by tflms.
+WAYS = ("plain", "lms")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelRun:
+    """One way (``'plain'`` or ``'lms'``) of :func:`measure_model`: its measured process and steps.
+
+    ``status`` is the measured process's (:attr:`MeasuredResult.status`: ``'ok'``,
+    ``'oom'``, ``'budget'`` or ``'error'``; ``result`` has its ``error`` output, ``oom``
+    report and what it ``raised``). Per step, the warm-up steps included and in order: ``peaks``
+    (bytes: the device's measured peak during the step), ``held`` (bytes in use on the device
+    as the step began: weights, optimizer slots, and any input data held in device memory) and
+    ``losses``. A run that failed part way keeps the steps it finished. ``loaded`` is the
+    device's bytes in use once the factory had returned (the model and the data it made, before
+    any step). ``predicted`` and ``predicted_plain`` are the simulator's peaks of the rewritten
+    and the plain step (``'lms'`` only, from its plan; None otherwise), ``n_swaps`` the plan's
+    number of swapped tensors.
+    """
+
+    way: str
+    status: str
+    result: MeasuredResult
+    warmup: int
+    peaks: list[int] = dataclasses.field(default_factory=list)
+    held: list[int] = dataclasses.field(default_factory=list)
+    losses: list[float | None] = dataclasses.field(default_factory=list)
+    loaded: int | None = None
+    predicted: int | None = None
+    predicted_plain: int | None = None
+    n_swaps: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def peak(self) -> int | None:
+        """The steady-state peak: the largest measured peak after the warm-up steps (None without one)."""
+        steady = self.peaks[self.warmup :]
+        return max(steady) if steady else None
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelMeasurement:
+    """What :func:`measure_model` measured: a :class:`ModelRun` per way, ``runs[way]`` or ``m[way]``."""
+
+    runs: dict[str, ModelRun]
+    cap: int | None = None
+
+    def __getitem__(self, way: str) -> ModelRun:
+        return self.runs[way]
+
+    def summary(self) -> str:
+        """A table: per way its status, steady-state peak, bytes in use as its last step began (before
+        any step: once the factory had returned), last loss, predicted peak (``'lms'``), and what went
+        wrong where it did.
+
+        >>> r = MeasuredResult("ok")
+        >>> m = ModelMeasurement({"plain": ModelRun("plain", "ok", r, 1, [3 << 20, 2 << 20], [1 << 20] * 2,
+        ...                                         [0.5, 0.25], 1 << 20)})
+        >>> print(m.summary())
+        way    status   peak (MiB)   held (MiB)   last loss   predicted (MiB)
+        plain  ok              2.0          1.0      0.2500                 -
+        """
+        mib = lambda n: "-" if n is None else f"{n / 2**20:.1f}"  # noqa: E731
+        head = ("way", "status", "peak (MiB)", "held (MiB)", "last loss", "predicted (MiB)")
+        lines = ["{:6} {:6} {:>12} {:>12} {:>11} {:>17}".format(*head)]
+        for way, run in self.runs.items():
+            loss = next((f"{v:.4f}" for v in reversed(run.losses) if v is not None), "-")
+            held = run.held[-1] if run.held else run.loaded
+            line = f"{way:6} {run.status:6} {mib(run.peak):>12} {mib(held):>12} {loss:>11} {mib(run.predicted):>17}"
+            if not run.ok:
+                line += f"  ({len(run.peaks)} steps done: {_what_went_wrong(run.result)})"
+            lines.append(line)
+        return "\n".join(lines)
+
+
+def _what_went_wrong(result: MeasuredResult) -> str:
+    """One line of what a failed measured process said: the out-of-memory line, or the first line of
+    what it raised, or the last line of its output."""
+    message = (result.raised or {}).get("message", "")
+    said = (oom_message(message) or oom_message(result.error)) if result.status == "oom" else None
+    if not said:
+        lines = [line for line in (message or result.error).splitlines() if line.strip()]
+        said = (lines[0] if message else lines[-1]) if lines else ""
+    return " ".join(said.split())[:240]
+
+
+def measure_model(
+    factory: str | Callable[..., Any],
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    steps: int = 3,
+    warmup: int = 1,
+    cap: int | str | None = None,
+    options: Mapping[str, Any] | None = None,
+    batch_size: int | None = None,
+    ways: tuple[str, ...] | list[str] = WAYS,
+    seed: int | None = 0,
+    timeout: float = 1800.0,
+    gpu: bool = False,
+) -> ModelMeasurement:
+    """Train your own model on the test bed, plain and with tflms, and measure each step's device peak.
+
+    ``factory`` is ``'package.module:function'`` or a picklable callable (see
+    :func:`run_measured`); ``factory(**kwargs)`` runs in the measured process and returns
+    either
+
+    * ``(model, x)`` or ``(model, x, y)``: a compiled Keras model and its training data, as
+      ``model.fit`` takes them (arrays with ``batch_size`` given here, or a ``tf.data.Dataset``
+      of batches as ``x``). It is trained with ``model.fit`` one step per epoch (so each step's
+      loss is exact), plain, and with :class:`tflms.LMSCallback` (``options``, and
+      ``batch_size``, on this process's device and host); the data must hold
+      ``warmup + steps`` batches (``Dataset.repeat()`` makes any dataset do); or
+    * a training step: a callable ``step(*args)`` that trains one step and returns its loss
+      (a scalar; of a tuple, list or dict its first value or its ``'loss'``), alone or as
+      ``(step, args)``. It is traced with ``tf.function`` (plain) and :func:`tflms.function`
+      (``options``).
+
+    Each way in ``ways`` runs in its own fresh measured process (:func:`run_measured`), under
+    ``cap`` if given, so a way that runs out of memory, or dies of it, does not stop the
+    others, and the ways do not share memory. ``seed`` (``keras.utils.set_random_seed``, before
+    the factory is called) gives every way the same weights and data. Per step the device's
+    peak is reset before and read after it. On the test bed the device is this machine's CPU:
+    every tensor the factory makes there (a ``tf.constant``, and arrays that ``model.fit``
+    converts to tensors) is device memory and counts against ``cap``, where on a GPU the input
+    data would stay in host memory: see :attr:`ModelRun.loaded` and :attr:`ModelRun.held`.
+
+    Returns a :class:`ModelMeasurement`: per way a :class:`ModelRun` with its status (``'ok'``,
+    ``'oom'``, ``'budget'`` for a :class:`tflms.BudgetError` from ``options['budget']``,
+    ``'error'``), per-step peaks and losses, and what it raised. Nothing the factory or the
+    training does is raised here; bad arguments are.
+
+    Example (``mypkg/models.py`` defines ``build() -> (model, x, y)``)::
+
+        m = tflms.testbed.measure_model("mypkg.models:build", batch_size=64, cap="2GiB")
+        print(m.summary())
+        m["plain"].status, m["lms"].peak, m["lms"].losses
+    """
+    from .config import LMSConfig, check_int
+
+    if isinstance(factory, str):
+        if factory.count(":") != 1:
+            raise ValueError(
+                f"factory must be 'package.module:function' or a picklable callable. Received: factory={factory!r}"
+            )
+    elif callable(factory):
+        _pickled_request(factory, "factory")  # refused here, not in the measured process
+    else:
+        raise TypeError(
+            f"factory must be 'package.module:function' or a picklable callable. Received: factory={factory!r}"
+        )
+    check_int("steps", steps, 1)
+    check_int("warmup", warmup, 0)
+    check_int("batch_size", batch_size, 1, allow_none=True)
+    check_int("seed", seed, 0, allow_none=True)
+    if isinstance(ways, str) or not ways or any(w not in WAYS for w in ways) or len(set(ways)) != len(ways):
+        raise ValueError(f"ways must be a non-empty list of distinct ways of {WAYS}. Received: ways={ways!r}")
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise TypeError(f"kwargs must be a mapping of the factory's keyword arguments. Received: kwargs={kwargs!r}")
+    if options is not None and not isinstance(options, Mapping):
+        raise TypeError(f"options must be a mapping of tflms.LMSConfig fields. Received: options={options!r}")
+    options = dict(options or {})
+    taken = sorted({"device", "host"} & set(options))
+    if taken:
+        raise ValueError(
+            f"options must not set {' or '.join(taken)}: measure_model runs the step on the measured process's "
+            f"device and host (tflms.testbed.devices()). Received: options={options!r}"
+        )
+    LMSConfig.from_options(**options)  # unknown or invalid options are refused here
+    runs: dict[str, ModelRun] = {}
+    for way in ways:
+        with tempfile.TemporaryDirectory(prefix="tflms-measure-") as tmp:
+            progress = os.path.join(tmp, "steps.jsonl")
+            target = functools.partial(
+                _measure_way,
+                factory,
+                dict(kwargs or {}),
+                way=way,
+                steps=steps,
+                warmup=warmup,
+                options=options,
+                batch_size=batch_size,
+                seed=seed,
+                progress=progress,
+            )
+            result = run_measured(target, cap=cap, timeout=timeout, gpu=gpu)
+            records = _read_records(progress)
+        runs[way] = _model_run(way, result, records, warmup)
+    return ModelMeasurement(runs, None if cap is None else parse_bytes(cap, "cap") // 2**20 * 2**20)
+
+
+def _read_records(path: str) -> list[dict[str, Any]]:
+    """The JSON lines a measured process of :func:`measure_model` wrote (the last may be cut off)."""
+    records = []
+    with contextlib.suppress(FileNotFoundError), open(path) as f:
+        for line in f:
+            with contextlib.suppress(json.JSONDecodeError):
+                records.append(json.loads(line))
+    return records
+
+
+def _model_run(way: str, result: MeasuredResult, records: list[dict[str, Any]], warmup: int) -> ModelRun:
+    info: dict[str, Any] = {}
+    steps = []
+    for record in records:
+        if "step" in record:
+            steps.append(record)
+        else:
+            info.update(record)
+    return ModelRun(
+        way,
+        result.status,
+        result,
+        warmup,
+        peaks=[s["peak"] for s in steps],
+        held=[s["held"] for s in steps],
+        losses=[s["loss"] for s in steps],
+        loaded=info.get("loaded"),
+        predicted=info.get("predicted"),
+        predicted_plain=info.get("predicted_plain"),
+        n_swaps=info.get("n_swaps"),
+    )
+
+
+def _loss_of(out: Any) -> float | None:
+    """A training step's loss from what it returned: a scalar, a dict's ``'loss'``, a sequence's first."""
+    if isinstance(out, Mapping):
+        out = out.get("loss")
+    elif isinstance(out, (tuple, list)):
+        out = out[0] if out else None
+    try:
+        return float(out)
+    except (TypeError, ValueError):
+        return None
+
+
+def _measure_way(
+    factory: str | Callable[..., Any],
+    kwargs: dict[str, Any],
+    *,
+    way: str,
+    steps: int,
+    warmup: int,
+    options: dict[str, Any],
+    batch_size: int | None,
+    seed: int | None,
+    progress: str,
+) -> bool:
+    """One way of :func:`measure_model`, in its measured process: build, train, and write a JSON line
+    per step (and one of what the run was) to ``progress`` as it goes."""
+    import keras
+    import tensorflow as tf
+
+    from .core import function as lms_function
+    from .keras import LMSCallback
+
+    if seed is not None:
+        keras.utils.set_random_seed(seed)
+    make = factory
+    if isinstance(factory, str):
+        module_name, _, attr = factory.partition(":")
+        make = getattr(importlib.import_module(module_name), attr)
+    device, host = devices()
+    log = open(progress, "a", buffering=1)  # line-buffered: what was written survives a crash
+
+    def write(record: dict[str, Any]) -> None:
+        log.write(json.dumps(record) + "\n")
+        log.flush()
+
+    class StepMeter(keras.callbacks.Callback):
+        """Per training step (``fit`` runs one per epoch): the bytes held as it begins, its peak, its loss."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.done = 0
+            self.step: dict[str, Any] = {}
+
+        def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+            self.step = {"step": self.done, "held": memory()["current"]}
+            reset_peak()
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            self.step["peak"] = memory()["peak"]
+
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            if "peak" in self.step:  # else no step ran in this epoch: the data ran out
+                write({**self.step, "loss": _loss_of(logs or {})})
+                self.step = {}
+                self.done += 1
+
+    built = make(**kwargs)
+    write({"loaded": memory()["current"]})
+    total = warmup + steps
+    if isinstance(built, tuple) and built and isinstance(built[0], keras.Model):
+        if len(built) not in (2, 3):
+            raise TypeError(
+                "the factory must return (model, x), (model, x, y), a training step or (step, args). "
+                f"Received: a tuple of {len(built)}"
+            )
+        model, x, y = built[0], built[1], built[2] if len(built) == 3 else None
+        if not model.compiled:
+            raise ValueError(f"the factory's model must be compiled (model.compile). Received: model={model.name!r}")
+        meter = StepMeter()
+        callbacks: list[Any] = [meter]
+        lms = None
+        if way == "lms":
+            lms_options = {"batch_size": batch_size, **options} if batch_size else options
+            lms = LMSCallback(device=device, host=host, **lms_options)
+            callbacks.insert(0, lms)
+        fit_kwargs: dict[str, Any] = {"batch_size": batch_size} if batch_size else {}
+        model.fit(x, y, epochs=total, steps_per_epoch=1, shuffle=False, verbose=0, callbacks=callbacks, **fit_kwargs)
+        if meter.done < total:
+            raise TestBedError(
+                f"the factory's data ran out after {meter.done} of warmup + steps = {total} batches: give it more, "
+                "or repeat a dataset (Dataset.repeat()). "
+                f"Received: warmup={warmup}, steps={steps}, batch_size={batch_size}"
+            )
+        plan = None if lms is None else lms.plan
+    else:
+        step, args = built, ()
+        if isinstance(built, tuple) and len(built) == 2 and callable(built[0]) and isinstance(built[1], (tuple, list)):
+            step, args = built[0], tuple(built[1])
+        if not callable(step):
+            raise TypeError(
+                "the factory must return (model, x), (model, x, y) with a compiled keras.Model, a training "
+                f"step or (step, args). Received: {type(built).__name__}"
+            )
+        fn = lms_function(step, device=device, host=host, **options) if way == "lms" else tf.function(step)
+        with tf.device(device):
+            for i in range(total):
+                held = memory()["current"]
+                reset_peak()
+                loss = _loss_of(fn(*args))
+                write({"step": i, "held": held, "peak": memory()["peak"], "loss": loss})
+        plan = fn.get_plan(*args) if way == "lms" else None
+    if plan is not None:
+        write({"predicted": plan.peak_bytes_after, "predicted_plain": plan.peak_bytes_before})
+        write({"n_swaps": len(plan.swaps)})
+    log.close()
+    return True
 
 
 def setup_gpu(cap: int | str | None = None) -> None:
