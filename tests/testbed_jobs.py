@@ -208,8 +208,12 @@ def remote_function_then(fail: str = "error", mib: int = 64) -> None:
     raise ValueError(f"failed on purpose after the remote function ran (fail={fail!r})")
 
 
-def keras_mlp(samples: int = 256, features: int = 64, width: int = 256, depth: int = 3) -> tuple:
-    """A compiled Keras MLP and its data, as a factory of ``tflms.testbed.measure_model`` returns them."""
+def keras_mlp(
+    samples: int = 256, features: int = 64, width: int = 256, depth: int = 3, unknown_size: bool = False
+) -> tuple:
+    """A compiled Keras MLP and its data, as a factory of ``tflms.testbed.measure_model`` returns them:
+    ``(model, x, y)``, or with ``unknown_size`` ``(model, dataset)``, batches of 64 in a dataset whose
+    size TensorFlow does not know (Keras cannot restart it when it runs out)."""
     import keras
     import numpy as np
 
@@ -221,6 +225,10 @@ def keras_mlp(samples: int = 256, features: int = 64, width: int = 256, depth: i
     rng = np.random.default_rng(0)
     x = rng.normal(size=(samples, features)).astype("float32")
     y = rng.integers(0, 10, size=(samples,))
+    if unknown_size:
+        import tensorflow as tf
+
+        return model, tf.data.Dataset.from_tensor_slices((x, y)).batch(64).filter(lambda x, y: True)
     return model, x, y
 
 

@@ -798,7 +798,8 @@ def measure_model(
       ``model.fit`` takes them (arrays with ``batch_size`` given here, or a ``tf.data.Dataset``
       of batches as ``x``). It is trained with ``model.fit`` one step per epoch (so each step's
       loss is exact), plain, and with :class:`tflms.LMSCallback` (``options``, and
-      ``batch_size``, on this process's device and host); the data must hold
+      ``batch_size``, on this process's device and host). Keras starts data of known size
+      again when it runs out; a generator or a dataset of unknown size must yield
       ``warmup + steps`` batches (``Dataset.repeat()`` makes any dataset do); or
     * a training step: a callable ``step(*args)`` that trains one step and returns its loss
       (a scalar; of a tuple, list or dict its first value or its ``'loss'``), alone or as
@@ -1000,9 +1001,10 @@ def _measure_way(
         model.fit(x, y, epochs=total, steps_per_epoch=1, shuffle=False, verbose=0, callbacks=callbacks, **fit_kwargs)
         if meter.done < total:
             raise TestBedError(
-                f"the factory's data ran out after {meter.done} of warmup + steps = {total} batches: give it more, "
-                "or repeat a dataset (Dataset.repeat()). "
-                f"Received: warmup={warmup}, steps={steps}, batch_size={batch_size}"
+                f"fit ran {meter.done} of warmup + steps = {total} steps: the factory's data ran out. Keras starts "
+                "data of known size (arrays, most datasets) again, but a generator or a dataset of unknown size "
+                "must yield warmup + steps batches (Dataset.repeat() makes any dataset do). "
+                f"Received: warmup={warmup}, steps={steps}"
             )
         plan = None if lms is None else lms.plan
     else:
