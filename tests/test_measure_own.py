@@ -133,7 +133,7 @@ def test_measure_model_keeps_the_steps_done_and_says_budget_and_error():
 # --------------------------------------------------------------------------------- the docs page
 def test_the_docs_page_example_runs_and_shows_what_it_says(tmp_path):
     """Each ```python block of docs/measure-your-own-model.md, run as a script: the example
-    measures a Keras model under a 70 MiB cap, where the plain step runs out of memory and the
+    measures a Keras model under a 76 MiB cap, where the plain step runs out of memory and the
     tflms step trains (measured without the cap: plain 89-98 MiB per step, tflms 33-52 MiB)."""
     blocks = _python_blocks(PAGE)
     assert blocks, f"no ```python block in {PAGE}"
@@ -147,13 +147,14 @@ def test_the_docs_page_example_runs_and_shows_what_it_says(tmp_path):
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         outputs.append(proc.stdout)
+        print(proc.stdout)
     out = outputs[0]
     assert "plain: oom | lms: ok" in out, out
     table = out.splitlines()
     assert table[0].split()[:2] == ["way", "status"] and table[1].split()[:2] == ["plain", "oom"], out
     assert table[2].split()[:2] == ["lms", "ok"], out
     peaks = re.search(r"lms peak per step \(MiB\): \[(.*)\]", out).group(1).split(", ")
-    assert len(peaks) == 3 and all(0 < float(p) <= 70 for p in peaks), out
+    assert len(peaks) == 3 and all(0 < float(p) <= 76 for p in peaks), out
 
 
 def test_the_public_names_are_exported():

@@ -18,6 +18,14 @@ a crash::
     result = tflms.testbed.run_measured("mypkg.bench:measure", {"batch": 32}, cap="1GiB")
     if result.ok: print(result.value)
 
+``result.status`` says how it ended: ``'ok'``, ``'oom'``, ``'budget'`` (a
+:class:`tflms.BudgetError`) or ``'error'``; ``result.raised`` what the function raised.
+To measure your own Keras model (or training step), plain and with tflms, step by step,
+:func:`measure_model` takes a factory that builds it and its data::
+
+    m = tflms.testbed.measure_model("mypkg.models:build", batch_size=64, cap="1GiB")
+    print(m.summary()); m["plain"].status, m["lms"].peaks, m["lms"].losses
+
 Inside the measured process (``measure`` above, or your own script started with
 :func:`device_environ`)::
 
