@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -128,6 +129,33 @@ def test_measure_model_keeps_the_steps_done_and_says_budget_and_error():
     assert run.status == "error" and "fit ran 3 of warmup + steps = 4 steps" in run.result.raised["message"], run
     assert len(run.peaks) == len(run.losses) == 3 and run.peak == max(run.peaks[1:])
     assert "3 steps done: fit ran 3 of" in m.summary()
+
+
+def test_a_script_without_a_main_block_is_told_so_and_not_run_again(tmp_path):
+    """The measured process imports the calling script to find a factory defined there; a script
+    that measures at its top level would start a measured process from there, and so on. It gets
+    an 'error' that says what to do instead."""
+    script = tmp_path / "no_main_block.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import tflms.testbed
+            import testbed_jobs
+
+            def build():
+                return testbed_jobs.keras_mlp()
+
+            m = tflms.testbed.measure_model(build, batch_size=64, ways=["plain"], timeout=300)
+            print("STATUS", m["plain"].status, m["plain"].result.raised["type"])
+            print("MESSAGE", m["plain"].result.raised["message"])
+            """
+        )
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, TESTS])}
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("STATUS") == 1 and "STATUS error builtins.RuntimeError" in proc.stdout, proc.stdout
+    assert 'Put the script\'s own work under `if __name__ == "__main__":`' in proc.stdout, proc.stdout
 
 
 # --------------------------------------------------------------------------------- the docs page

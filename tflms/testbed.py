@@ -120,6 +120,7 @@ GPU_DEVICE = "/job:localhost/replica:0/task:0/device:GPU:0"
 GPU_HOST = "/job:localhost/replica:0/task:0/device:CPU:0"
 _RESULT_MARK = "TFLMS_TESTBED_RESULT "
 _FAILED_MARK = "TFLMS_TESTBED_FAILED "
+_IMPORTING_MAIN = "TFLMS_TESTBED_IMPORTING_MAIN"  # set while a measured process imports its caller's script
 _READY_MARK = "TFLMS_HOST_READY"
 
 
@@ -522,6 +523,13 @@ def run_measured(
     device with ``memory_limit``), and without it the GPU's memory grows as needed. A
     process that sees no GPU ends with ``status='error'`` and says so.
     """
+    if _IMPORTING_MAIN in os.environ:
+        raise RuntimeError(
+            "run_measured (or measure_model) was called while a measured process imported your script to find "
+            "the function to run there, which would start another measured process, and so on. Put the script's "
+            'own work under `if __name__ == "__main__":`. '
+            f"Received: the script {os.environ[_IMPORTING_MAIN]!r}"
+        )
     if isinstance(target, str):
         if target.count(":") != 1:
             raise ValueError(
@@ -617,13 +625,17 @@ def _load_target(request: Mapping[str, Any]) -> Callable[..., Any]:
     sys.path[:0] = [p for p in request["sys_path"] if p not in sys.path]
     if "main_module" in request or "main_path" in request:
         # The caller's main module, imported under another name so that its main block does not run.
-        if "main_module" in request:
-            main = importlib.import_module(request["main_module"])
-        else:
-            spec = importlib.util.spec_from_file_location("__tflms_main__", request["main_path"])
-            main = importlib.util.module_from_spec(spec)
-            sys.modules["__tflms_main__"] = main
-            spec.loader.exec_module(main)
+        os.environ[_IMPORTING_MAIN] = request.get("main_module") or request["main_path"]
+        try:
+            if "main_module" in request:
+                main = importlib.import_module(request["main_module"])
+            else:
+                spec = importlib.util.spec_from_file_location("__tflms_main__", request["main_path"])
+                main = importlib.util.module_from_spec(spec)
+                sys.modules["__tflms_main__"] = main
+                spec.loader.exec_module(main)
+        finally:
+            del os.environ[_IMPORTING_MAIN]
         sys.modules["__main__"] = main
     return pickle.loads(base64.b64decode(request["pickled"]))
 
@@ -651,9 +663,9 @@ def _failure(err: BaseException) -> dict[str, Any]:
     return report
 
 
-def _call_and_exit(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
-    """Call ``fn(**kwargs)``, print its result (or what it raised) for :func:`run_measured`, and end
-    this process at once.
+def _call_and_exit(call: Callable[[], Any]) -> None:
+    """Run ``call()`` (the measured process's work: load the function, connect, call it), print
+    its result (or what it raised) for :func:`run_measured`, and end this process at once.
 
     ``os._exit`` skips TensorFlow's teardown. That matters most after a failure: the
     teardown removes every function this process made from the host worker too, and once the
@@ -661,15 +673,13 @@ def _call_and_exit(fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> None:
     closed". Here the worker is still up, and no removal is even tried; the host worker dies
     with this process (its parent-death signal)."""
     try:
-        value = fn(**kwargs)
-        line = _RESULT_MARK + json.dumps(value)
+        line = _RESULT_MARK + json.dumps(call())
+        code = 0
     except BaseException as err:  # noqa: BLE001 - reported to run_measured, whatever it was
         traceback.print_exc()
         sys.stderr.flush()
         line = _FAILED_MARK + json.dumps(_failure(err), default=repr)
         code = 1
-    else:
-        code = 0
     print(line, flush=True)
     sys.stdout.flush()
     os._exit(code)
@@ -680,17 +690,25 @@ def _run_child() -> None:
     request = json.loads(sys.stdin.read())
     sys.path.insert(0, os.getcwd())
     if _is_gpu_process():
-        mib = int(os.environ[_GPU])
-        setup_gpu(mib * 2**20 if mib else None)
-        _call_and_exit(_load_target(request), request["kwargs"])
+
+        def on_gpu() -> Any:
+            mib = int(os.environ[_GPU])
+            setup_gpu(mib * 2**20 if mib else None)
+            return _load_target(request)(**request["kwargs"])
+
+        _call_and_exit(on_gpu)
     # The worker loads TensorFlow while this process does (two processes, two cores).
     worker = HostWorker().start(wait=False)
-    fn = _load_target(request)
-    import tensorflow  # noqa: F401  (before waiting: connect needs it)
 
-    worker.wait()
-    connect(worker)
-    _call_and_exit(fn, request["kwargs"])
+    def on_test_bed() -> Any:
+        fn = _load_target(request)
+        import tensorflow  # noqa: F401  (before waiting: connect needs it)
+
+        worker.wait()
+        connect(worker)
+        return fn(**request["kwargs"])
+
+    _call_and_exit(on_test_bed)
 
 
 #: What :func:`measure_model` can run: the step as written, and the step rewritten by tflms.
