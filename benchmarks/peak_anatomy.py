@@ -28,7 +28,7 @@ from pathlib import Path
 from report import PHASES, save_result
 from report import _mib_number as _mib
 
-from tflms.testing.testbed import run_measured
+from tflms.testbed import run_measured
 
 DEFAULT_CASES = ("cnn:32:plain", "cnn:32:lms", "transformer:8:plain", "resnet50:32:plain", "resnet50:32:lms")
 

@@ -35,8 +35,8 @@ from report import save_result
 
 from tflms.config import LMSConfig, parse_bytes
 from tflms.plan.capacity import largest_fitting
+from tflms.testbed import DEVICE_NICE, oom_message
 from tflms.testing.measure import MODELS, measure
-from tflms.testing.testbed import DEVICE_NICE, oom_message
 
 
 def predicted(

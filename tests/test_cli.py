@@ -37,7 +37,7 @@ def test_demo_shows_a_real_out_of_memory_plain_and_real_training_with_tflms():
     assert plain, out
     assert "real memory cap for the next runs: 520 MiB; tflms budget: 468 MiB (90% of the cap), serialize=True" in out
     assert re.search(r"2\. plain step, capped: +OUT OF MEMORY", out), out
-    # What the allocator logged (tflms.testing.testbed.allocator_oom_report): no free chunk held the
+    # What the allocator logged (tflms.testbed.allocator_oom_report): no free chunk held the
     # request, and its regions could not grow by it under the cap.
     held = re.search(
         r"the allocator held ([\d,.]+) MiB in use and ([\d,.]+) MiB free \(largest free chunk ([\d,.]+) MiB\) "
@@ -304,7 +304,7 @@ def test_the_demo_says_how_many_steps_each_run_trains_and_prints_a_loss_for_each
     import argparse
 
     from tflms import demo, measure
-    from tflms.testing.testbed import MeasuredResult
+    from tflms.testbed import MeasuredResult
 
     asked = []
 

@@ -176,3 +176,66 @@ def tile_allocations(model: str = "cnn", batch: int = 32, warmup: int = 1) -> di
         }
     out["remade"] = sorted(originals)
     return out
+
+
+def remote_function_then(fail: str = "error", mib: int = 64) -> None:
+    """Run a function with an op on the host worker, then fail: ``'error'`` raises ``ValueError``,
+    ``'oom'`` allocates ``mib`` MiB on the device (past a smaller cap: ``ResourceExhaustedError``),
+    ``'budget'`` raises the autotuner's :class:`tflms.BudgetError` for a tiny budget.
+
+    The function made on both processes is what TensorFlow's teardown would try to remove from the
+    host worker after the failure."""
+    import tensorflow as tf
+
+    from tflms import testbed
+
+    @tf.function
+    def f(x: tf.Tensor) -> tf.Tensor:
+        with tf.device(testbed.HOST):
+            y = x * 2.0
+        return y + 1.0
+
+    with tf.device(testbed.DEVICE):
+        f(tf.ones(4))
+        if fail == "oom":
+            float(tf.reduce_sum(tf.ones((mib, 2**18))))
+        elif fail == "budget":
+            import tflms
+            from tflms.testing.measure import build
+
+            _, x, y, step = build("cnn", 4, 16)
+            tflms.function(step, device=testbed.DEVICE, host=testbed.HOST, budget=1024)(x, y)
+    raise ValueError(f"failed on purpose after the remote function ran (fail={fail!r})")
+
+
+def keras_mlp(
+    samples: int = 256, features: int = 64, width: int = 256, depth: int = 3, unknown_size: bool = False
+) -> tuple:
+    """A compiled Keras MLP and its data, as a factory of ``tflms.testbed.measure_model`` returns them:
+    ``(model, x, y)``, or with ``unknown_size`` ``(model, dataset)``, batches of 64 in a dataset whose
+    size TensorFlow does not know (Keras cannot restart it when it runs out)."""
+    import keras
+    import numpy as np
+
+    L = keras.layers
+    model = keras.Sequential(
+        [keras.Input((features,))] + [L.Dense(width, activation="relu") for _ in range(depth)] + [L.Dense(10)]
+    )
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(samples, features)).astype("float32")
+    y = rng.integers(0, 10, size=(samples,))
+    if unknown_size:
+        import tensorflow as tf
+
+        return model, tf.data.Dataset.from_tensor_slices((x, y)).batch(64).filter(lambda x, y: True)
+    return model, x, y
+
+
+def cnn_step(batch: int = 16, size: int = 32) -> tuple:
+    """A training step of tflms.testing.measure's CNN and its inputs, ``(step, (x, y))``: the other kind of
+    factory ``tflms.testbed.measure_model`` takes."""
+    from tflms.testing.measure import build
+
+    _, x, y, step = build("cnn", batch, size)
+    return step, (x, y)

@@ -243,7 +243,7 @@ def layout_converts(device: str | None = None, config: Any = None) -> bool:
     from tensorflow.core.protobuf import rewriter_config_pb2
     from tensorflow.python.eager import context
 
-    from .devices import parse
+    from .ir.devices import parse
 
     if config is None:
         config = _call_config()

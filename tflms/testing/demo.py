@@ -87,7 +87,7 @@ def _measured_demo(args: argparse.Namespace, gpu: bool) -> int:
 
     from ..config import parse_bytes
     from .measure import measure
-    from .testbed import MeasuredResult, oom_message
+    from .measured import MeasuredResult, oom_message
 
     batch = args.batch or 32
     size = args.image_size

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..config import check_int
-from .testbed import MeasuredResult, run_measured
+from .measured import MeasuredResult, run_measured
 
 if TYPE_CHECKING:
     from ..ir.graph import GraphModel
@@ -341,7 +341,7 @@ def measure(
     gpu: bool = False,
     **kwargs: Any,
 ) -> MeasuredResult:
-    """:func:`measure_step` in a fresh measured process (see :func:`tflms.testing.testbed.run_measured`):
+    """:func:`measure_step` in a fresh measured process (see :func:`tflms.testbed.run_measured`):
     on the test bed, or on GPU 0 with ``gpu=True`` (``cap``: a real limit of its memory)."""
     return run_measured(
         "tflms.testing.measure:measure_step",

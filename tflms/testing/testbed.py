@@ -15,16 +15,24 @@ what it returned, and reports an out-of-memory death (a segfault, or oneDNN's
 abort in a conv backprop, are common under a BFC cap) as a result instead of
 a crash::
 
-    result = tflms.testing.testbed.run_measured("mypkg.bench:measure", {"batch": 32}, cap="1GiB")
+    result = tflms.testbed.run_measured("mypkg.bench:measure", {"batch": 32}, cap="1GiB")
     if result.ok: print(result.value)
+
+``result.status`` says how it ended: ``'ok'``, ``'oom'``, ``'budget'`` (a
+:class:`tflms.BudgetError`) or ``'error'``; ``result.raised`` what the function raised.
+To measure your own Keras model (or training step), plain and with tflms, step by step,
+:func:`measure_model` takes a factory that builds it and its data::
+
+    m = tflms.testbed.measure_model("mypkg.models:build", batch_size=64, cap="1GiB")
+    print(m.summary()); m["plain"].status, m["lms"].peaks, m["lms"].losses
 
 Inside the measured process (``measure`` above, or your own script started with
 :func:`device_environ`)::
 
-    with tflms.testing.testbed.HostWorker() as worker:
-        tflms.testing.testbed.connect(worker)
-        step = tflms.function(train_step, device=tflms.testing.testbed.DEVICE, host=tflms.testing.testbed.HOST)
-        tflms.testing.testbed.reset_peak(); step(x, y); print(tflms.testing.testbed.memory()["peak"])
+    with tflms.testbed.HostWorker() as worker:
+        tflms.testbed.connect(worker)
+        step = tflms.function(train_step, device=tflms.testbed.DEVICE, host=tflms.testbed.HOST)
+        tflms.testbed.reset_peak(); step(x, y); print(tflms.testbed.memory()["peak"])
 
 On a machine with a GPU, ``run_measured(..., gpu=True)`` measures the same way on the GPU:
 the measured process's device is ``/GPU:0`` (``cap`` becomes a real limit of TensorFlow's
@@ -40,11 +48,7 @@ shares this machine's cores, is not starved by the device's compute.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import importlib
-import json
 import os
-import re
 import signal
 import socket
 import subprocess
@@ -66,16 +70,12 @@ __all__ = [
     "HOST",
     "TestBedError",
     "HostWorker",
-    "MeasuredResult",
-    "allocator_oom_report",
     "connect",
     "device_environ",
     "devices",
     "is_measured_process",
     "memory",
-    "oom_message",
     "reset_peak",
-    "run_measured",
     "setup_gpu",
 ]
 
@@ -100,7 +100,6 @@ _GPU = "TFLMS_MEASURED_GPU"  # a measured GPU process: its cap in MiB, or 0 (no 
 #: The measured GPU process's device and host (``run_measured(..., gpu=True)``).
 GPU_DEVICE = "/job:localhost/replica:0/task:0/device:GPU:0"
 GPU_HOST = "/job:localhost/replica:0/task:0/device:CPU:0"
-_RESULT_MARK = "TFLMS_TESTBED_RESULT "
 _READY_MARK = "TFLMS_HOST_READY"
 
 
@@ -189,8 +188,8 @@ def _require_measured(what: str) -> None:
     if not is_measured_process():
         raise TestBedError(
             f"{what}: this process's CPU memory is not measured. Start it with "
-            f"{_BFC}=true set before TensorFlow is imported (tflms.testing.testbed.device_environ() gives that "
-            f"environment; tflms.testing.testbed.run_measured starts such a process for you, and with gpu=True one "
+            f"{_BFC}=true set before TensorFlow is imported (tflms.testbed.device_environ() gives that "
+            f"environment; tflms.testbed.run_measured starts such a process for you, and with gpu=True one "
             f"that measures GPU 0). Received: {_BFC}={os.environ.get(_BFC)!r}"
         )
 
@@ -364,184 +363,6 @@ def _lower_priority(nice: int) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
 
 
-@dataclasses.dataclass(frozen=True)
-class MeasuredResult:
-    """What :func:`run_measured` saw: the function's value, or how the process ended.
-
-    ``status`` is ``'ok'``; ``'oom'`` (``ResourceExhaustedError``, an out-of-memory
-    message, or death by a signal under a cap); or ``'error'`` (anything else:
-    ``error`` holds the last lines of its output). ``oom`` is what the device's
-    allocator reported when it ran out of memory (:func:`allocator_oom_report`), or None.
-    """
-
-    status: str
-    value: Any = None
-    error: str = ""
-    returncode: int = 0
-    seconds: float = 0.0
-    oom: dict[str, Any] | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-
-_RAN_OUT = re.compile(r"ran out of memory trying to allocate .*?\(rounded to (\d+)\)\s*requested by op (\S+)")
-_CHUNK = re.compile(r"\] (InUse|Free) +at \w+ of size (\d+)")
-_REGION = re.compile(r"\] Next region of size (\d+)")
-
-
-def allocator_oom_report(log: str) -> dict[str, Any] | None:
-    """What TensorFlow's BFC allocator logged when it first ran out of memory, or None.
-
-    Parsed from the log of a process whose allocator failed (``TF_CPP_MIN_LOG_LEVEL=0``
-    for the chunk dump; :func:`run_measured` sets it under a cap): ``requested`` (bytes,
-    rounded as the allocator does) and ``op``; from the dump that follows, ``in_use``
-    and ``free`` (bytes of the chunks), ``largest_free`` (the largest free chunk),
-    ``pool`` (bytes of all regions) and ``regions`` (their sizes). A request larger
-    than ``largest_free`` while ``in_use`` is well below the cap is fragmentation.
-
-    >>> log = "\\n".join([
-    ...     "W0 bfc_allocator.cc:502] Allocator (bfc) ran out of memory trying to allocate 3.0KiB "
-    ...     "(rounded to 3072)requested by op grad/Mul",
-    ...     "I0 bfc_allocator.cc:1085] Next region of size 4096",
-    ...     "I0 bfc_allocator.cc:1105] InUse at 7f00 of size 1024 next 2",
-    ...     "I0 bfc_allocator.cc:1105] Free  at 7f04 of size 2048 next 3",
-    ...     "I0 bfc_allocator.cc:1105] InUse at 7f0c of size 1024 next 4",
-    ...     "I0 bfc_allocator.cc:1117] Sum Total of in-use chunks: 2.0KiB"])
-    >>> r = allocator_oom_report(log)
-    >>> r["requested"], r["op"], r["in_use"], r["free"], r["largest_free"], r["regions"]
-    (3072, 'grad/Mul', 2048, 2048, 2048, [4096])
-    """
-    found = _RAN_OUT.search(log)
-    if found is None:
-        return None
-    report: dict[str, Any] = {"requested": int(found.group(1)), "op": found.group(2)}
-    end = log.find("Sum Total of in-use chunks", found.end())
-    dump = log[found.end() : end if end >= 0 else len(log)]
-    chunks = [(kind, int(n)) for kind, n in _CHUNK.findall(dump)]
-    if chunks:
-        free = [n for kind, n in chunks if kind == "Free"]
-        regions = [int(n) for n in _REGION.findall(dump)]
-        report.update(
-            in_use=sum(n for kind, n in chunks if kind == "InUse"),
-            free=sum(free),
-            largest_free=max(free, default=0),
-            pool=sum(regions),
-            regions=regions,
-        )
-    return report
-
-
-def oom_message(error: str) -> str | None:
-    """The line of a failed process's output that says what ran out of memory, and the node it
-    names, or None. Where the allocator logged no report (:func:`allocator_oom_report`), e.g.
-    when cuDNN's search for a convolution algorithm found no workspace on a capped GPU, this
-    is what TensorFlow said.
-
-    >>> oom_message("No algorithm worked!\\n  eng1{}: RESOURCE_EXHAUSTED: Out of memory while trying to "
-    ...     "allocate 16.00MiB. [tf-allocator-allocation-error='']\\n\\t [[{{node m/conv}}]] [Op:__inference_f_7]")
-    'eng1{}: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 16.00MiB (node m/conv)'
-    >>> oom_message("ValueError: bad shape") is None
-    True
-    """
-    lines = error.splitlines()
-    for i, line in enumerate(lines):
-        if re.search(r"out of memory|OOM when allocating", line, re.IGNORECASE):
-            said = re.sub(r"\s*\[tf-allocator-allocation-error=[^\]]*\]", "", line.strip()).rstrip(".")
-            node = next((m.group(1) for rest in lines[i:] if (m := re.search(r"\{\{node (\S+?)\}\}", rest))), None)
-            return f"{said[:300]} (node {node})" if node else said[:300]
-    return None
-
-
-_OOM_MARKS = ("ResourceExhaustedError", "OOM when allocating", "Out of memory", "out of memory")
-
-
-def run_measured(
-    target: str,
-    kwargs: Mapping[str, Any] | None = None,
-    *,
-    cap: int | str | None = None,
-    timeout: float = 1800.0,
-    pythonpath: list[str] | None = None,
-    gpu: bool = False,
-) -> MeasuredResult:
-    """Call ``target`` (``'package.module:function'``) in a fresh measured process.
-
-    The process gets the BFC allocator (and the real memory ``cap``, if any), starts
-    a :class:`HostWorker` and connects to it before calling
-    ``function(**kwargs)``; the function's JSON-serialisable return value comes back
-    in :attr:`MeasuredResult.value`. A process that dies under a cap is reported as
-    ``status='oom'``, not raised. ``pythonpath`` entries are prepended to the
-    child's ``PYTHONPATH`` (for targets outside installed packages). Under a cap the
-    child logs at ``TF_CPP_MIN_LOG_LEVEL=0`` (its output is captured, not shown), so that
-    :attr:`MeasuredResult.oom` gets the allocator's out-of-memory report.
-
-    With ``gpu=True`` the process measures GPU 0 instead (no host worker: the host is its
-    own CPU, :func:`devices`); ``cap`` becomes TensorFlow's GPU memory limit (a logical
-    device with ``memory_limit``), and without it the GPU's memory grows as needed. A
-    process that sees no GPU ends with ``status='error'`` and says so.
-    """
-    if not isinstance(target, str) or target.count(":") != 1:
-        raise ValueError(f"target must be 'package.module:function'. Received: target={target!r}")
-    env = device_environ(cap, gpu=gpu)
-    # Under a cap, the allocator's out-of-memory dump (INFO lines) feeds MeasuredResult.oom.
-    env["TF_CPP_MIN_LOG_LEVEL"] = "0" if cap is not None else env.get("TF_CPP_MIN_LOG_LEVEL", "2")
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join([*pythonpath, *filter(None, [env.get("PYTHONPATH")])])
-    payload = json.dumps({"target": target, "kwargs": dict(kwargs or {})})
-    start = time.monotonic()
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "tflms.testing.testbed", "--run"],
-            input=payload,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired as err:
-        tail = (err.stderr or b"")[-2000:]
-        return MeasuredResult("error", error=f"timed out after {timeout} s: {tail!r}", returncode=-9)
-    seconds = time.monotonic() - start
-    for line in proc.stdout.splitlines():
-        if line.startswith(_RESULT_MARK):
-            return MeasuredResult(
-                "ok", json.loads(line[len(_RESULT_MARK) :]), returncode=proc.returncode, seconds=seconds
-            )
-    output = (proc.stdout + proc.stderr)[-4000:]
-    died = proc.returncode < 0 or proc.returncode in (134, 139)  # by a signal (abort, segfault)
-    report = allocator_oom_report(proc.stderr)
-    oom = report is not None or any(m in output for m in _OOM_MARKS) or (died and cap is not None)
-    return MeasuredResult(
-        "oom" if oom else "error", error=output, returncode=proc.returncode, seconds=seconds, oom=report
-    )
-
-
-def _run_child() -> None:
-    """Body of the measured process started by :func:`run_measured`."""
-    request = json.loads(sys.stdin.read())
-    module_name, _, attr = request["target"].partition(":")
-    sys.path.insert(0, os.getcwd())
-    if _is_gpu_process():
-        mib = int(os.environ[_GPU])
-        setup_gpu(mib * 2**20 if mib else None)
-        value = getattr(importlib.import_module(module_name), attr)(**request["kwargs"])
-        print(_RESULT_MARK + json.dumps(value), flush=True)
-        return
-    # The worker loads TensorFlow while this process does (two processes, two cores).
-    with HostWorker().start(wait=False) as worker:
-        fn = getattr(importlib.import_module(module_name), attr)
-        import tensorflow  # noqa: F401  (before waiting: connect needs it)
-
-        worker.wait()
-        connect(worker)
-        value = fn(**request["kwargs"])
-        print(_RESULT_MARK + json.dumps(value), flush=True)
-        sys.stdout.flush()
-    os._exit(0)  # skip TensorFlow's teardown of the remote context
-
-
 def setup_gpu(cap: int | str | None = None) -> None:
     """Give TensorFlow's allocator on GPU 0 ``cap`` (bytes or a size string, rounded down to whole
     MiB) and no more: a logical device with ``memory_limit``; without ``cap`` its memory grows as
@@ -582,17 +403,11 @@ def _serve(port: int, parent: int | None) -> None:
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m tflms.testing.testbed", description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, help="serve as the host worker on this port")
+    parser = argparse.ArgumentParser(prog="python -m tflms.testing.testbed", description="Serve as the host worker.")
+    parser.add_argument("--port", type=int, required=True, help="serve as the host worker on this port")
     parser.add_argument("--parent", type=int, help="exit when this process is no longer the parent")
-    parser.add_argument("--run", action="store_true", help="be a measured process (request on stdin)")
     args = parser.parse_args(argv)
-    if args.run:
-        _run_child()
-    elif args.port:
-        _serve(args.port, args.parent)
-    else:
-        parser.error("give --port (host worker) or --run (measured process)")
+    _serve(args.port, args.parent)
 
 
 if __name__ == "__main__":
