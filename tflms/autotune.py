@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,10 +51,10 @@ import numpy as np
 
 from .candidates import _eligible, _swaps
 from .config import LMSConfig, check_int, parse_bytes
-from .errors import BudgetError
+from .errors import BudgetError, LMSWarning
 from .graph import GraphModel, TensorInfo, with_orders
 from .plan import Order, Swap, format_sizes, link_seconds
-from .simulator import Simulator
+from .simulator import BFC_FIRST_REGION, Simulator
 
 __all__ = [
     "tune",
@@ -125,7 +126,7 @@ def _search(
     with the allocator-accurate :meth:`Simulator.peak`, best key first.
     """
     lowest = sim.peak()
-    if lowest <= budget:
+    if lowest <= budget and _placed(sim, (), budget):
         return dataclasses.replace(config, budget=budget, n_tensors=0), lowest, [], None
     candidates: set[tuple[tuple[float, int, int, int, int], tuple[int, int, int], int]] = set()
     deepest: list[tuple[int, tuple[int, int, int], int]] = []  # (fast peak, knobs, n): the lowest prefixes
@@ -219,28 +220,68 @@ def prepare(
 
 
 def _fits(sim: Simulator, swaps: list[Swap], budget: int) -> bool:
-    """Whether the predicted peak of ``swaps`` is within ``budget``: the one-step emulation
-    first, a lower bound (:meth:`Simulator.peak`), so that most misses cost one step."""
-    return sim.peak(swaps, steps=1, above=budget) <= budget and sim.peak(swaps, above=budget) <= budget
+    """Whether the predicted peak of ``swaps`` is within ``budget`` and every allocation finds a
+    contiguous chunk under it (:meth:`Simulator.unplaced`): the one-step emulation first, a lower
+    bound (:meth:`Simulator.peak`), so that most misses cost one step."""
+    return (
+        sim.peak(swaps, steps=1, above=budget) <= budget
+        and sim.peak(swaps, above=budget) <= budget
+        and _placed(sim, swaps, budget)
+    )
+
+
+def _placed(sim: Simulator, swaps: Sequence[Swap], budget: int) -> bool:
+    """Whether every allocation of the step with ``swaps`` finds a contiguous chunk under a device
+    of ``budget`` bytes (:meth:`Simulator.unplaced`). Budgets below the allocator's first region
+    (:data:`tflms.simulator.BFC_FIRST_REGION`, 2 MiB: hand-built graphs of a few KiB, no real
+    device) are one clipped region, packed chunk by chunk; their peak alone decides."""
+    return budget < BFC_FIRST_REGION or sim.unplaced(swaps, budget) is None
+
+
+def _finished_unplaced(sim: Simulator, config: LMSConfig, budget: int) -> int | None:
+    """For the plan ``make_plan`` makes with the tuned ``config`` on ``sim``'s step: None when every
+    allocation finds a chunk under ``budget`` (:func:`_placed`), else its largest buffer's bytes.
+    The plan :func:`_finished_peak` finished last is reused (finishing it again would cost
+    ``make_plan`` the finished plan that :func:`tflms.schedule.finish` keeps for it)."""
+    if budget < BFC_FIRST_REGION:
+        return None
+    last = _last_finished[0]
+    if last is not None and last[0] is sim and last[1] == config:
+        swaps, finished = last[2], last[3]
+        _last_finished[0] = None
+    else:
+        _finished_peak(sim, config)
+        _, _, swaps, finished = _last_finished[0]
+    return None if _placed(finished, swaps, budget) else finished.largest_buffer()
+
+
+#: The last plan :func:`_finished_peak` finished: ``(simulator, config, swaps, finished simulator)``.
+_last_finished: list[tuple | None] = [None]
+
+
+#: The lowest plan of a search that found none within the budget: ``(knobs, orders, simulator)``.
+_Lowest = tuple[LMSConfig | None, tuple[Order, ...], Simulator]
 
 
 def _serialized_search(
     model: GraphModel, config: LMSConfig, sim: Simulator, budget: int
-) -> tuple[LMSConfig | None, int, tuple[Order, ...], Simulator]:
+) -> tuple[LMSConfig | None, int, tuple[Order, ...], Simulator, _Lowest | None]:
     """:func:`_search`, and with ``config.serialize``, when no plan fits: ordering edges for the
     lowest plan (:func:`tflms.schedule.memory_orders`), then the search again on the step with them
     (step 4 of the module doc), then step 5: the lowest plan as ``make_plan`` finishes it
     (:func:`tflms.schedule.finish`, with late triggers), then other plans finished
     (:func:`_finish_other_knobs`; their orders are ``()`` and their simulator ``sim``).
 
-    Returns ``(tuned config or None, lowest predicted peak seen, orders, simulator)``: the
+    Returns ``(tuned config or None, lowest predicted peak seen, orders, simulator, lowest)``: the
     orders are ``()`` and the simulator ``sim`` unless the search needed them (then it is the
     ordered step's). The orders and triggers of step 5 are not among them: ``make_plan`` makes
-    them again from the tuned config.
+    them again from the tuned config. ``lowest``, when nothing fits: ``(knobs, orders, simulator)``
+    of the lowest plan of steps 2-4 (knobs None: the plain step was the lowest), which
+    ``on_budget_miss='best'`` plans with; None when a plan fits.
     """
     tuned, lowest, lowest_swaps, lowest_knobs = _search(model, config, sim, budget)
     if tuned is not None or not config.serialize or not lowest_swaps:
-        return tuned, lowest, (), sim
+        return tuned, lowest, (), sim, (lowest_knobs, (), sim)
     from .schedule import _memory_orders
 
     orders, ordered_sim = _memory_orders(sim, lowest_swaps)
@@ -249,20 +290,20 @@ def _serialized_search(
         ordered_sim = ordered_sim._of(ordered)  # noqa: SLF001 (the search's simulator, of the same step)
         tuned, ordered_lowest, ordered_swaps, ordered_knobs = _search(ordered, config, ordered_sim, budget)
         if tuned is not None:
-            return tuned, min(lowest, ordered_lowest), orders, ordered_sim
+            return tuned, min(lowest, ordered_lowest), orders, ordered_sim, None
         if ordered_swaps:
             lowest_knobs = ordered_knobs
         lowest = min(lowest, ordered_lowest)
     else:
         ordered_sim = sim
     finished = _finished_peak(ordered_sim, lowest_knobs) if lowest_knobs is not None else None
-    if finished is not None and finished <= budget:
-        return lowest_knobs, min(lowest, finished), orders, ordered_sim
+    if finished is not None and finished <= budget and _finished_unplaced(ordered_sim, lowest_knobs, budget) is None:
+        return lowest_knobs, min(lowest, finished), orders, ordered_sim, None
     lowest = lowest if finished is None else min(lowest, finished)
     other_knobs, other = _finish_other_knobs(model, config, sim, budget)
     if other_knobs is not None:
-        return other_knobs, min(lowest, other), (), sim
-    return None, min(lowest, other), orders, ordered_sim
+        return other_knobs, min(lowest, other), (), sim, None
+    return None, min(lowest, other), orders, ordered_sim, (lowest_knobs, orders, ordered_sim)
 
 
 def _finish_other_knobs(
@@ -289,7 +330,7 @@ def _finish_other_knobs(
         knobs = _tuned(config, budget, threshold, 1, config.swapin_groupby, len(swaps))
         peak = _finished_peak(sim, knobs)
         lowest = min(lowest, peak)
-        if peak <= budget:
+        if peak <= budget and _finished_unplaced(sim, knobs, budget) is None:
             return knobs, peak
     return None, lowest
 
@@ -301,6 +342,7 @@ def _finished_peak(sim: Simulator, config: LMSConfig) -> int:
 
     swaps = sorted(candidate_swaps(sim.model, config)[: config.n_tensors], key=lambda s: (s.level, s.tensor))
     swaps, _, finished = finish(sim, swaps, config)
+    _last_finished[0] = (sim, config, swaps, finished)
     return finished.peak(swaps)
 
 
@@ -316,7 +358,7 @@ def tune(model: GraphModel, config: LMSConfig, sim: Simulator | None = None) -> 
     sim = sim or Simulator(model, config.host)
     tuned, lowest, *_ = _search(model, config, sim, config.budget)
     if tuned is None:
-        raise BudgetError(config.budget, lowest, sim.peak())
+        raise _budget_error(sim, config.budget, lowest)
     return tuned
 
 
@@ -337,10 +379,30 @@ def tune_ordered(
     if config.budget is None:
         raise ValueError("tune needs a budget. Received: budget=None")
     sim = sim or Simulator(model, config.host)
-    tuned, lowest, orders, ordered_sim = _serialized_search(model, config, sim, config.budget)
+    tuned, lowest, orders, ordered_sim, best = _serialized_search(model, config, sim, config.budget)
     if tuned is None:
-        raise BudgetError(config.budget, lowest, sim.peak())
-    return tuned, orders, ordered_sim
+        err = _budget_error(sim, config.budget, lowest)
+        if config.on_budget_miss == "raise" or best is None:
+            raise err
+        knobs, orders, ordered_sim = best
+        if knobs is None:  # the plain step was the lowest
+            knobs = dataclasses.replace(config, budget=config.budget, n_tensors=0)
+        warnings.warn(
+            f"{err} on_budget_miss='best': planning with the lowest plan the search found "
+            f"(swapout_threshold={knobs.swapout_threshold}, swapin_groupby={knobs.swapin_groupby}, "
+            f"n_tensors={knobs.n_tensors}); the step may run out of device memory.",
+            LMSWarning,
+            stacklevel=2,
+        )
+        return knobs, orders, ordered_sim
+    return dataclasses.replace(tuned, on_budget_miss="raise"), orders, ordered_sim
+
+
+def _budget_error(sim: Simulator, budget: int, lowest: int) -> BudgetError:
+    """The :class:`BudgetError` of a search whose lowest predicted peak was ``lowest``; where that
+    peak is within the budget, the step's largest buffer could not be placed in one chunk."""
+    largest = sim.largest_buffer() if lowest <= budget else None
+    return BudgetError(budget, lowest, sim.peak(), unplaced_bytes=largest)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -492,7 +554,7 @@ def max_batch_size(
             with paused_gc():
                 model = graph_of(batch)
                 sim = Simulator(model, cfg.host)
-                plain = sim.peak() <= budget
+                plain = sim.peak() <= budget and _placed(sim, (), budget)
                 if not plain:  # the step make_plan plans on
                     model, sim, *_ = prepare(model, cfg, sim)
                 cache[batch] = (plain, plain or _serialized_search(model, cfg, sim, budget)[0] is not None)

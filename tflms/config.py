@@ -61,6 +61,10 @@ DEVICE_BANDWIDTH = 10**12
 GPU_SWAPOUT_WINDOW = 2
 
 
+#: The values of ``LMSConfig.on_budget_miss``.
+ON_BUDGET_MISS = ("raise", "best")
+
+
 def _received(name: str, value: Any) -> str:
     return f"Received: {name}={value!r}"
 
@@ -204,7 +208,14 @@ class LMSConfig:
             ``"16GiB"``/``"500MB"``). When set, the planner chooses
             ``swapout_threshold``, ``swapin_ahead``, ``swapin_groupby`` and ``n_tensors``
             itself (:mod:`tflms.autotune`); an unreachable budget raises
-            :class:`tflms.BudgetError` carrying the best achievable predicted peak.
+            :class:`tflms.BudgetError` carrying the best achievable predicted peak. A budget
+            is met when the predicted peak is within it and every allocation finds one
+            contiguous chunk under it (:meth:`tflms.Simulator.unplaced`).
+        on_budget_miss: what a ``budget`` that no plan is predicted to meet does:
+            ``"raise"`` (default) raises :class:`tflms.BudgetError`; ``"best"`` warns
+            (:class:`tflms.LMSWarning`, with the best predicted peak) and plans with the
+            lowest plan the search found. The plan's options record it only when it was
+            used (it changes the plan then, and its fingerprint).
         link_bandwidth: bytes per second of the device-host link, each direction (an int
             or a size string read as per second: ``"25GB"``); default
             :data:`LINK_BANDWIDTH` (PCIe Gen4 x16).
@@ -312,6 +323,7 @@ class LMSConfig:
     order_updates: bool = False
     manual_memory_optimizer: bool = True
     layout_optimizer: bool = False
+    on_budget_miss: str = "raise"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -339,6 +351,11 @@ class LMSConfig:
             )
         if self.budget is not None:
             set_(self, "budget", parse_bytes(self.budget, "budget"))
+        if not isinstance(self.on_budget_miss, str) or self.on_budget_miss not in ON_BUDGET_MISS:
+            raise ValueError(
+                "on_budget_miss must be 'raise' (a BudgetError when no plan is predicted to fit the budget) or "
+                f"'best' (a warning, and the lowest plan). {_received('on_budget_miss', self.on_budget_miss)}"
+            )
         set_(self, "link_bandwidth", _check_bandwidth("link_bandwidth", self.link_bandwidth))
         set_(self, "link_latency", _check_seconds("link_latency", self.link_latency))
         for name in (
@@ -381,8 +398,12 @@ class LMSConfig:
         return dataclasses.replace(base, **options) if options else base
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict of every option (tuples become lists)."""
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        """JSON-safe dict of every option (tuples become lists); ``on_budget_miss`` only where it
+        is not ``'raise'`` (a plan's options record it only when it changed the plan)."""
+        d = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+        if d["on_budget_miss"] == "raise":
+            del d["on_budget_miss"]
+        return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LMSConfig:

@@ -104,14 +104,14 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
             "the step has no backward ops (no gradient_tape/ or gradients/ scope): nothing to swap; "
             "the function runs unchanged"
         )
-    if config.budget is not None and before <= config.budget:
+    from .autotune import _placed, prepare, tune_ordered
+
+    if config.budget is not None and before <= config.budget and _placed(sim, (), config.budget):
         return empty(
             f"the predicted peak ({format_bytes(before)}) fits the budget ({format_sizes(config.budget)}) "
             "without swapping",
-            dataclasses.replace(config, n_tensors=0),
+            dataclasses.replace(config, n_tensors=0, on_budget_miss="raise"),
         )
-    from .autotune import prepare, tune_ordered
-
     model, sim, sums, tiles, recomputes, orders = prepare(model, config, sim)
     if config.budget is not None:
         config, more, sim = tune_ordered(model, config, sim)
