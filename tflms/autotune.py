@@ -33,6 +33,13 @@
    candidates) finished the same way on the step without step 4's orders, fewest swaps
    first: the first that fits wins.
 
+A plan fits when its predicted peak is within the budget and every allocation of the step
+finds one contiguous chunk under it (:meth:`Simulator.unplaced`: the allocator's regions grow by
+doubling and together stay within the budget, so a model with one large tensor, such as a
+language model's logits, may need more than its peak). With ``on_budget_miss='best'`` a budget
+that nothing fits gets a warning (:class:`tflms.LMSWarning`, with the lowest predicted peak) and
+the lowest plan of steps 2-4 instead of :class:`BudgetError`.
+
 Every number is a simulator prediction (:mod:`tflms.simulator`). The chosen
 values are recorded in the plan's options, so ``make_plan`` with them (and no
 budget) reproduces the plan, except one that needed step 4 or 5: its JSON (orders and
