@@ -33,12 +33,9 @@
    candidates) finished the same way on the step without step 4's orders, fewest swaps
    first: the first that fits wins.
 
-A plan fits when its predicted peak is within the budget and every allocation of the step
-finds one contiguous chunk under it (:meth:`Simulator.unplaced`: the allocator's regions grow by
-doubling and together stay within the budget, so a model with one large tensor, such as a
-language model's logits, may need more than its peak). With ``on_budget_miss='best'`` a budget
-that nothing fits gets a warning (:class:`tflms.LMSWarning`, with the lowest predicted peak) and
-the lowest plan of steps 2-4 instead of :class:`BudgetError`.
+A plan fits when its predicted peak is within the budget. With ``on_budget_miss='best'`` a
+budget that nothing fits gets a warning (:class:`tflms.LMSWarning`, with the lowest predicted
+peak) and the lowest plan of steps 2-4 instead of :class:`BudgetError`.
 
 Every number is a simulator prediction (:mod:`tflms.simulator`). The chosen
 values are recorded in the plan's options, so ``make_plan`` with them (and no
@@ -61,7 +58,7 @@ from .config import LMSConfig, check_int, parse_bytes
 from .errors import BudgetError, LMSWarning
 from .graph import GraphModel, TensorInfo, with_orders
 from .plan import Order, Swap, format_sizes, link_seconds
-from .simulator import BFC_FIRST_REGION, Simulator
+from .simulator import Simulator
 
 __all__ = [
     "tune",
@@ -133,7 +130,7 @@ def _search(
     with the allocator-accurate :meth:`Simulator.peak`, best key first.
     """
     lowest = sim.peak()
-    if lowest <= budget and _placed(sim, (), budget):
+    if lowest <= budget:
         return dataclasses.replace(config, budget=budget, n_tensors=0), lowest, [], None
     candidates: set[tuple[tuple[float, int, int, int, int], tuple[int, int, int], int]] = set()
     deepest: list[tuple[int, tuple[int, int, int], int]] = []  # (fast peak, knobs, n): the lowest prefixes
@@ -227,43 +224,9 @@ def prepare(
 
 
 def _fits(sim: Simulator, swaps: list[Swap], budget: int) -> bool:
-    """Whether the predicted peak of ``swaps`` is within ``budget`` and every allocation finds a
-    contiguous chunk under it (:meth:`Simulator.unplaced`): the one-step emulation first, a lower
-    bound (:meth:`Simulator.peak`), so that most misses cost one step."""
-    return (
-        sim.peak(swaps, steps=1, above=budget) <= budget
-        and sim.peak(swaps, above=budget) <= budget
-        and _placed(sim, swaps, budget)
-    )
-
-
-def _placed(sim: Simulator, swaps: Sequence[Swap], budget: int) -> bool:
-    """Whether every allocation of the step with ``swaps`` finds a contiguous chunk under a device
-    of ``budget`` bytes (:meth:`Simulator.unplaced`). Budgets below the allocator's first region
-    (:data:`tflms.simulator.BFC_FIRST_REGION`, 2 MiB: hand-built graphs of a few KiB, no real
-    device) are one clipped region, packed chunk by chunk; their peak alone decides."""
-    return budget < BFC_FIRST_REGION or sim.unplaced(swaps, budget) is None
-
-
-def _finished_unplaced(sim: Simulator, config: LMSConfig, budget: int) -> int | None:
-    """For the plan ``make_plan`` makes with the tuned ``config`` on ``sim``'s step: None when every
-    allocation finds a chunk under ``budget`` (:func:`_placed`), else its largest buffer's bytes.
-    The plan :func:`_finished_peak` finished last is reused (finishing it again would cost
-    ``make_plan`` the finished plan that :func:`tflms.schedule.finish` keeps for it)."""
-    if budget < BFC_FIRST_REGION:
-        return None
-    last = _last_finished[0]
-    if last is not None and last[0] is sim and last[1] == config:
-        swaps, finished = last[2], last[3]
-        _last_finished[0] = None
-    else:
-        _finished_peak(sim, config)
-        _, _, swaps, finished = _last_finished[0]
-    return None if _placed(finished, swaps, budget) else finished.largest_buffer()
-
-
-#: The last plan :func:`_finished_peak` finished: ``(simulator, config, swaps, finished simulator)``.
-_last_finished: list[tuple | None] = [None]
+    """Whether the predicted peak of ``swaps`` is within ``budget``: the one-step emulation
+    first, a lower bound (:meth:`Simulator.peak`), so that most misses cost one step."""
+    return sim.peak(swaps, steps=1, above=budget) <= budget and sim.peak(swaps, above=budget) <= budget
 
 
 #: The lowest plan of a search that found none within the budget: ``(knobs, orders, simulator)``.
@@ -304,7 +267,7 @@ def _serialized_search(
     else:
         ordered_sim = sim
     finished = _finished_peak(ordered_sim, lowest_knobs) if lowest_knobs is not None else None
-    if finished is not None and finished <= budget and _finished_unplaced(ordered_sim, lowest_knobs, budget) is None:
+    if finished is not None and finished <= budget:
         return lowest_knobs, min(lowest, finished), orders, ordered_sim, None
     lowest = lowest if finished is None else min(lowest, finished)
     other_knobs, other = _finish_other_knobs(model, config, sim, budget)
@@ -337,7 +300,7 @@ def _finish_other_knobs(
         knobs = _tuned(config, budget, threshold, 1, config.swapin_groupby, len(swaps))
         peak = _finished_peak(sim, knobs)
         lowest = min(lowest, peak)
-        if peak <= budget and _finished_unplaced(sim, knobs, budget) is None:
+        if peak <= budget:
             return knobs, peak
     return None, lowest
 
@@ -349,7 +312,6 @@ def _finished_peak(sim: Simulator, config: LMSConfig) -> int:
 
     swaps = sorted(candidate_swaps(sim.model, config)[: config.n_tensors], key=lambda s: (s.level, s.tensor))
     swaps, _, finished = finish(sim, swaps, config)
-    _last_finished[0] = (sim, config, swaps, finished)
     return finished.peak(swaps)
 
 
@@ -365,7 +327,7 @@ def tune(model: GraphModel, config: LMSConfig, sim: Simulator | None = None) -> 
     sim = sim or Simulator(model, config.host)
     tuned, lowest, *_ = _search(model, config, sim, config.budget)
     if tuned is None:
-        raise _budget_error(sim, config.budget, lowest)
+        raise BudgetError(config.budget, lowest, sim.peak())
     return tuned
 
 
@@ -388,7 +350,7 @@ def tune_ordered(
     sim = sim or Simulator(model, config.host)
     tuned, lowest, orders, ordered_sim, best = _serialized_search(model, config, sim, config.budget)
     if tuned is None:
-        err = _budget_error(sim, config.budget, lowest)
+        err = BudgetError(config.budget, lowest, sim.peak())
         if config.on_budget_miss == "raise" or best is None:
             raise err
         knobs, orders, ordered_sim = best
@@ -403,13 +365,6 @@ def tune_ordered(
         )
         return knobs, orders, ordered_sim
     return dataclasses.replace(tuned, on_budget_miss="raise"), orders, ordered_sim
-
-
-def _budget_error(sim: Simulator, budget: int, lowest: int) -> BudgetError:
-    """The :class:`BudgetError` of a search whose lowest predicted peak was ``lowest``; where that
-    peak is within the budget, the step's largest buffer could not be placed in one chunk."""
-    largest = sim.largest_buffer() if lowest <= budget else None
-    return BudgetError(budget, lowest, sim.peak(), unplaced_bytes=largest)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -561,7 +516,7 @@ def max_batch_size(
             with paused_gc():
                 model = graph_of(batch)
                 sim = Simulator(model, cfg.host)
-                plain = sim.peak() <= budget and _placed(sim, (), budget)
+                plain = sim.peak() <= budget
                 if not plain:  # the step make_plan plans on
                     model, sim, *_ = prepare(model, cfg, sim)
                 cache[batch] = (plain, plain or _serialized_search(model, cfg, sim, budget)[0] is not None)

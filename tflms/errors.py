@@ -18,32 +18,19 @@ class BudgetError(TflmsError, ValueError):
 
     ``best_peak_bytes`` is the lowest predicted peak the search saw;
     ``plain_peak_bytes`` the peak without LMS. Both are simulator predictions.
-    ``unplaced_bytes``: where the best peak is within the budget, the bytes of the step's
-    largest buffer, which must be placed in one contiguous chunk under the budget
-    (:meth:`tflms.Simulator.unplaced`); else None.
     """
 
-    def __init__(
-        self, budget: int, best_peak_bytes: int, plain_peak_bytes: int, unplaced_bytes: int | None = None
-    ) -> None:
+    def __init__(self, budget: int, best_peak_bytes: int, plain_peak_bytes: int) -> None:
         from ._util import format_sizes
 
         self.budget = budget
         self.best_peak_bytes = best_peak_bytes
         self.plain_peak_bytes = plain_peak_bytes
-        self.unplaced_bytes = unplaced_bytes
-        why = (
-            ""
-            if unplaced_bytes is None
-            else f"; that peak is within the budget, but the allocator cannot place the step's allocations in "
-            f"contiguous chunks under it (its largest buffer is {format_sizes(unplaced_bytes, exact=True)}, "
-            "one chunk, and its regions grow by doubling)"
-        )
         super().__init__(
             f"No swap plan brings the predicted device peak within budget={budget} ({format_sizes(budget)}): "
             f"the best plan's predicted peak is {format_sizes(best_peak_bytes, exact=True)} "
-            f"({format_sizes(plain_peak_bytes)} without LMS; simulator){why}. Raise the budget, lower the batch "
-            "size, or lower min_bytes (size strings: KB/MB/GB are powers of 10, KiB/MiB/GiB and K/M/G powers of "
-            "2); on_budget_miss='best' plans with the best plan anyway. "
+            f"({format_sizes(plain_peak_bytes)} without LMS; simulator). Raise the budget, lower the batch size, "
+            "or lower min_bytes (size strings: KB/MB/GB are powers of 10, KiB/MiB/GiB and K/M/G powers of 2); "
+            "on_budget_miss='best' plans with the best plan anyway. "
             f"Received: budget={budget}"
         )

@@ -62,18 +62,21 @@ Deterministic: the same graph and options give the same plan, byte for byte.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 
 from ._util import format_bytes, format_sizes
 from .candidates import EXCLUDED_DTYPES, EXCLUDED_PRODUCER_TYPES, candidate_swaps, is_collective
 from .config import LMSConfig, resolve_swapout_window
+from .errors import LMSWarning
 from .graph import SUM_OP_TYPES, GraphModel
 from .plan import Fence, Swap, SwapPlan
-from .simulator import Simulator
+from .simulator import BFC_FIRST_REGION, Simulator
 
 __all__ = [
     "make_plan",
     "empty_plan",
+    "check_placement",
     "UNFENCED_TYPES",
     "fences_for",
     "candidate_swaps",
@@ -104,14 +107,15 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
             "the step has no backward ops (no gradient_tape/ or gradients/ scope): nothing to swap; "
             "the function runs unchanged"
         )
-    from .autotune import _placed, prepare, tune_ordered
-
-    if config.budget is not None and before <= config.budget and _placed(sim, (), config.budget):
+    if config.budget is not None and before <= config.budget:
+        check_placement(sim, (), config.budget)
         return empty(
             f"the predicted peak ({format_bytes(before)}) fits the budget ({format_sizes(config.budget)}) "
             "without swapping",
             dataclasses.replace(config, n_tensors=0, on_budget_miss="raise"),
         )
+    from .autotune import prepare, tune_ordered
+
     model, sim, sums, tiles, recomputes, orders = prepare(model, config, sim)
     if config.budget is not None:
         config, more, sim = tune_ordered(model, config, sim)
@@ -131,6 +135,8 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
             f"consumer more than swapout_threshold={config.swapout_threshold} levels later)"
             + (" and no ordering edge lowers the predicted peak" if config.serialize else "")
         )
+    if config.budget is not None:
+        check_placement(sim, swaps, config.budget)
     return SwapPlan(
         function=model.name,
         options=config.to_dict(),
@@ -145,6 +151,34 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         sums=tuple(sums),
         tiles=tuple(tiles),
     ).with_model(original)
+
+
+def check_placement(sim: Simulator, swaps: Sequence[Swap], budget: int) -> None:
+    """Warn (:class:`tflms.LMSWarning`) where a plan within ``budget`` leaves less room above its
+    predicted peak than the step's largest tensor and the simulator's allocator, run under a cap of
+    ``budget`` bytes (:meth:`Simulator.unplaced`), finds no free chunk for a request of the step.
+
+    The budget check compares the predicted peak (bytes in use) with the budget; under a real cap
+    TensorFlow's allocator also needs each tensor in one contiguous chunk of regions that grow by
+    doubling and are never returned, so a large tensor (a language model's logits) can fail while
+    most of the pool is free. The emulation is a prediction that erred both ways on the test bed,
+    and under tight caps it misses chunks for tensors far smaller than the room left, so this warns,
+    only where the room left is less than the largest tensor, and does not refuse. Budgets below
+    the allocator's first region (2 MiB: hand-built graphs, no real device) are not checked."""
+    peak, largest = sim.peak(swaps), sim.largest_buffer()
+    if budget < BFC_FIRST_REGION or budget - peak >= largest:
+        return
+    nbytes = sim.unplaced(swaps, budget)
+    if nbytes is not None:
+        warnings.warn(
+            f"the plan's predicted peak ({format_bytes(peak)}) fits budget={budget} ({format_sizes(budget)}), "
+            f"but leaves less room than the largest tensor ({format_bytes(largest)}), and under a cap of the "
+            f"budget the simulated allocator found no free chunk for a {format_bytes(nbytes)} tensor: with memory "
+            "growth (the test bed, or a GPU with allow_growth) the step may run out of memory while most of the "
+            "pool is free. Leave room for the largest tensor besides the peak, or lower the batch size.",
+            LMSWarning,
+            stacklevel=3,
+        )
 
 
 #: Producers that get no fence: Grappler's arithmetic optimizer folds a tree of these into
