@@ -68,3 +68,17 @@ def test_gpt_budget_of_the_default_plan_is_met(gpt_b8):
     with pytest.warns(tflms.LMSWarning, match="on_budget_miss='best'"):
         best = make_plan(gpt_b8, LMSConfig(host=host, budget=err.value.budget, on_budget_miss="best"))
     assert best.swaps and best.peak_bytes_after < best.peak_bytes_before
+
+
+def test_gpt_plan_with_less_room_than_its_logits_warns():
+    """Batch 16: the ``budget='320MiB'`` plan's predicted peak fits, with less room than the 125 MiB
+    logits, which ran out of memory under a 320 MiB cap on the test bed (tests/test_testbed.py::
+    test_gpt_logits_find_no_chunk_under_a_cap_while_most_of_the_pool_is_free): make_plan warns."""
+    with _as_users_trace_it():
+        _, x, y, step = build("gpt", 16)
+        cf = tf.function(step).get_concrete_function(x, y)
+    model = tflms.GraphModel.from_func_graph(cf.graph)
+    host = "/job:worker/replica:0/task:0/device:CPU:0"
+    with pytest.warns(tflms.LMSWarning, match=r"largest tensor \(125.0 MiB\)"):
+        plan = make_plan(model, LMSConfig(host=host, budget="320MiB"))
+    assert plan.peak_bytes_after <= 320 * MiB < plan.peak_bytes_after + 125 * MiB
