@@ -209,8 +209,8 @@ class LMSConfig:
             ``swapout_threshold``, ``swapin_ahead``, ``swapin_groupby`` and ``n_tensors``
             itself (:mod:`tflms.autotune`); an unreachable budget raises
             :class:`tflms.BudgetError` carrying the best achievable predicted peak. A budget
-            is met when the predicted peak is within it and every allocation finds one
-            contiguous chunk under it (:meth:`tflms.Simulator.unplaced`).
+            is met when the predicted peak is within it; a plan that leaves less room than
+            the step's largest tensor warns (:func:`tflms.planner.check_placement`).
         on_budget_miss: what a ``budget`` that no plan is predicted to meet does:
             ``"raise"`` (default) raises :class:`tflms.BudgetError`; ``"best"`` warns
             (:class:`tflms.LMSWarning`, with the best predicted peak) and plans with the

@@ -552,8 +552,12 @@ class Simulator:
         doubling size or what the limit leaves, and a request must fit in one chunk of one
         region. So a step whose :meth:`peak` is within ``limit`` may still find no room for a
         large tensor: with 32 MiB in use, regions of 2+4+...+64 MiB leave 130 MiB of a 256 MiB
-        cap, and a 187.5 MiB request fails though most of the pool is free. Budget checks
-        (:mod:`tflms.autotune`) ask this besides the peak.
+        cap, and a 187.5 MiB request fails though most of the pool is free. A diagnostic, not
+        what budgets are checked by: on the test bed it erred both ways (the GPT of
+        :mod:`tflms.measure` at batch 16: a plan it placed under 320 MiB ran out of memory there
+        asking for its logits, and the default plan, for whose logits it found no chunk, trained),
+        and under caps near the peak it misses chunks for tensors far smaller than the room left
+        (ResNet50). :func:`tflms.planner.check_placement` warns by the room left instead.
 
         >>> from tflms.graph import GraphModel
         >>> mib = lambda n: ("float32", (n << 18,), n << 20, False)
