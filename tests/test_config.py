@@ -28,3 +28,19 @@ def test_op_types_are_sorted_deduplicated_and_roundtrip():
     assert (cfg.knobs.swapout_threshold, cfg.knobs.swapin_ahead, cfg.knobs.incl_types) == (7, 4, ("Conv2D", "Relu"))
     assert LMSConfig.from_dict(cfg.to_dict()) == cfg
     assert hash(cfg) == hash(LMSConfig.from_dict(cfg.to_dict()))
+
+
+def test_on_budget_miss_reaches_tflms_function_and_the_keras_callback():
+    """``on_budget_miss`` is an LMSConfig option: ``tflms.function`` and ``LMSCallback`` take it
+    as they take the others, and refuse a bad value when made, naming it."""
+    import tflms
+    from tflms.integrations.keras import LMSCallback
+
+    def step(x):
+        return x
+
+    assert tflms.function(step, budget="1GiB", on_budget_miss="best").config.on_budget_miss == "best"
+    assert LMSCallback(budget="1GiB", on_budget_miss="best").config.on_budget_miss == "best"
+    for make in (lambda: tflms.function(step, on_budget_miss="nope"), lambda: LMSCallback(on_budget_miss="nope")):
+        with pytest.raises(ValueError, match=r"on_budget_miss must be 'raise'.*Received: on_budget_miss='nope'"):
+            make()

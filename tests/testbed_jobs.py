@@ -239,3 +239,40 @@ def cnn_step(batch: int = 16, size: int = 32) -> tuple:
 
     _, x, y, step = build("cnn", batch, size)
     return step, (x, y)
+
+
+def gpt_steps(batch: int = 8, steps: int = 2, options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The GPT of tflms.testing.measure.MODELS as a user trains it (op determinism off: TensorFlow's fused
+    ``SparseSoftmaxCrossEntropyWithLogits``, not its deterministic composite): one warm-up step and
+    ``steps`` more, plain or (``options`` not None) rewritten by ``tflms.optimize`` with them.
+    Returns the steady-state measured peak (``peak``, the warm-up excluded), ``peaks``, ``losses``,
+    the predicted peak of the step that ran (``predicted``) and the simulator's
+    :meth:`~tflms.Simulator.unplaced` of it under the process's cap, if any (``unplaced``)."""
+    import os
+
+    import tensorflow as tf
+
+    import tflms
+    from tflms import testbed
+    from tflms.testing.measure import build
+
+    _, x, y, step = build("gpt", batch)
+    cf = tf.function(step).get_concrete_function(x, y)
+    model = tflms.GraphModel.from_func_graph(cf.graph)
+    if options is None:
+        run, sim, swaps = cf, tflms.Simulator(model), ()
+    else:
+        run, plan = tflms.optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **options)
+        from tflms.plan.registry import replay
+
+        sim, swaps = tflms.Simulator(replay(model, plan), testbed.HOST), plan.swaps
+    cap = os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB")
+    unplaced = sim.unplaced(swaps, int(cap) << 20) if cap else None
+    peaks, losses = [], []
+    with tf.device(testbed.DEVICE):
+        for _ in range(1 + steps):
+            testbed.reset_peak()
+            losses.append(float(run(x, y)))
+            peaks.append(testbed.memory()["peak"])
+    predicted = sim.peak(swaps)
+    return {"peak": max(peaks[1:]), "peaks": peaks, "losses": losses, "predicted": predicted, "unplaced": unplaced}

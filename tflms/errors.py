@@ -30,6 +30,7 @@ class BudgetError(TflmsError, ValueError):
             f"No swap plan brings the predicted device peak within budget={budget} ({format_sizes(budget)}): "
             f"the best plan's predicted peak is {format_sizes(best_peak_bytes, exact=True)} "
             f"({format_sizes(plain_peak_bytes)} without LMS; simulator). Raise the budget, lower the batch size, "
-            "or lower min_bytes (size strings: KB/MB/GB are powers of 10, KiB/MiB/GiB and K/M/G powers of 2). "
+            "or lower min_bytes (size strings: KB/MB/GB are powers of 10, KiB/MiB/GiB and K/M/G powers of 2); "
+            "on_budget_miss='best' plans with the best plan anyway. "
             f"Received: budget={budget}"
         )

@@ -90,3 +90,53 @@ def test_batch_size_result_prints_the_budget_in_both_units():
     assert str(tflms.BatchSizeResult(budget=500, without_lms=0, with_lms=0, limit=8)).startswith(
         "largest batch within 500 B (simulator prediction): 0 without LMS, 0 with LMS"
     )
+
+
+def _fragmenting_model():
+    """Buffers of 1, 3, 6, 12, 24 and 48 MiB, each freed right after its op (see
+    ``test_a_peak_within_the_limit_can_still_leave_a_large_tensor_no_chunk``): 64 MiB predicted,
+    and under 100 MiB the 48 MiB buffer finds no chunk. A backward op makes it a training step,
+    with nothing to swap."""
+    from graphs import f32, op
+
+    mib = 1 << 20
+    ops = [op("x", "Placeholder", outputs=[f32(64)]), op("gradient_tape/g", "Neg", ["x:0"], [f32(64)])]
+    ops += [op(f"op{n}", "Relu", outputs=[f32(n * mib // 4)]) for n in (1, 3, 6, 12, 24, 48)]
+    return tflms.GraphModel.from_ops(ops, name="fragmenting")
+
+
+def test_a_budget_whose_largest_tensor_finds_no_chunk_warns():
+    """The predicted peak (64 MiB) fits 100 MiB with less room than the 48 MiB tensor, and the
+    allocations do not fit (:meth:`Simulator.unplaced`): the plan says so in a warning; under
+    128 MiB, with room for it and every buffer placed, it does not."""
+    assert Simulator(_fragmenting_model()).unplaced(limit=100 << 20) == 48 << 20
+    import warnings
+
+    model = _fragmenting_model()
+    assert Simulator(model).peak() <= 100 << 20
+    with pytest.warns(tflms.LMSWarning, match=r"less room than the step's largest tensor \(48.0 MiB\)"):
+        plan = make_plan(model, LMSConfig(budget="100MiB"))
+    assert plan.swaps == () and "fits the budget" in plan.reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", tflms.LMSWarning)
+        assert make_plan(model, LMSConfig(budget="128MiB")).swaps == ()
+
+
+def test_on_budget_miss_best_warns_and_plans_with_the_lowest_plan():
+    model = chain_model(n_fwd=12, variable_bytes=1000)
+    plain, best = _budgets(model)
+    with pytest.raises(BudgetError):
+        make_plan(model, LMSConfig(budget=best - 1, min_bytes=0))
+    with pytest.warns(tflms.LMSWarning, match=r"best plan's predicted peak is .*on_budget_miss='best'") as caught:
+        plan = make_plan(model, LMSConfig(budget=best - 1, min_bytes=0, on_budget_miss="best"))
+    assert len(caught) == 1
+    # The lowest plan of the search, as a budget it meets would give it, recorded as used.
+    assert plan.peak_bytes_after == best < plain
+    lowest = make_plan(model, LMSConfig(budget=best, min_bytes=0))
+    assert plan.swaps == lowest.swaps and plan.orders == lowest.orders
+    assert plan.options["on_budget_miss"] == "best" and plan.options["budget"] == best - 1
+    # Where a plan fits, on_budget_miss changes nothing, not even the plan's options or fingerprint.
+    assert make_plan(model, LMSConfig(budget=best, min_bytes=0, on_budget_miss="best")) == lowest
+    assert make_plan(model, LMSConfig(budget=plain, min_bytes=0, on_budget_miss="best")).options == (
+        make_plan(model, LMSConfig(budget=plain, min_bytes=0)).options
+    )

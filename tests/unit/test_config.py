@@ -37,6 +37,9 @@ def test_defaults_and_canonical_devices():
         ({"link_latency": -1e-6}, "link_latency"),
         ({"link_latency": "10us"}, "link_latency"),
         ({"link_latency": float("nan")}, "link_latency"),
+        ({"on_budget_miss": "warn"}, "on_budget_miss"),
+        ({"on_budget_miss": None}, "on_budget_miss"),
+        ({"on_budget_miss": True}, "on_budget_miss"),
     ],
 )
 def test_invalid_options_name_argument_and_value(kwargs, name):
@@ -68,3 +71,14 @@ def test_from_options_overrides_base_and_roundtrips():
 def test_names_are_sorted_and_deduplicated():
     cfg = LMSConfig(excl_scopes=["b/", "a/", "b/"])
     assert cfg.knobs.excl_scopes == ("a/", "b/")
+
+
+def test_on_budget_miss_is_raise_or_best_and_recorded_only_when_not_raise():
+    assert LMSConfig().on_budget_miss == "raise"
+    assert LMSConfig().to_dict()["on_budget_miss"] == "raise"
+    best = LMSConfig(budget="1GiB", on_budget_miss="best")
+    assert best.to_dict()["on_budget_miss"] == "best"
+    assert LMSConfig.from_dict(best.to_dict()) == best
+    assert LMSConfig.from_dict(LMSConfig().to_dict()) == LMSConfig()
+    with pytest.raises(ValueError, match=r"'raise'.*'best'.*Received: on_budget_miss='Best'"):
+        LMSConfig(on_budget_miss="Best")

@@ -25,7 +25,8 @@ the test bed (per-op allocation records of the profiler, ``benchmarks/simulator_
    step's arguments belong to the caller: they are held for the whole step.
    Outputs of op types in :data:`tflms.ir.graph.ALIAS_OP_TYPES` (``Identity``,
    ``Reshape``, ``ReadVariableOp``...) share their input's buffer and allocate nothing.
-3. In-place outputs: an op of :data:`FORWARDING_OP_TYPES` whose output has the size
+3. In-place outputs: an op of :data:`FORWARDING_OP_TYPES` whose output (or of
+   :data:`FORWARDING_OUTPUTS`, whose output it names) has the size
    and dtype of an input it is the last reader of writes into that buffer (the
    input is not counted during the op; one input per op, not a ``Placeholder`` or
    ``Const``), unless another read of that buffer is within ``CONCURRENT_READS``
@@ -168,6 +169,28 @@ FORWARDING_OP_TYPES: dict[str, tuple[int, ...] | None] = {
     **dict.fromkeys(("Select", "SelectV2"), (1, 2)),
 }  # fmt: skip
 
+#: Ops that are not element-wise and still write an output into an input they read last, as
+#: :data:`FORWARDING_OP_TYPES` (rule 3; kept apart from it: :mod:`tflms.plan.passes.schedule` orders element-wise
+#: ops): op type -> (the output, the input indices). Softmax and LogSoftmax write into their logits
+#: (``softmax_op.cc``); the cross-entropy ops write their backprop, output 1, into them
+#: (``xent_op.cc``, ``sparse_xent_op.cc``). Measured on the test bed (the GPT of
+#: :mod:`tflms.testing.measure`, batch 8): none of them allocated a buffer.
+FORWARDING_OUTPUTS: dict[str, tuple[int, tuple[int, ...]]] = {
+    "Softmax": (0, (0,)),
+    "LogSoftmax": (0, (0,)),
+    "SoftmaxCrossEntropyWithLogits": (1, (0,)),
+    "SparseSoftmaxCrossEntropyWithLogits": (1, (0,)),
+}
+
+
+def _forwarding(op_type: str) -> tuple[int, tuple[int, ...] | None]:
+    """``(output, input indices or None for any)`` that an op of ``op_type`` may write in place
+    (rule 3); ``(0, ())`` for none."""
+    if op_type in FORWARDING_OUTPUTS:
+        return FORWARDING_OUTPUTS[op_type]
+    return 0, FORWARDING_OP_TYPES.get(op_type, ())
+
+
 #: A read this close (in schedule positions) before the last one may still be running
 #: when the last starts (the executor runs ready siblings side by side): no reuse then.
 CONCURRENT_READS = 1
@@ -200,7 +223,11 @@ BFC_MAX_WASTE = 128 << 20
 
 
 class OutOfMemory(Exception):
-    """The emulated allocator cannot hold a request under its limit."""
+    """The emulated allocator cannot hold a request under its limit; ``nbytes``: the request's bytes."""
+
+    def __init__(self, message: str, nbytes: int = 0) -> None:
+        super().__init__(message)
+        self.nbytes = nbytes
 
 
 class _BFC:
@@ -233,7 +260,7 @@ class _BFC:
                 total += region
             if limit is not None:
                 if _rounded(reserved) > limit:
-                    raise OutOfMemory(f"{reserved} reserved bytes exceed the limit of {limit}")
+                    raise OutOfMemory(f"{reserved} reserved bytes exceed the limit of {limit}", reserved)
                 total = min(total, limit // BFC_ROUND * BFC_ROUND)
             self._region(total)
             self._take(0, _rounded(reserved), force_split=True)
@@ -269,7 +296,7 @@ class _BFC:
         if i == len(self.free):
             left = rounded if self.limit is None else (self.limit - self.pool) // BFC_ROUND * BFC_ROUND
             if rounded > left:
-                raise OutOfMemory(f"no free chunk holds {rounded} bytes and the limit leaves {left}")
+                raise OutOfMemory(f"no free chunk holds {rounded} bytes and the limit leaves {left}", nbytes)
             grown = False
             while rounded > self.next_region:
                 self.next_region *= 2
@@ -509,6 +536,43 @@ class Simulator:
         """
         return self._runs[frozenset()].floor()
 
+    def unplaced(self, swaps: Sequence[Swap] = (), limit: int = 0) -> int | None:
+        """Bytes of the first request that finds no free chunk under a device of ``limit`` bytes
+        with ``swaps`` applied, or None when every request is placed.
+
+        Rule 8 with a real cap, as TensorFlow's BFC allocator runs under one (the test bed's
+        ``TF_CPU_BFC_MEM_LIMIT_IN_MB``; a GPU whose memory grows as needed): its regions
+        together never exceed ``limit`` (the variables' included), a new region is the next
+        doubling size or what the limit leaves, and a request must fit in one chunk of one
+        region. So a step whose :meth:`peak` is within ``limit`` may still find no room for a
+        large tensor: with 32 MiB in use, regions of 2+4+...+64 MiB leave 130 MiB of a 256 MiB
+        cap, and a 187.5 MiB request fails though most of the pool is free. A diagnostic, not
+        what budgets are checked by: on the test bed it erred both ways (the GPT of
+        :mod:`tflms.testing.measure` at batch 16: a plan it placed under 320 MiB ran out of memory there
+        asking for its logits, and the default plan, for whose logits it found no chunk, trained),
+        and under caps near the peak it misses chunks for tensors far smaller than the room left
+        (ResNet50). :func:`tflms.plan.planner.check_placement` warns by the room left instead.
+
+        >>> from tflms.ir.graph import GraphModel
+        >>> mib = lambda n: ("float32", (n << 18,), n << 20, False)
+        >>> model = GraphModel.from_ops([  # each freed right after its op: at most 64 MiB in use
+        ...     {"name": f"op{n}", "type": "Relu", "inputs": [], "outputs": [mib(n)]} for n in (1, 3, 6, 12, 24, 48)
+        ... ])
+        >>> sim = Simulator(model)  # regions of 2+4+...+32 MiB leave 38 MiB of 100 MiB: no room for 48 MiB
+        >>> sim.peak() >> 20, sim.unplaced(limit=100 << 20) >> 20, sim.unplaced(limit=128 << 20)
+        (64, 48, None)
+        """
+        check_limit = int(limit)
+        if check_limit <= 0:
+            raise ValueError(f"limit must be a positive number of bytes. Received: limit={limit!r}")
+        swaps = self._as_run(swaps)
+        return self._run(swaps).unplaced(swaps, check_limit)
+
+    def largest_buffer(self) -> int:
+        """Bytes of the largest device buffer of the step as run (0 for none): what
+        :meth:`unplaced` needs as one contiguous chunk, whatever is swapped."""
+        return int(max((nbytes for _, nbytes in self._runs[frozenset()].alloc.values()), default=0))
+
     def profile(self, swaps: Sequence[Swap] = ()) -> MemoryProfile:
         """The whole predicted timeline (BFC chunk bytes, rule 8) with ``swaps`` applied."""
         swaps = self._as_run(swaps)
@@ -566,6 +630,7 @@ class _Arrays:
     read_root: np.ndarray  # per read of a root (through any alias): the root
     read_op: np.ndarray  # ... the reading op
     read_index: np.ndarray  # ... and its input index
+    read_via: np.ndarray  # ... and the op whose output it reads (an alias op's, for a read through it)
     reads_of: dict[str, list[tuple[str, int]]]  # every root (allocated or not) -> its reads (consumer, index)
     #: In-place candidates: (op, [(input index, root index)]), for roots that are allocated.
     forwarding: list[tuple[str, list[tuple[int, int]]]]
@@ -585,7 +650,7 @@ def _arrays(static: _Static, model: GraphModel) -> _Arrays:
             alloc_op.append(ops[op])
             alloc_bytes.append(nbytes)
             is_argument.append(types[op]["type"] in _ARGUMENT_OP_TYPES)
-    keep_root, keep_op, read_root, read_op, read_index = [], [], [], [], []
+    keep_root, keep_op, read_root, read_op, read_index, read_via = [], [], [], [], [], []
     reads_of: dict[str, list[tuple[str, int]]] = {}
     for r, op, readers, counts, _ in static.tensors:
         reads_of.setdefault(r, []).extend(readers)
@@ -599,6 +664,7 @@ def _arrays(static: _Static, model: GraphModel) -> _Arrays:
             read_root.append(k)
             read_op.append(ops[c])
             read_index.append(i)
+            read_via.append(ops[op])
     forwarding = [(op, [(i, roots[r]) for i, r in cands]) for op, cands in static.forwarding]
 
     def ints(values: list[int]) -> np.ndarray:
@@ -615,6 +681,7 @@ def _arrays(static: _Static, model: GraphModel) -> _Arrays:
         ints(read_root),
         ints(read_op),
         ints(read_index),
+        ints(read_via),
         reads_of,
         forwarding,
     )
@@ -667,11 +734,11 @@ def _static(model: GraphModel, host_key: Any) -> _Static:
         tensors.append((r, t.op, readers, types[t.op] != "IdentityN", nbytes))
     forwarding = []
     for op in dag.nodes:
-        allowed = FORWARDING_OP_TYPES.get(types[op], ())
+        k, allowed = _forwarding(types[op])
         outs = model.outputs_of[op]
-        if allowed == () or not outs:
+        if allowed == () or len(outs) <= k:
             continue
-        out = model.tensors[outs[0]]
+        out = model.tensors[outs[k]]
         cands = []
         for i, tname in enumerate(model.inputs_of[op]):
             t = model.tensors[tname]
@@ -801,6 +868,11 @@ class _Replay:
             shared = ends > 0
             shared[shared] = arrays.read_root[by[ends[shared] - 1]] == groups[shared]
             second[shared] = read_at[by[ends[shared] - 1]]
+            # An alias op whose output the last read reads (a Reshape before a Softmax) has
+            # finished before it: its read is not concurrent with it.
+            via = np.zeros(ends.size, dtype=bool)
+            via[shared] = arrays.read_op[by[ends[shared] - 1]] == arrays.read_via[top[shared]]
+            second[via] = -1
             sole[groups] = np.where(second < read_at[top] - CONCURRENT_READS, top, -1)
 
         # In-place outputs: the read (op, input) whose buffer the op may reuse for its output.
@@ -815,6 +887,9 @@ class _Replay:
             i = (mine or [cands[0][0]])[0]
             self.forwarding.add((op, i))
             forwarded[k] = i
+        # The outputs written in place (their roots): each takes the chunk its op's input hands on.
+        types = model.dag.nodes
+        self._in_place_outputs = {model.outputs_of[op][_forwarding(types[op]["type"])[0]] for op, _ in self.forwarding}
         # Freed right after the last read; *at* it when that read writes its output in place (_end).
         in_place = sole >= 0
         if in_place.any():
@@ -849,15 +924,19 @@ class _Replay:
                 self.base[w] += nbytes
                 self.base[end] -= nbytes
 
-    @staticmethod
-    def _last_read(reads: Sequence[tuple[int, tuple[str, int]]]) -> tuple[str, int] | None:
-        """The one read at the latest position, or None when there is none or several."""
-        best, second, who = -1, -1, None
+    def _last_read(self, reads: Sequence[tuple[int, tuple[str, int]]]) -> tuple[str, int] | None:
+        """The one read at the latest position, or None when there is none or several. A read by
+        the alias op whose output the latest read reads (a Reshape before a Softmax) has finished
+        before it: it is not concurrent with it."""
+        best, second, who, before = -1, -1, None, None
         for q, read in reads:
             if q > best:
-                best, second, who = q, best, read
+                best, second, who, before = q, best, read, who
             elif q > second:
-                second = q
+                second, before = q, read
+        if who is not None and before is not None and who[0] in self.pos and second < best:
+            if self.model.inputs_of[who[0]][who[1]].rpartition(":")[0] == before[0]:
+                return who
         return who if second < best - CONCURRENT_READS else None
 
     def _end(self, reads: Sequence[tuple[int, tuple[str, int]]], first: int) -> int:
@@ -933,7 +1012,9 @@ class _Replay:
         spans.sort(key=lambda span: span[0])  # stable
         return spans
 
-    def _allocated(self, swaps: Sequence[Swap], steps: int = STEPS, stop: int | None = None) -> np.ndarray:
+    def _allocated(
+        self, swaps: Sequence[Swap], steps: int = STEPS, stop: int | None = None, limit: int | None = None
+    ) -> np.ndarray:
         """Device bytes in use (BFC chunk sizes, variables excluded) while each op runs.
 
         Rule 8 of the module doc: at each position the buffers that end there are
@@ -942,7 +1023,9 @@ class _Replay:
         allocated there; a variable copied by rule 6 gets a new chunk at its write, and
         its old chunk is freed at the copy's end. ``steps`` steps run one after the
         other on the same allocator: the timeline of the one with the highest peak (up to
-        where it first exceeds ``stop``, if it does).
+        where it first exceeds ``stop``, if it does). ``limit``: the allocator's regions together
+        stay within it (variables included), and a request it cannot place raises
+        :class:`OutOfMemory` (see :meth:`Simulator.unplaced`).
         """
         n = len(self.order)
         spans = self._spans(swaps)
@@ -957,15 +1040,19 @@ class _Replay:
         )
         events.append((n + LAG + 2, 0, -1))  # a last position, past every event
         rounded = [_rounded(span[2]) for span in spans]
+        if limit is not None:  # in the peak's currency: the variables count at their bytes, not their chunks'
+            chunks = [_rounded(nbytes) for _, nbytes in self.model.variables] or [_rounded(self.model.variable_bytes)]
+            limit = _rounded(limit + sum(chunks) - self.model.variable_bytes)
         if self.model.variables:
-            bfc = _BFC()
+            bfc = _BFC(limit=limit)
             chunk_of = {}
             for handle, nbytes in self.model.variables:
                 chunk_of[handle or object()] = bfc.alloc(nbytes)
             resident = bfc.in_use
         else:
-            bfc, chunk_of, resident = _BFC(self.model.variable_bytes), {}, 0
+            bfc, chunk_of, resident = _BFC(self.model.variable_bytes, limit), {}, 0
         alloc, release, size = bfc.alloc, bfc.release, bfc.size
+        in_place_outputs = self._in_place_outputs
         best = np.zeros(n, dtype=np.int64)
         state = None  # the allocator's state after the previous step
         for _ in range(steps):
@@ -997,7 +1084,8 @@ class _Replay:
                 elif phase == 1:
                     release(released[k])
                 elif phase == 2:
-                    chunk = handed.pop(0) if handed else None
+                    takes = spans[k][5] < 0 and spans[k][4] in in_place_outputs
+                    chunk = handed.pop(0) if handed and takes else None
                     if chunk is not None and size[chunk] < rounded[k]:
                         release(chunk)
                         chunk = None
@@ -1089,6 +1177,18 @@ class _Replay:
             self.peaks[key] = peak
         return peak
 
+    def unplaced(self, swaps: Sequence[Swap], limit: int) -> int | None:
+        """See :meth:`Simulator.unplaced`."""
+        key = (tuple(swaps), -limit)  # the limited runs share the peaks' cache: (swaps, -limit) -> result
+        if key not in self.peaks:
+            try:
+                self._allocated(swaps, STEPS, limit=limit)
+                self.peaks[key] = -1
+            except OutOfMemory as err:
+                self.peaks[key] = err.nbytes
+        found = self.peaks[key]
+        return None if found < 0 else found
+
     def floor(self) -> tuple[int, str | None]:
         """See :meth:`Simulator.floor`."""
         types = self.model.dag.nodes
@@ -1099,8 +1199,9 @@ class _Replay:
                 continue
             outs = self.model.outputs_of[op]
             roots = {self.root[t] for t in (*self.model.inputs_of[op], *outs)} & self.alloc.keys()
-            if op in in_place and outs and outs[0] in self.alloc:
-                roots.discard(outs[0])
+            written = outs[_forwarding(types[op]["type"])[0]] if op in in_place else None
+            if written in self.alloc:
+                roots.discard(written)
             nbytes = sum(self.alloc[r][1] for r in roots)
             if nbytes > best:
                 best, who = nbytes, op

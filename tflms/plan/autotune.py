@@ -33,6 +33,10 @@
    candidates) finished the same way on the step without step 4's orders, fewest swaps
    first: the first that fits wins.
 
+A plan fits when its predicted peak is within the budget. With ``on_budget_miss='best'`` a
+budget that nothing fits gets a warning (:class:`tflms.LMSWarning`, with the lowest predicted
+peak) and the lowest plan of steps 2-4 instead of :class:`BudgetError`.
+
 Every number is a simulator prediction (:mod:`tflms.emulate.simulator`). The chosen
 values are recorded in the plan's options, so ``make_plan`` with them (and no
 budget) reproduces the plan, except one that needed step 4 or 5: its JSON (orders and
@@ -42,12 +46,13 @@ swaps) reproduces it, and so do its options with the budget.
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 
 from ..config import LMSConfig
 from ..emulate.simulator import Simulator
-from ..errors import BudgetError
+from ..errors import BudgetError, LMSWarning
 from ..ir.graph import GraphModel, TensorInfo, with_orders
 from .candidates import _eligible, _swaps
 from .records import Order, Swap, link_seconds
@@ -180,23 +185,29 @@ def _fits(sim: Simulator, swaps: list[Swap], budget: int) -> bool:
     return sim.peak(swaps, steps=1, above=budget) <= budget and sim.peak(swaps, above=budget) <= budget
 
 
+#: The lowest plan of a search that found none within the budget: ``(knobs, orders, simulator)``.
+_Lowest = tuple[LMSConfig | None, tuple[Order, ...], Simulator]
+
+
 def serialized_search(
     model: GraphModel, config: LMSConfig, sim: Simulator, budget: int
-) -> tuple[LMSConfig | None, int, tuple[Order, ...], Simulator]:
+) -> tuple[LMSConfig | None, int, tuple[Order, ...], Simulator, _Lowest | None]:
     """:func:`_search`, and with ``config.knobs.serialize``, when no plan fits: ordering edges for the
     lowest plan (:func:`tflms.plan.passes.schedule.memory_orders`), then the search again on the step with them
     (step 4 of the module doc), then step 5: the lowest plan as ``make_plan`` finishes it
     (:func:`tflms.plan.passes.schedule.finish`, with late triggers), then other plans finished
     (:func:`_finish_other_knobs`; their orders are ``()`` and their simulator ``sim``).
 
-    Returns ``(tuned config or None, lowest predicted peak seen, orders, simulator)``: the
+    Returns ``(tuned config or None, lowest predicted peak seen, orders, simulator, lowest)``: the
     orders are ``()`` and the simulator ``sim`` unless the search needed them (then it is the
     ordered step's). The orders and triggers of step 5 are not among them: ``make_plan`` makes
-    them again from the tuned config.
+    them again from the tuned config. ``lowest``, when nothing fits: ``(knobs, orders, simulator)``
+    of the lowest plan of steps 2-4 (knobs None: the plain step was the lowest), which
+    ``on_budget_miss='best'`` plans with; None when a plan fits.
     """
     tuned, lowest, lowest_swaps, lowest_knobs = _search(model, config, sim, budget)
     if tuned is not None or not config.knobs.serialize or not lowest_swaps:
-        return tuned, lowest, (), sim
+        return tuned, lowest, (), sim, (lowest_knobs, (), sim)
     from .passes.schedule import _memory_orders
 
     orders, ordered_sim = _memory_orders(sim, lowest_swaps)
@@ -205,7 +216,7 @@ def serialized_search(
         ordered_sim = ordered_sim._of(ordered)  # noqa: SLF001 (the search's simulator, of the same step)
         tuned, ordered_lowest, ordered_swaps, ordered_knobs = _search(ordered, config, ordered_sim, budget)
         if tuned is not None:
-            return tuned, min(lowest, ordered_lowest), orders, ordered_sim
+            return tuned, min(lowest, ordered_lowest), orders, ordered_sim, None
         if ordered_swaps:
             lowest_knobs = ordered_knobs
         lowest = min(lowest, ordered_lowest)
@@ -213,12 +224,12 @@ def serialized_search(
         ordered_sim = sim
     finished = _finished_peak(ordered_sim, lowest_knobs) if lowest_knobs is not None else None
     if finished is not None and finished <= budget:
-        return lowest_knobs, min(lowest, finished), orders, ordered_sim
+        return lowest_knobs, min(lowest, finished), orders, ordered_sim, None
     lowest = lowest if finished is None else min(lowest, finished)
     other_knobs, other = _finish_other_knobs(model, config, sim, budget)
     if other_knobs is not None:
-        return other_knobs, min(lowest, other), (), sim
-    return None, min(lowest, other), orders, ordered_sim
+        return other_knobs, min(lowest, other), (), sim, None
+    return None, min(lowest, other), orders, ordered_sim, (lowest_knobs, orders, ordered_sim)
 
 
 def _finish_other_knobs(
@@ -293,7 +304,20 @@ def tune_ordered(
     if config.budget is None:
         raise ValueError("tune needs a budget. Received: budget=None")
     sim = sim or Simulator(model, config.host)
-    tuned, lowest, orders, ordered_sim = serialized_search(model, config, sim, config.budget)
+    tuned, lowest, orders, ordered_sim, best = serialized_search(model, config, sim, config.budget)
     if tuned is None:
-        raise BudgetError(config.budget, lowest, sim.peak())
-    return tuned, orders, ordered_sim
+        err = BudgetError(config.budget, lowest, sim.peak())
+        if config.on_budget_miss == "raise" or best is None:
+            raise err
+        knobs, orders, ordered_sim = best
+        if knobs is None:  # the plain step was the lowest
+            knobs = config.replace(n_tensors=0)
+        warnings.warn(
+            f"{err} on_budget_miss='best': planning with the lowest plan the search found "
+            f"(swapout_threshold={knobs.knobs.swapout_threshold}, swapin_groupby={knobs.knobs.swapin_groupby}, "
+            f"n_tensors={knobs.knobs.n_tensors}); the step may run out of device memory.",
+            LMSWarning,
+            stacklevel=2,
+        )
+        return knobs, orders, ordered_sim
+    return tuned.replace(on_budget_miss="raise"), orders, ordered_sim

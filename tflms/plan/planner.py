@@ -61,11 +61,13 @@ Deterministic: the same graph and options give the same plan, byte for byte.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, Sequence
 
 from .._util import format_bytes, format_sizes
 from ..config import LMSConfig, resolve_budget, resolve_swapout_window
-from ..emulate.simulator import Simulator
+from ..emulate.simulator import BFC_FIRST_REGION, Simulator
+from ..errors import LMSWarning
 from ..ir.graph import SUM_OP_TYPES, GraphModel
 from .candidates import EXCLUDED_DTYPES, EXCLUDED_PRODUCER_TYPES, candidate_swaps, is_collective
 from .records import Fence, Swap, SwapPlan
@@ -73,6 +75,7 @@ from .records import Fence, Swap, SwapPlan
 __all__ = [
     "make_plan",
     "empty_plan",
+    "check_placement",
     "UNFENCED_TYPES",
     "fences_for",
     "candidate_swaps",
@@ -108,10 +111,11 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
             "the function runs unchanged"
         )
     if config.budget is not None and before <= config.budget:
+        check_placement(sim, (), config.budget)
         return empty(
             f"the predicted peak ({format_bytes(before)}) fits the budget ({format_sizes(config.budget)}) "
             "without swapping",
-            config.replace(n_tensors=0),
+            config.replace(n_tensors=0, on_budget_miss="raise"),
         )
     from .autotune import tune_ordered
     from .registry import prepare
@@ -137,6 +141,8 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
             f"consumer more than swapout_threshold={config.knobs.swapout_threshold} levels later)"
             + (" and no ordering edge lowers the predicted peak" if config.knobs.serialize else "")
         )
+    if config.budget is not None:
+        check_placement(sim, swaps, config.budget)
     return SwapPlan(
         function=model.name,
         options=config.to_dict(),
@@ -151,6 +157,33 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         sums=tuple(sums),
         tiles=tuple(tiles),
     ).with_model(original)
+
+
+def check_placement(sim: Simulator, swaps: Sequence[Swap], budget: int) -> None:
+    """Warn (:class:`tflms.LMSWarning`) where a plan within ``budget`` leaves less room above its
+    predicted peak than the step's largest tensor (:meth:`Simulator.largest_buffer`).
+
+    The budget check compares the predicted peak (bytes in use) with the budget; under a real cap
+    TensorFlow's allocator also needs each tensor in one contiguous chunk of regions that grow by
+    doubling and are never returned, so a large tensor can fail while most of the pool is free.
+    Measured on the test bed, the GPT of :mod:`tflms.testing.measure` at batch 16 (125 MiB logits): its
+    ``budget='320MiB'`` plan (276 MiB predicted) ran out of memory under a 320 MiB cap asking for
+    the logits, with 98 MiB in use and 108 MiB the largest free chunk; its ``'336MiB'`` plan under
+    336 MiB the same (123 MiB the largest free chunk). The simulator's own emulation of the capped
+    allocator (:meth:`Simulator.unplaced`) placed both, so the room is what this checks. It warns
+    and does not refuse (the default plan, 248 MiB predicted, trained under 320 MiB). Budgets below
+    the allocator's first region (2 MiB: hand-built graphs, no real device) are not checked."""
+    peak, largest = sim.peak(swaps), sim.largest_buffer()
+    if budget >= BFC_FIRST_REGION and 0 <= budget - peak < largest:
+        warnings.warn(
+            f"the plan's predicted peak ({format_bytes(peak)}) fits budget={budget} ({format_sizes(budget)}), "
+            f"but leaves less room than the step's largest tensor ({format_bytes(largest)}), which needs one "
+            "contiguous chunk: with memory growth (the test bed, or a GPU with allow_growth) the step may run out "
+            "of memory asking for it while most of the pool is free. Leave room for the largest tensor besides "
+            "the peak, or lower the batch size.",
+            LMSWarning,
+            stacklevel=3,
+        )
 
 
 #: Producers that get no fence: Grappler's arithmetic optimizer folds a tree of these into

@@ -91,15 +91,39 @@ def _encoder(seq: int) -> Any:
     return _transformer(seq, layers=8)
 
 
+#: The GPT's vocabulary: its logits at batch 24 and sequence 256 are one 187.5 MiB tensor.
+GPT_VOCAB = 8000
+
+
+def _gpt(seq: int, vocab: int = GPT_VOCAB, dim: int = 256, heads: int = 8, layers: int = 4) -> Any:
+    """A small GPT: token and learned position embeddings, ``layers`` pre-norm blocks of causal
+    self-attention and a GELU MLP, a final norm and the logits over ``vocab`` tokens per position."""
+    import keras
+
+    L = keras.layers
+    tokens = keras.Input((seq,), dtype="int32")
+    h = L.Embedding(vocab, dim)(tokens)
+    h = h + L.Embedding(seq, dim)(keras.ops.arange(seq))  # broadcast over the batch
+    for _ in range(layers):
+        a = L.LayerNormalization()(h)
+        h = h + L.MultiHeadAttention(num_heads=heads, key_dim=dim // heads)(a, a, use_causal_mask=True)
+        f = L.Dense(dim * 4, activation="gelu")(L.LayerNormalization()(h))
+        h = h + L.Dense(dim)(f)
+    return keras.Model(tokens, L.Dense(vocab)(L.LayerNormalization()(h)))
+
+
 #: name -> (builder(size), default size, input shape from size). ``size`` is the image
-#: side for CNNs and the sequence length for the transformer (width 256, 2 blocks) and
-#: the encoder (the same blocks, 8 deep).
+#: side for CNNs and the sequence length for the transformer (width 256, 2 blocks),
+#: the encoder (the same blocks, 8 deep) and the GPT (:func:`_gpt`: vocabulary
+#: :data:`GPT_VOCAB`, width 256, 4 causal blocks; its inputs are token ids and its labels
+#: the next token at every position).
 MODELS: dict[str, tuple[Callable[[int], Any], int, Callable[[int], tuple[int, ...]]]] = {
     "cnn": (_cnn, 64, lambda s: (s, s, 3)),
     "resnet50": (_resnet50, 96, lambda s: (s, s, 3)),
     "densenet121": (_densenet121, 64, lambda s: (s, s, 3)),
     "transformer": (_transformer, 256, lambda s: (s, 256)),
     "encoder": (_encoder, 256, lambda s: (s, 256)),
+    "gpt": (_gpt, 256, lambda s: (s,)),
 }
 
 
@@ -125,8 +149,12 @@ def build(name: str, batch: int, size: int | None = None, seed: int = 0) -> tupl
     optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     rng = np.random.default_rng(seed)
-    x = tf.constant(rng.normal(size=(batch, *shape_of(size))).astype("float32"))
-    y = tf.constant(rng.integers(0, 10, size=(batch,)).astype("int32"))
+    if name == "gpt":  # token ids in, the next token at every position out
+        x = tf.constant(rng.integers(0, GPT_VOCAB, size=(batch, *shape_of(size))).astype("int32"))
+        y = tf.constant(rng.integers(0, GPT_VOCAB, size=(batch, *shape_of(size))).astype("int32"))
+    else:
+        x = tf.constant(rng.normal(size=(batch, *shape_of(size))).astype("float32"))
+        y = tf.constant(rng.integers(0, 10, size=(batch,)).astype("int32"))
 
     def train_step(x: Any, y: Any) -> Any:
         with tf.GradientTape() as tape:
