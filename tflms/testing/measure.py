@@ -86,6 +86,54 @@ def _transformer(seq: int, dim: int = 256, heads: int = 8, layers: int = 2) -> A
     return keras.Model(inp, out)
 
 
+def _twoinput(size: int) -> Any:
+    """A subclassed two-input model that overrides ``train_step``: four Conv2D (ReLU) + MaxPool2D
+    stages on a ``size``-pixel image, a Dense branch on a 64-wide vector, concatenated, a Dense
+    head: the model of issue 57. At 128 px and batch 32 its first stage's output is 64 MiB and the
+    plain step measures 228-289 MiB per step on the test bed (tests/test_testbed.py)."""
+    import keras
+    import tensorflow as tf
+
+    L = keras.layers
+
+    class TwoInput(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.convs = [L.Conv2D(c, 3, padding="same", activation="relu") for c in (32, 64, 128, 256)]
+            self.pools = [L.MaxPooling2D() for _ in self.convs]
+            self.flatten = L.Flatten()
+            self.vector = L.Dense(64, activation="relu")
+            self.concat = L.Concatenate()
+            self.hidden = L.Dense(128, activation="relu")
+            self.head = L.Dense(10)
+
+        def call(self, inputs: Any, training: bool = False) -> Any:
+            image, vector = inputs
+            h = image
+            for conv, pool in zip(self.convs, self.pools):
+                h = pool(conv(h))
+            h = self.concat([self.flatten(h), self.vector(vector)])
+            return self.head(self.hidden(h))
+
+        def train_step(self, data: Any) -> dict[str, Any]:
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+    model = TwoInput()
+    model((keras.ops.zeros((1, size, size, 3)), keras.ops.zeros((1, 64))))  # builds the weights
+    return model
+
+
 def _encoder(seq: int) -> Any:
     """The transformer's blocks, 8 deep: a small encoder (BERT-base has 12 blocks of width 768)."""
     return _transformer(seq, layers=8)
@@ -117,13 +165,14 @@ def _gpt(seq: int, vocab: int = GPT_VOCAB, dim: int = 256, heads: int = 8, layer
 #: the encoder (the same blocks, 8 deep) and the GPT (:func:`_gpt`: vocabulary
 #: :data:`GPT_VOCAB`, width 256, 4 causal blocks; its inputs are token ids and its labels
 #: the next token at every position).
-MODELS: dict[str, tuple[Callable[[int], Any], int, Callable[[int], tuple[int, ...]]]] = {
+MODELS: dict[str, tuple[Callable[[int], Any], int, Callable[[int], tuple[int, ...] | list[tuple[int, ...]]]]] = {
     "cnn": (_cnn, 64, lambda s: (s, s, 3)),
     "resnet50": (_resnet50, 96, lambda s: (s, s, 3)),
     "densenet121": (_densenet121, 64, lambda s: (s, s, 3)),
     "transformer": (_transformer, 256, lambda s: (s, 256)),
     "encoder": (_encoder, 256, lambda s: (s, 256)),
     "gpt": (_gpt, 256, lambda s: (s,)),
+    "twoinput": (_twoinput, 128, lambda s: [(s, s, 3), (64,)]),
 }
 
 
@@ -149,11 +198,16 @@ def build(name: str, batch: int, size: int | None = None, seed: int = 0) -> tupl
     optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     rng = np.random.default_rng(seed)
+    shapes = shape_of(size)
     if name == "gpt":  # token ids in, the next token at every position out
-        x = tf.constant(rng.integers(0, GPT_VOCAB, size=(batch, *shape_of(size))).astype("int32"))
-        y = tf.constant(rng.integers(0, GPT_VOCAB, size=(batch, *shape_of(size))).astype("int32"))
-    else:
-        x = tf.constant(rng.normal(size=(batch, *shape_of(size))).astype("float32"))
+        x = tf.constant(rng.integers(0, GPT_VOCAB, size=(batch, *shapes)).astype("int32"))
+        y = tf.constant(rng.integers(0, GPT_VOCAB, size=(batch, *shapes)).astype("int32"))
+    else:  # a model with several inputs (twoinput: an image and a vector) takes a tuple
+        x = (
+            tuple(tf.constant(rng.normal(size=(batch, *shape)).astype("float32")) for shape in shapes)
+            if isinstance(shapes, list)
+            else tf.constant(rng.normal(size=(batch, *shapes)).astype("float32"))
+        )
         y = tf.constant(rng.integers(0, 10, size=(batch,)).astype("int32"))
 
     def train_step(x: Any, y: Any) -> Any:
