@@ -98,9 +98,9 @@ def test_allocator_regions_double_to_fit():
 def test_allocator_under_a_limit_runs_out_with_free_bytes_split_over_regions():
     import pytest
 
-    from tflms.emulate.simulator import _BFC, OutOfMemory
+    from tflms.emulate.bfc import BFCAllocator, OutOfMemory
 
-    bfc = _BFC(limit=5 << 20)
+    bfc = BFCAllocator(limit=5 << 20)
     a = bfc.alloc(1 << 20)  # the first region, 2 MiB, splits: 1 MiB taken, 1 MiB free
     bfc.alloc(1 << 20)  # takes the free MiB
     d = bfc.alloc(3 << 20)  # a new region: the next size (4 MiB) cut to what the limit leaves, 3 MiB
@@ -372,7 +372,7 @@ def test_an_ordered_step_derives_its_variable_copies_from_the_unordered_one():
     write wait for more reads. Ordering ``update`` after ``dx`` leaves no copy of v, as the
     control input of ``variable_update_model(wait=True)`` does; an order that does not make
     ``update`` wait for ``dx`` keeps it. Both derivations equal a fresh one."""
-    from tflms.emulate import simulator
+    from tflms.emulate import static
     from tflms.plan.records import Order
 
     sim = Simulator(variable_update_model())
@@ -384,10 +384,10 @@ def test_an_ordered_step_derives_its_variable_copies_from_the_unordered_one():
     kept = sim._ordered([Order(op="gradient_tape/dx", after="gradient_tape/dv")])  # noqa: SLF001
     assert any("(copied by" in name for p in range(len(kept.order)) for name, _ in kept.live(p))
     for s in (ordered, kept):
-        seeded = simulator._STATICS[s.executed.dag][None][1]  # noqa: SLF001
+        seeded = static._STATICS[s.executed.dag][None][1]  # noqa: SLF001
         types = {n: d["type"] for n, d in s.executed.dag.nodes(data=True)}
-        assert seeded.writes == simulator._variable_writes(s.executed, seeded.root, types)  # noqa: SLF001
-    statics = simulator._STATICS  # noqa: SLF001
+        assert seeded.writes == static._variable_writes(s.executed, seeded.root, types)  # noqa: SLF001
+    statics = static._STATICS  # noqa: SLF001
     assert len(statics[ordered.executed.dag][None][1].writes) == 0 < len(statics[kept.executed.dag][None][1].writes)
 
 

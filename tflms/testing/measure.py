@@ -522,13 +522,13 @@ def replay_allocations(
     >>> replay_allocations(recs, limit=3 << 20)["out_of_memory"]  # 1 MiB left under the limit
     {'index': 3, 'op': 'op3', 'requested': 1572864}
     """
-    from ..emulate.simulator import _BFC, OutOfMemory
+    from ..emulate.bfc import BFCAllocator, OutOfMemory
 
     allocator, indices = _events_of(records, allocator)
     mine = [records[i] for i in indices]
     first = mine[0]
     before = first["in_use"] - (first["bytes"] if first["kind"] == "alloc" else -first["bytes"])
-    bfc = _BFC(before, limit)
+    bfc = BFCAllocator(before, limit)
     chunk: dict[Any, int] = {}
     peak, failed = 0, None
     for index, r in enumerate(mine):

@@ -145,9 +145,10 @@ def update_orders(model: GraphModel, host: str | None = None) -> tuple[Order, ..
     >>> update_orders(GraphModel.from_ops(ops))
     (Order(op='adam/update', after='gradient_tape/dx'),)
     """
-    from ...emulate.simulator import _static, device_key
+    from ...emulate.static import static_of
+    from ...ir.devices import device_key
 
-    static = _static(model, device_key(host) if host else None)
+    static = static_of(model, device_key(host) if host else None)
     dag = model.dag
     useful = _leading_to_updates(model)
     orders = []
