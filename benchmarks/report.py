@@ -21,7 +21,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from tflms.testing.measure import FENCE_WINDOW, MODELS
+from tflms.testing.measure import FENCE_WINDOW
+from tflms.testing.zoo import MODELS
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

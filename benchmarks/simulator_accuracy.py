@@ -1,6 +1,6 @@
 """Real memory on the test bed, and the simulator's accuracy: measured vs predicted peaks.
 
-Each case trains a few Adam steps of a model of :data:`tflms.testing.measure.MODELS` in a
+Each case trains a few Adam steps of a model of :data:`tflms.testing.zoo.MODELS` in a
 fresh measured process (:func:`tflms.testing.measure.measure`: TensorFlow's BFC allocator
 on the CPU is the device, a second TensorFlow process is the host), plain and
 with the default LMS plan (and, for ``MODEL:BATCH:gated`` cases, the same plan with

@@ -36,7 +36,8 @@ from report import save_result
 from tflms.config import LMSConfig, parse_bytes
 from tflms.plan.capacity import largest_fitting
 from tflms.testbed import DEVICE_NICE, oom_message
-from tflms.testing.measure import MODELS, measure
+from tflms.testing.measure import measure
+from tflms.testing.zoo import MODELS
 
 
 def predicted(
@@ -66,7 +67,7 @@ def predicted(
     tf.config.experimental.enable_op_determinism()
 
     import tflms
-    from tflms.testing.measure import build
+    from tflms.testing.zoo import build
 
     _, x, y, step = build(model, 1, size)
     traced = tf.function(step)

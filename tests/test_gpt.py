@@ -1,4 +1,4 @@
-"""The GPT of tflms.testing.measure.MODELS (vocabulary 8000, width 256, 4 causal blocks) in the simulator
+"""The GPT of tflms.testing.zoo.MODELS (vocabulary 8000, width 256, 4 causal blocks) in the simulator
 and the autotuner, against what the test bed measured (tests/test_testbed.py measures it again)."""
 
 import contextlib
@@ -10,7 +10,7 @@ from tensorflow.python.framework import config as tf_config
 import tflms
 from tflms import LMSConfig, make_plan
 from tflms.plan.registry import replay
-from tflms.testing.measure import build
+from tflms.testing.zoo import build
 
 MiB = 1 << 20
 

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import tflms
 from tflms import _tf_internal as tfi
-from tflms.testing.measure import build
+from tflms.testing.zoo import build
 
 GPU = "/device:GPU:0"
 HOST = "/device:CPU:0"

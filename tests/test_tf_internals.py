@@ -90,7 +90,7 @@ def test_grappler_pushes_constants_down_as_the_simulator_assumes():
     from tflms.emulate.grappler import with_constant_pushdown
     from tflms.ir.graph import GraphModel
     from tflms.rewrite.apply import is_landing
-    from tflms.testing.measure import build
+    from tflms.testing.zoo import build
 
     from conftest import DEVICE, HOST
 
@@ -145,7 +145,7 @@ def test_grappler_removes_the_optimizers_identity_n_and_updates_start_before_the
     keeps the ``IdentityN`` as a barrier (see the README's limits). If a TensorFlow or Keras
     upgrade changes either, this fails."""
     from tflms.ir.graph import GraphModel
-    from tflms.testing.measure import build
+    from tflms.testing.zoo import build
 
     from conftest import DEVICE
 

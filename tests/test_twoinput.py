@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 import tflms
-from tflms.testing.measure import build
+from tflms.testing.zoo import build
 
 from conftest import DEVICE, HOST, SMALL
 from helpers import check_structure, check_survives_grappler, swap_ops

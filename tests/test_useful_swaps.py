@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import tflms
 from tflms.plan.candidates import RESIDENT_OP_TYPES, SHAPE_OP_TYPES, buffer_owner
-from tflms.testing.measure import build
+from tflms.testing.zoo import build
 
 from conftest import DEVICE, HOST
 

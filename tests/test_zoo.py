@@ -464,7 +464,7 @@ def test_the_measured_transformer_trains_bit_identically_with_swaps_recompute_an
     push-down paired the constant with the gradient instead of the softmax. Named under the
     softmax (:func:`tflms.rewrite.apply.landing_name`), it pairs as in the plain step. With fences
     it missed the same way until sums got none (:data:`tflms.plan.planner.UNFENCED_TYPES`)."""
-    from tflms.testing.measure import build
+    from tflms.testing.zoo import build
 
     model, x, y, step = build("transformer", 8)
     state = list(model.variables) + list(step.optimizer.variables)
@@ -502,7 +502,7 @@ def test_an_order_grappler_would_drop_waits_through_a_gate_in_the_graph_tensorfl
     control edge loses it. (Bit-identity of this plan: the test above, default options.)"""
     import networkx as nx
 
-    from tflms.testing.measure import build
+    from tflms.testing.zoo import build
 
     _, x, y, step = build("transformer", 8)
     cf = tf.function(step).get_concrete_function(x, y)

@@ -6,7 +6,7 @@ from typing import Any
 
 
 def decorated_step_reports_memory(model: str = "cnn", batch: int = 32, steps: int = 3) -> dict[str, Any]:
-    """A model of tflms.testing.measure.MODELS through ``@tflms.function`` with the test bed's device and host:
+    """A model of tflms.testing.zoo.MODELS through ``@tflms.function`` with the test bed's device and host:
     losses of the plain and rewritten steps from the same state (one warm-up step, then
     ``steps``), each one's steady-state measured peak, and the rewritten step's
     ``LMSFunction.memory_report`` over the same steps next to the prediction."""
@@ -14,7 +14,7 @@ def decorated_step_reports_memory(model: str = "cnn", batch: int = 32, steps: in
 
     import tflms
     from tflms import testbed
-    from tflms.testing.measure import build
+    from tflms.testing.zoo import build
 
     tf.config.experimental.enable_op_determinism()
     keras_model, x, y, step = build(model, batch)
@@ -40,14 +40,14 @@ def decorated_step_reports_memory(model: str = "cnn", batch: int = 32, steps: in
 
 
 def planned_peak(model: str = "transformer", batch: int = 8, **options: Any) -> int:
-    """The predicted peak of the test bed's plan for a model of tflms.testing.measure.MODELS under ``options``,
+    """The predicted peak of the test bed's plan for a model of tflms.testing.zoo.MODELS under ``options``,
     made in a fresh process as :func:`tflms.testing.measure.anatomy_step` makes it (graph names and so
     ties in the simulator's order depend on what the process traced before)."""
     import tensorflow as tf
 
     import tflms
     from tflms import testbed
-    from tflms.testing.measure import build
+    from tflms.testing.zoo import build
 
     _, x, y, step = build(model, batch)
     cf = tf.function(step).get_concrete_function(x, y)
@@ -102,7 +102,7 @@ def update_copies(model: str = "cnn", batch: int = 32, warmup: int = 2, profiled
     import tflms
     from tflms import _tf_internal as tfi
     from tflms import testbed
-    from tflms.testing.measure import build
+    from tflms.testing.zoo import build
 
     tf.config.experimental.enable_op_determinism()
     keras_model, x, y, step = build(model, batch)
@@ -144,7 +144,7 @@ def tile_allocations(model: str = "cnn", batch: int = 32, warmup: int = 1) -> di
     import tflms
     from tflms import _tf_internal as tfi
     from tflms import testbed
-    from tflms.testing.measure import build
+    from tflms.testing.zoo import build
 
     tf.config.experimental.enable_op_determinism()
     keras_model, x, y, step = build(model, batch)
@@ -201,7 +201,7 @@ def remote_function_then(fail: str = "error", mib: int = 64) -> None:
             float(tf.reduce_sum(tf.ones((mib, 2**18))))
         elif fail == "budget":
             import tflms
-            from tflms.testing.measure import build
+            from tflms.testing.zoo import build
 
             _, x, y, step = build("cnn", 4, 16)
             tflms.function(step, device=testbed.DEVICE, host=testbed.HOST, budget=1024)(x, y)
@@ -235,14 +235,14 @@ def keras_mlp(
 def cnn_step(batch: int = 16, size: int = 32) -> tuple:
     """A training step of tflms.testing.measure's CNN and its inputs, ``(step, (x, y))``: the other kind of
     factory ``tflms.testbed.measure_model`` takes."""
-    from tflms.testing.measure import build
+    from tflms.testing.zoo import build
 
     _, x, y, step = build("cnn", batch, size)
     return step, (x, y)
 
 
 def gpt_steps(batch: int = 8, steps: int = 2, options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The GPT of tflms.testing.measure.MODELS as a user trains it (op determinism off: TensorFlow's fused
+    """The GPT of tflms.testing.zoo.MODELS as a user trains it (op determinism off: TensorFlow's fused
     ``SparseSoftmaxCrossEntropyWithLogits``, not its deterministic composite): one warm-up step and
     ``steps`` more, plain or (``options`` not None) rewritten by ``tflms.optimize`` with them.
     Returns the steady-state measured peak (``peak``, the warm-up excluded), ``peaks``, ``losses``,
@@ -254,7 +254,7 @@ def gpt_steps(batch: int = 8, steps: int = 2, options: dict[str, Any] | None = N
 
     import tflms
     from tflms import testbed
-    from tflms.testing.measure import build
+    from tflms.testing.zoo import build
 
     _, x, y, step = build("gpt", batch)
     cf = tf.function(step).get_concrete_function(x, y)

@@ -219,7 +219,7 @@ def optimize(
     Example (a small CNN's Adam step; without a GPU, or ``device=``, a warning says
     the step runs unrewritten, and ``new_cf`` is ``cf``):
         >>> import tflms
-        >>> from tflms.testing.measure import build
+        >>> from tflms.testing.zoo import build
         >>> model, x, y, train_step = build("cnn", batch=8, size=32)
         >>> cf = tf.function(train_step).get_concrete_function(x, y)
         >>> new_cf, plan = tflms.optimize(cf, swapout_threshold=20)
@@ -478,7 +478,7 @@ def function(
 
     Example (``build`` makes a small CNN, Adam and data; the decorator works on any step):
         >>> import tflms
-        >>> from tflms.testing.measure import build
+        >>> from tflms.testing.zoo import build
         >>> model, x, y, plain_step = build("cnn", batch=8, size=32)
         >>> @tflms.function(swapout_threshold=20, swapin_ahead=4)
         ... def train_step(x, y):

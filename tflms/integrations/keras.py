@@ -218,7 +218,7 @@ class LMSCallback(keras.callbacks.Callback):
     Example (one process; ``device=None`` is the first GPU, and without one the step
     trains unrewritten, with a warning):
         >>> import keras, tensorflow as tf, tflms
-        >>> from tflms.testing.measure import build
+        >>> from tflms.testing.zoo import build
         >>> model, x, y, _ = build("cnn", batch=32, size=32)
         >>> model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
         >>> ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)
@@ -504,7 +504,7 @@ def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
     Example (for ``cb.plan`` after ``fit`` with ``cb = LMSCallback(...)``; here a plan of
     :func:`tflms.optimize`):
         >>> import tensorflow as tf, tflms
-        >>> from tflms.testing.measure import build
+        >>> from tflms.testing.zoo import build
         >>> _, x, y, train_step = build("cnn", batch=16, size=64)
         >>> cf = tf.function(train_step).get_concrete_function(x, y)
         >>> plan = tflms.make_plan(tflms.GraphModel.from_func_graph(cf.graph), tflms.LMSConfig(swapout_threshold=20))

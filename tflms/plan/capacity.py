@@ -123,7 +123,7 @@ def max_batch_size(
 
     Example (a small CNN; the figures are the simulator's):
         >>> import tflms
-        >>> from tflms.testing.measure import build
+        >>> from tflms.testing.zoo import build
         >>> model = build("cnn", batch=1, size=32)[0]
         >>> model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", jit_compile=False)
         >>> r = tflms.max_batch_size(model, "64MiB", rel_tol=0.05, bound=True)

@@ -17,7 +17,7 @@ Example (``new_cf, plan = tflms.optimize(cf)`` gives a plan that remembers its
 model, and then ``tflms.plot_plan(plan, "memory.png")`` is enough)::
 
     >>> import tempfile, tensorflow as tf, tflms
-    >>> from tflms.testing.measure import build
+    >>> from tflms.testing.zoo import build
     >>> model, x, y, train_step = build("cnn", batch=8, size=32)
     >>> cf = tf.function(train_step).get_concrete_function(x, y)
     >>> graph = tflms.GraphModel.from_func_graph(cf.graph)
@@ -414,7 +414,7 @@ def plot_memory(
     Example (the module's example has the imports; a plan tuned to a budget also
     draws the budget line):
         >>> import tempfile, tensorflow as tf, tflms
-        >>> from tflms.testing.measure import build
+        >>> from tflms.testing.zoo import build
         >>> _, x, y, train_step = build("cnn", batch=8, size=32)
         >>> model = tflms.GraphModel.from_func_graph(tf.function(train_step).get_concrete_function(x, y).graph)
         >>> budget = int(0.9 * tflms.simulate(model, ()).peak_bytes)
@@ -454,7 +454,7 @@ def plot_plan(plan: SwapPlan, path: str | pathlib.Path, model: GraphModel | None
 
     Example:
         >>> import tempfile, tensorflow as tf, tflms
-        >>> from tflms.testing.measure import build
+        >>> from tflms.testing.zoo import build
         >>> model, x, y, train_step = build("cnn", batch=8, size=32)
         >>> cf = tf.function(train_step).get_concrete_function(x, y)
         >>> graph = tflms.GraphModel.from_func_graph(cf.graph)

@@ -1,0 +1,202 @@
+"""The model zoo that the tests, the benchmarks and the demo share: seeded models with synthetic data.
+
+:func:`build` gives ``(model, x, y, train_step)`` for a model of :data:`MODELS` (an Adam step
+with the sparse cross-entropy); :func:`fit_data` the same model compiled for ``model.fit``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["GPT_VOCAB", "MODELS", "build", "fit_data"]
+
+
+def _cnn(size: int) -> Any:
+    import keras
+
+    L = keras.layers
+    layers: list[Any] = [keras.Input((size, size, 3))]
+    for filters in (32, 32, 64, 64, 128):
+        layers += [L.Conv2D(filters, 3, padding="same"), L.BatchNormalization(), L.ReLU()]
+        if filters != 32 or len(layers) > 4:
+            layers.append(L.MaxPooling2D())
+    layers += [L.GlobalAveragePooling2D(), L.Dense(10)]
+    return keras.Sequential(layers)
+
+
+def _resnet50(size: int) -> Any:
+    import keras
+
+    return keras.applications.ResNet50(
+        weights=None, input_shape=(size, size, 3), classes=10, classifier_activation=None
+    )
+
+
+def _densenet121(size: int) -> Any:
+    import keras
+
+    return keras.applications.DenseNet121(
+        weights=None, input_shape=(size, size, 3), classes=10, classifier_activation=None
+    )
+
+
+def _transformer(seq: int, dim: int = 256, heads: int = 8, layers: int = 2) -> Any:
+    import keras
+
+    L = keras.layers
+    inp = keras.Input((seq, dim))
+    h = inp
+    for _ in range(layers):
+        a = L.MultiHeadAttention(num_heads=heads, key_dim=dim // heads)(h, h)
+        h = L.LayerNormalization()(h + a)
+        f = L.Dense(dim * 4, activation="gelu")(h)
+        h = L.LayerNormalization()(h + L.Dense(dim)(f))
+    out = L.Dense(10)(L.GlobalAveragePooling1D()(h))
+    return keras.Model(inp, out)
+
+
+def _twoinput(size: int) -> Any:
+    """A subclassed two-input model that overrides ``train_step``: four Conv2D (ReLU) + MaxPool2D
+    stages on a ``size``-pixel image, a Dense branch on a 64-wide vector, concatenated, a Dense
+    head: the model of issue 57. At 128 px and batch 32 its first stage's output is 64 MiB and the
+    plain step measures 228-289 MiB per step on the test bed (tests/test_testbed.py)."""
+    import keras
+    import tensorflow as tf
+
+    L = keras.layers
+
+    class TwoInput(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.convs = [L.Conv2D(c, 3, padding="same", activation="relu") for c in (32, 64, 128, 256)]
+            self.pools = [L.MaxPooling2D() for _ in self.convs]
+            self.flatten = L.Flatten()
+            self.vector = L.Dense(64, activation="relu")
+            self.concat = L.Concatenate()
+            self.hidden = L.Dense(128, activation="relu")
+            self.head = L.Dense(10)
+
+        def call(self, inputs: Any, training: bool = False) -> Any:
+            image, vector = inputs
+            h = image
+            for conv, pool in zip(self.convs, self.pools):
+                h = pool(conv(h))
+            h = self.concat([self.flatten(h), self.vector(vector)])
+            return self.head(self.hidden(h))
+
+        def train_step(self, data: Any) -> dict[str, Any]:
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(x=x, y=y, y_pred=y_pred)
+            grads = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply_gradients(zip(grads, self.trainable_variables))
+            for metric in self.metrics:
+                if metric.name == "loss":
+                    metric.update_state(loss)
+                else:
+                    metric.update_state(y, y_pred)
+            return {m.name: m.result() for m in self.metrics}
+
+    model = TwoInput()
+    model((keras.ops.zeros((1, size, size, 3)), keras.ops.zeros((1, 64))))  # builds the weights
+    return model
+
+
+def _encoder(seq: int) -> Any:
+    """The transformer's blocks, 8 deep: a small encoder (BERT-base has 12 blocks of width 768)."""
+    return _transformer(seq, layers=8)
+
+
+#: The GPT's vocabulary: its logits at batch 24 and sequence 256 are one 187.5 MiB tensor.
+GPT_VOCAB = 8000
+
+
+def _gpt(seq: int, vocab: int = GPT_VOCAB, dim: int = 256, heads: int = 8, layers: int = 4) -> Any:
+    """A small GPT: token and learned position embeddings, ``layers`` pre-norm blocks of causal
+    self-attention and a GELU MLP, a final norm and the logits over ``vocab`` tokens per position."""
+    import keras
+
+    L = keras.layers
+    tokens = keras.Input((seq,), dtype="int32")
+    h = L.Embedding(vocab, dim)(tokens)
+    h = h + L.Embedding(seq, dim)(keras.ops.arange(seq))  # broadcast over the batch
+    for _ in range(layers):
+        a = L.LayerNormalization()(h)
+        h = h + L.MultiHeadAttention(num_heads=heads, key_dim=dim // heads)(a, a, use_causal_mask=True)
+        f = L.Dense(dim * 4, activation="gelu")(L.LayerNormalization()(h))
+        h = h + L.Dense(dim)(f)
+    return keras.Model(tokens, L.Dense(vocab)(L.LayerNormalization()(h)))
+
+
+#: name -> (builder(size), default size, input shape from size). ``size`` is the image
+#: side for CNNs and the sequence length for the transformer (width 256, 2 blocks),
+#: the encoder (the same blocks, 8 deep) and the GPT (:func:`_gpt`: vocabulary
+#: :data:`GPT_VOCAB`, width 256, 4 causal blocks; its inputs are token ids and its labels
+#: the next token at every position).
+MODELS: dict[str, tuple[Callable[[int], Any], int, Callable[[int], tuple[int, ...] | list[tuple[int, ...]]]]] = {
+    "cnn": (_cnn, 64, lambda s: (s, s, 3)),
+    "resnet50": (_resnet50, 96, lambda s: (s, s, 3)),
+    "densenet121": (_densenet121, 64, lambda s: (s, s, 3)),
+    "transformer": (_transformer, 256, lambda s: (s, 256)),
+    "encoder": (_encoder, 256, lambda s: (s, 256)),
+    "gpt": (_gpt, 256, lambda s: (s,)),
+    "twoinput": (_twoinput, 128, lambda s: [(s, s, 3), (64,)]),
+}
+
+
+def build(name: str, batch: int, size: int | None = None, seed: int = 0) -> tuple[Any, Any, Any, Callable]:
+    """``(model, x, y, train_step)`` for a model of :data:`MODELS`, seeded and deterministic."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    if name not in MODELS:
+        raise ValueError(f"unknown model for measuring; use one of {', '.join(MODELS)}. Received: name={name!r}")
+    builder, default, shape_of = MODELS[name]
+    size = size or default
+    keras.utils.set_random_seed(seed)
+    model = builder(size)
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(model.trainable_variables)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    rng = np.random.default_rng(seed)
+    shapes = shape_of(size)
+    if name == "gpt":  # token ids in, the next token at every position out
+        x = tf.constant(rng.integers(0, GPT_VOCAB, size=(batch, *shapes)).astype("int32"))
+        y = tf.constant(rng.integers(0, GPT_VOCAB, size=(batch, *shapes)).astype("int32"))
+    else:  # a model with several inputs (twoinput: an image and a vector) takes a tuple
+        x = (
+            tuple(tf.constant(rng.normal(size=(batch, *shape)).astype("float32")) for shape in shapes)
+            if isinstance(shapes, list)
+            else tf.constant(rng.normal(size=(batch, *shapes)).astype("float32"))
+        )
+        y = tf.constant(rng.integers(0, 10, size=(batch,)).astype("int32"))
+
+    def train_step(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    train_step.optimizer = optimizer
+    return model, x, y, train_step
+
+
+def fit_data(name: str, batch: int, size: int | None = None, seed: int = 0) -> tuple[Any, Any, Any]:
+    """``(model, x, y)`` for ``model.fit``: a model of :data:`MODELS` compiled with Adam and the
+    sparse cross-entropy of :func:`build`, and one batch of its data (``x``, ``y`` as tensors of
+    ``batch`` rows). A factory for :func:`tflms.testbed.measure_model`:
+    ``measure_model("tflms.testing.zoo:fit_data", {"name": "resnet50", "batch": 16}, batch_size=16)``.
+    """
+    import keras
+
+    model, x, y, _ = build(name, batch, size, seed)
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
+    return model, x, y
