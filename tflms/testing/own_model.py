@@ -10,6 +10,7 @@ import importlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -31,12 +32,12 @@ class ModelRun:
     ``'oom'``, ``'budget'`` or ``'error'``; ``result`` has its ``error`` output, ``oom``
     report and what it ``raised``). Per step, the warm-up steps included and in order: ``peaks``
     (bytes: the device's measured peak during the step), ``held`` (bytes in use on the device
-    as the step began: weights, optimizer slots, and any input data held in device memory) and
-    ``losses``. A run that failed part way keeps the steps it finished. ``loaded`` is the
-    device's bytes in use once the factory had returned (the model and the data it made, before
+    as the step began: weights, optimizer slots, and any input data held in device memory),
+    ``losses`` and ``seconds`` (the step's wall time). A run that failed part way keeps the
+    steps it finished. ``loaded`` is the device's bytes in use once the factory had returned (the model and the data it made, before
     any step). ``predicted`` and ``predicted_plain`` are the simulator's peaks of the rewritten
     and the plain step (``'lms'`` only, from its plan; None otherwise), ``n_swaps`` the plan's
-    number of swapped tensors.
+    number of swapped tensors and ``budget_text`` which budget it was made for.
     """
 
     way: str
@@ -50,6 +51,8 @@ class ModelRun:
     predicted: int | None = None
     predicted_plain: int | None = None
     n_swaps: int | None = None
+    seconds: list[float] = dataclasses.field(default_factory=list)
+    budget_text: str = ""
 
     @property
     def ok(self) -> bool:
@@ -243,6 +246,8 @@ def _model_run(way: str, result: MeasuredResult, records: list[dict[str, Any]], 
         predicted=info.get("predicted"),
         predicted_plain=info.get("predicted_plain"),
         n_swaps=info.get("n_swaps"),
+        seconds=[s["seconds"] for s in steps if "seconds" in s],
+        budget_text=info.get("budget_text", ""),
     )
 
 
@@ -302,8 +307,10 @@ def _measure_way(
         def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
             self.step = {"step": self.done, "held": memory()["current"]}
             reset_peak()
+            self.start = time.perf_counter()
 
         def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            self.step["seconds"] = time.perf_counter() - self.start
             self.step["peak"] = memory()["peak"]
 
         def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
@@ -355,11 +362,13 @@ def _measure_way(
             for i in range(total):
                 held = memory()["current"]
                 reset_peak()
-                loss = _loss_of(fn(*args))
-                write({"step": i, "held": held, "peak": memory()["peak"], "loss": loss})
+                start = time.perf_counter()
+                loss = _loss_of(fn(*args))  # a float: the step has finished
+                seconds = time.perf_counter() - start
+                write({"step": i, "held": held, "peak": memory()["peak"], "loss": loss, "seconds": seconds})
         plan = fn.get_plan(*args) if way == "lms" else None
     if plan is not None:
         write({"predicted": plan.peak_bytes_after, "predicted_plain": plan.peak_bytes_before})
-        write({"n_swaps": len(plan.swaps)})
+        write({"n_swaps": len(plan.swaps), "budget_text": plan.budget_text})
     log.close()
     return True

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["GPT_VOCAB", "MODELS", "build", "fit_data"]
+__all__ = ["GPT_VOCAB", "MODELS", "build", "fit_data", "train_step"]
 
 
 def _cnn(size: int) -> Any:
@@ -200,3 +200,10 @@ def fit_data(name: str, batch: int, size: int | None = None, seed: int = 0) -> t
         jit_compile=False,
     )
     return model, x, y
+
+
+def train_step(name: str, batch: int, size: int | None = None, seed: int = 0) -> tuple[Callable, tuple[Any, Any]]:
+    """``(step, (x, y))``: the training step of :func:`build` and its inputs, a factory for
+    :func:`tflms.testbed.measure_model` that trains through ``tflms.function``."""
+    _, x, y, step = build(name, batch, size, seed)
+    return step, (x, y)
