@@ -30,14 +30,15 @@ class ModelRun:
 
     ``status`` is the measured process's (:attr:`MeasuredResult.status`: ``'ok'``,
     ``'oom'``, ``'budget'`` or ``'error'``; ``result`` has its ``error`` output, ``oom``
-    report and what it ``raised``). Per step, the warm-up steps included and in order: ``peaks``
-    (bytes: the device's measured peak during the step), ``held`` (bytes in use on the device
-    as the step began: weights, optimizer slots, and any input data held in device memory),
-    ``losses`` and ``seconds`` (the step's wall time). A run that failed part way keeps the
-    steps it finished. ``loaded`` is the device's bytes in use once the factory had returned (the model and the data it made, before
-    any step). ``predicted`` and ``predicted_plain`` are the simulator's peaks of the rewritten
-    and the plain step (``'lms'`` only, from its plan; None otherwise), ``n_swaps`` the plan's
-    number of swapped tensors and ``budget_text`` which budget it was made for.
+    report and what it ``raised``). Per step, the warm-up steps included and in order:
+    ``peaks`` (bytes: the device's measured peak during the step), ``held`` (bytes in use on
+    the device as the step began: weights, optimizer slots, and any input data held in device
+    memory), ``losses`` and ``seconds`` (the step's wall time). A run that failed part way
+    keeps the steps it finished. ``loaded`` is the device's bytes in use once the factory had
+    returned (the model and the data it made, before any step). ``predicted`` and
+    ``predicted_plain`` are the simulator's peaks of the rewritten and the plain step
+    (``'lms'`` only, from its plan; None otherwise), ``n_swaps`` the plan's number of swapped
+    tensors and ``budget_text`` which budget it was made for.
     """
 
     way: str
