@@ -33,34 +33,35 @@ lint: install
 	$(PY) -m ruff check tflms tests benchmarks
 	$(PY) -m ruff format --check tflms tests benchmarks
 
-# Test tiers (markers set by path in tests/conftest.py; see the README's Tests section).
-# `make test` runs every tier: the unit tier first (seconds, no TensorFlow) so that it
-# fails fast, before the Horovod build; then integration, distributed, docs and gpu (the
-# gpu tier skips without a GPU) in two pytest runs: first the tests whose outcome is numbers
-# and graphs (the Horovod jobs included), TEST_WORKERS processes at once (pytest-xdist; each
-# file in one process, so that module-scoped fixtures and zoo.shared steps are made once);
-# then, alone on the machine, the ones that measure memory (marker `measured`).
+# Test tiers: every test module names its tier with a marker (tests/conftest.py lists them).
+# `make test` runs every tier: the unit tier first (seconds, no TensorFlow) so that it fails
+# fast, before the Horovod build; then the docs site's strict build; then integration,
+# distributed, docs and gpu (the gpu tier skips without a GPU) in two pytest runs: first the
+# tests whose outcome is numbers and graphs (the Horovod jobs included), TEST_WORKERS processes
+# at once (pytest-xdist; each file in one process, so that module-scoped fixtures and
+# zoo.shared steps are made once); then, alone on the machine, the ones that measure memory
+# (marker `measured`).
 TEST_WORKERS ?= 2
 QUIET := measured
-test: test-unit horovod lint
-	$(PYTEST) tests --ignore=tests/unit --doctest-modules $(DOCTESTS) -m "not ($(QUIET))" -n $(TEST_WORKERS) --dist loadfile --durations=15
-	$(PYTEST) tests --ignore=tests/unit -m "$(QUIET)" --durations=10
+test: test-unit horovod lint docs
+	$(PYTEST) tests --doctest-modules $(DOCTESTS) -m "not unit and not ($(QUIET))" -n $(TEST_WORKERS) --dist loadfile --durations=15
+	$(PYTEST) tests -m "not unit and ($(QUIET))" --durations=10
 
 test-unit: install
-	$(PYTEST) tests/unit
+	$(PYTEST) tests -m unit
 
 test-integration: install
-	$(PYTEST) tests --ignore=tests/unit -m integration
+	$(PYTEST) tests -m integration
 
 test-distributed: horovod
-	$(PYTEST) tests --ignore=tests/unit -m distributed
+	$(PYTEST) tests -m distributed
 
 test-docs: install
-	$(PYTEST) tests --ignore=tests/unit -m docs --doctest-modules $(DOCTESTS)
+	$(PYTEST) tests -m docs --doctest-modules $(DOCTESTS)
 
 # Here a missing GPU is a failure, not a skip.
 test-gpu: install
-	TFLMS_TEST_GPU=1 $(PYTEST) tests --ignore=tests/unit -m gpu
+	TFLMS_TEST_GPU=1 $(PYTEST) tests -m gpu
 
 # The documentation site (mkdocs.yml, docs/) into build/site; --strict: a broken link or an
 # API reference that does not resolve fails the build.

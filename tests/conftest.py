@@ -1,26 +1,29 @@
 """Test tiers, and the CPU split into two logical devices before TensorFlow starts.
 
-Tiers (markers given by path below; select one with ``-m``):
+Tiers: every test module names its tier with ``pytestmark = pytest.mark.<tier>`` (a test
+may name its own instead); select one with ``-m``. ``tests/`` mirrors the package
+(``tests/plan`` tests ``tflms.plan``, and so on).
 
-- ``unit``: ``tests/unit/``, hand-built graphs, no TensorFlow (checked: a unit-only
-  session fails if anything imports ``tensorflow``); ``pytest tests/unit``.
+- ``unit``: hand-built graphs, no TensorFlow (checked: a unit-only session fails if
+  anything imports ``tensorflow``); ``pytest -m unit tests``.
 - ``integration``: the one-process CPU device pair and the two-process test bed; the
   long cases are also ``slow`` (``-m "integration and not slow"``).
 - ``distributed``: Horovod jobs launched with ``horovodrun``.
 - ``docs``: the README, the notebook, the command line as documented, the doctests.
 - ``gpu``: needs a GPU; skipped without one, failed instead when ``TFLMS_TEST_GPU=1``.
 
-Across tiers, ``measured`` marks the tests whose outcome depends on a quiet machine: they
-measure device memory on the two-process test bed (a swapped tensor stays on the device
-until the host worker has received it, so a busy CPU raises the measured peak) or on a
-GPU. ``make test`` runs them in a second pytest run of their own, after the other tests
-(the Horovod jobs included) ran in two processes at once (``pytest -n 2 --dist loadfile``:
-their outcome is numbers and graphs, not time; each file's tests run in one process, so that
-its module-scoped fixtures, e.g. a 2-rank Horovod job, and ``zoo.shared`` steps are made once).
+Across tiers, ``slow`` marks the tests that take minutes on 2 CPU cores, and ``measured``
+the tests whose outcome depends on a quiet machine: they measure device memory on the
+two-process test bed (a swapped tensor stays on the device until the host worker has
+received it, so a busy CPU raises the measured peak) or on a GPU. ``make test`` runs them in
+a second pytest run of their own, after the other tests (the Horovod jobs included) ran in
+two processes at once (``pytest -n 2 --dist loadfile``: their outcome is numbers and graphs,
+not time; each file's tests run in one process, so that its module-scoped fixtures, e.g. a
+2-rank Horovod job, and ``zoo.shared`` steps are made once).
 
 For every tier but ``unit``, ``/device:CPU:1`` plays the GPU (the compute device) and
 ``/device:CPU:0`` the host: the split is made the first time pytest collects a module
-outside ``tests/unit``, before that file (or anything it imports) runs a TensorFlow op.
+that is not of the unit tier, before that file (or anything it imports) runs a TensorFlow op.
 This module imports no TensorFlow itself, so ``from conftest import DEVICE, HOST`` and
 a unit-only session stay free of it.
 """
@@ -44,35 +47,16 @@ DEVICE = "/device:CPU:1"
 SMALL = {"min_bytes": 4096}
 HOST = "/device:CPU:0"
 
-TESTS = Path(__file__).resolve().parent
-UNIT = TESTS / "unit"
 
 TIERS = {
-    "unit": "hand-built graphs, no TensorFlow (tests/unit)",
+    "unit": "hand-built graphs, no TensorFlow",
     "integration": "TensorFlow on the one-process CPU device pair or the two-process test bed",
     "distributed": "Horovod jobs launched with horovodrun",
     "docs": "README, notebook, the documented command line, doctests",
     "gpu": "needs a GPU: skipped without one, failed when TFLMS_TEST_GPU=1",
 }
-DISTRIBUTED_FILES = {"test_horovod.py", "test_horovod_keras.py"}
-DOCS_FILES = {"test_readme.py", "test_notebook.py"}
-# test_cli.py: the demo (`make run`) and the console script as the README shows them.
-DOCS_TESTS = ("test_cli.py::test_demo_", "test_cli.py::test_console_script_")
-GPU_FILES = {"test_gpu.py"}
-# Real device memory on the two-process test bed: run on a quiet machine (not with -n 2).
-MEASURED_TESTS = ("test_testbed.py::", "test_keras_memory.py::", "test_cli.py::test_demo_", "test_gpu.py::")
-# Minutes rather than seconds on 2 CPU cores (real-memory measurements in fresh processes,
-# ResNet50 steps, the notebook, the demo): matched against "file.py::test_name[params]".
-SLOW_TESTS = (
-    "resnet50",
-    "test_testbed.py::test_rewritten_step_measures_less_than_plain",
-    "test_testbed.py::test_tflms_function_frees_memory",
-    "test_testbed.py::test_recompute_frees",
-    "test_keras_memory.py::test_measured_and_predicted_peaks",
-    "test_keras_memory.py::test_no_measured_entry_without_the_bfc_allocator",
-    "test_notebook.py::test_notebook_runs",
-    "test_cli.py::test_demo_",
-)
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 
 _tf_configured = False
 
@@ -90,8 +74,9 @@ def configure_tensorflow() -> None:
     _tf_configured = True
 
 
-def _is_unit(path: Path) -> bool:
-    return UNIT == path or UNIT in path.parents
+def _declares_unit(path: Path) -> bool:
+    """Whether the test module at ``path`` declares the unit tier (read before it is imported)."""
+    return path.name.startswith("test_") and "\npytestmark = pytest.mark.unit\n" in path.read_text()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -101,40 +86,40 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "measured: measures memory on the test bed; run it on a quiet machine")
 
 
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    # ``-m unit`` alone: the other tiers' modules are not even imported (they import TensorFlow,
+    # which a unit-only session must not).
+    if config.getoption("markexpr") == "unit" and collection_path.suffix == ".py":
+        return not _declares_unit(collection_path)
+    return None
+
+
 def pytest_collectstart(collector: pytest.Collector) -> None:
     # A module collector starts before pytest imports its module: set TensorFlow up before
-    # the first module outside tests/unit (a test module, or a doctest module of tflms/)
-    # or anything it imports can use it. (pytest_collect_file would be too early: it is
-    # called for every file of a directory, also those a unit-only session then skips.)
-    if isinstance(collector, pytest.Module) and not _is_unit(Path(str(collector.path)).resolve()):
+    # the first module that is not of the unit tier (a test module, or a doctest module of
+    # tflms/) or anything it imports can use it.
+    if isinstance(collector, pytest.Module) and not _declares_unit(Path(str(collector.path)).resolve()):
         configure_tensorflow()
 
 
-def tier_of(item: pytest.Item) -> str:
-    path = Path(str(item.path)).resolve()
-    nodeid = item.nodeid.split("/")[-1]
-    if _is_unit(path):
-        return "unit"
-    if TESTS not in path.parents:
-        return "docs"  # --doctest-modules tflms/...
-    if path.name in GPU_FILES:
-        return "gpu"
-    if path.name in DISTRIBUTED_FILES:
-        return "distributed"
-    if path.name in DOCS_FILES or nodeid.startswith(DOCS_TESTS):
-        return "docs"
-    return "integration"
+def tier_of(item: pytest.Item) -> str | None:
+    """The item's tier: its closest tier marker (a test's own, else its module's ``pytestmark``)."""
+    return next((m.name for m in item.iter_markers() if m.name in TIERS), None)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    untiered = []
     for item in items:
-        item.add_marker(tier_of(item))
-        nodeid = item.nodeid.split("/")[-1]
-        if any(part in nodeid for part in SLOW_TESTS):
-            item.add_marker("slow")
-        if nodeid.startswith(MEASURED_TESTS):
-            item.add_marker("measured")
+        if TESTS not in Path(str(item.path)).resolve().parents:
+            item.add_marker("docs")  # --doctest-modules tflms/...
+        elif tier_of(item) is None:
+            untiered.append(item.nodeid)
+    if untiered:
+        raise pytest.UsageError(
+            "every test names its tier with a marker (pytestmark = pytest.mark.<tier> in its module, or on "
+            f"the test): one of {', '.join(TIERS)}. Without one: {', '.join(untiered[:5])}"
+        )
 
 
 def _unit_only(session: pytest.Session) -> bool:
@@ -161,7 +146,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         report.outcome = "failed"
         report.longrepr = (
             "tensorflow was imported in a unit-only session (by this test, or before it at collection): "
-            "tests/unit must not need TensorFlow; move the test out of tests/unit"
+            "a unit test must not need TensorFlow; mark it integration instead"
         )
     return report
 
@@ -171,4 +156,4 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         tr = session.config.pluginmanager.get_plugin("terminalreporter")
         if tr is not None:
-            tr.write_line("ERROR: tensorflow was imported during a unit-only session (tests/unit)", red=True)
+            tr.write_line("ERROR: tensorflow was imported during a unit-only session", red=True)

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+# Tiers per test: the command line as the docs show it (the demo, the console script) is "docs".
+
 # No GPU in the subprocesses: `tflms demo` takes its test-bed path (the one these tests check)
 # on a GPU machine too, and `tflms plan` only simulates.
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": "-1"}
@@ -18,6 +20,9 @@ def tflms(*args, timeout=300):
     )
 
 
+@pytest.mark.docs
+@pytest.mark.slow
+@pytest.mark.measured
 def test_demo_shows_a_real_out_of_memory_plain_and_real_training_with_tflms():
     """``tflms demo`` on a machine without GPU: the test bed, a real cap, both measured peaks.
 
@@ -59,6 +64,7 @@ def test_demo_shows_a_real_out_of_memory_plain_and_real_training_with_tflms():
     assert saved and abs(int(saved.group(1)) - 100 * (1 - measured_lms / measured_plain)) <= 1.5, out
 
 
+@pytest.mark.integration
 def test_plan_writes_json_that_fits_the_budget(tmp_path):
     path = tmp_path / "plan.json"
     r = tflms(
@@ -96,6 +102,7 @@ def test_plan_writes_json_that_fits_the_budget(tmp_path):
     assert "tflms plan for train_step" in r.stdout
 
 
+@pytest.mark.integration
 def test_plan_serializes_by_default_and_writes_its_orders(tmp_path):
     path = tmp_path / "plan.json"
     args = ("--batch", "64", "--input-shape", "96,96,3", "--classes", "10", "--json", str(path))
@@ -109,6 +116,7 @@ def test_plan_serializes_by_default_and_writes_its_orders(tmp_path):
     assert f"memory-aware schedule: {n} ordering edge{'s' * (n != 1)} (" in r.stdout
 
 
+@pytest.mark.integration
 def test_plan_splits_sums_and_swaps_gradients_when_asked(tmp_path):
     from tflms.plan.passes.sums import term_order
 
@@ -123,6 +131,7 @@ def test_plan_splits_sums_and_swaps_gradients_when_asked(tmp_path):
     assert f"sums added as their terms arrive: {n} AddN ops" in r.stdout
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args, code, message",
     [
@@ -234,6 +243,7 @@ def last_line(r):
     return [line for line in r.stderr.splitlines() if line.strip()][-1]
 
 
+@pytest.mark.docs
 def test_console_script_plans_a_segmentation_factory_from_the_current_directory(project):
     work, _ = project
     r = console(project, "plan", "mymodels:unet", "--batch", "8", "--json", "unet.json", "--rows", "3")
@@ -245,6 +255,7 @@ def test_console_script_plans_a_segmentation_factory_from_the_current_directory(
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.docs
 def test_console_script_plans_a_two_input_model_and_prints_budgets_in_both_units(project):
     work, _ = project
     r = console(project, "plan", "mymodels:two_inputs", "--batch", "4", "--budget", "16 GB", "--max-batch",
@@ -262,6 +273,7 @@ def test_console_script_plans_a_two_input_model_and_prints_budgets_in_both_units
     assert json.loads((work / "two.json").read_text())["options"]["budget"] == 16 * 2**30
 
 
+@pytest.mark.integration
 def test_labels_that_cannot_be_derived_fail_in_one_line_and_the_options_fix_them(project):
     r = console(project, "plan", "mymodels:own_loss", "--batch", "4")
     assert r.returncode == 1
@@ -273,6 +285,7 @@ def test_labels_that_cannot_be_derived_fail_in_one_line_and_the_options_fix_them
     assert "labels (None,) int32" in r.stdout
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -296,6 +309,7 @@ def test_factory_errors_are_one_line(project, args, message):
 BANNER = "oneDNN custom operations are on"
 
 
+@pytest.mark.integration
 def test_the_demo_says_how_many_steps_each_run_trains_and_prints_a_loss_for_each(monkeypatch, capsys):
     """The header names the warm-up and the measured steps, and the loss line labels the
     warm-up's loss: as many losses as steps trained. The measurements are replaced here (the
@@ -346,6 +360,7 @@ if os.environ.get("FAKE_TF_ABORT"):
 """
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "level, expected",
     [
@@ -380,6 +395,7 @@ def test_tensorflows_load_time_log_lines_follow_the_log_level_and_come_once(tmp_
     assert r.stderr.splitlines() == expected
 
 
+@pytest.mark.integration
 def test_what_was_written_before_a_crash_during_the_import_still_shows(tmp_path):
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "__init__.py").write_text(FAKE_TENSORFLOW)
@@ -391,6 +407,7 @@ def test_what_was_written_before_a_crash_during_the_import_still_shows(tmp_path)
     assert "loader.cc:7] a real error" in r.stderr and "a Python warning" in r.stderr and BANNER not in r.stderr
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("level, banners", [(None, 0), ("0", 1)])
 def test_the_command_line_prints_tensorflows_onednn_banner_at_most_once(level, banners):
     """The real TensorFlow, through ``python -m tflms`` (a command that imports it and fails fast,

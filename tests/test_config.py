@@ -5,6 +5,8 @@ import pytest
 
 from tflms import LMSConfig
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.mark.parametrize(
     "kwargs, name",

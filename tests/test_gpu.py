@@ -6,11 +6,14 @@ failure instead (tests/conftest.py). The peak is the allocator's own
 """
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tflms
 from tflms import _tf_internal as tfi
 from tflms.testing.zoo import build
+
+pytestmark = pytest.mark.gpu
 
 GPU = "/device:GPU:0"
 HOST = "/device:CPU:0"
@@ -37,6 +40,7 @@ def _train(lms: bool, steps: int = 3):
     return np.array(losses), peak, plan
 
 
+@pytest.mark.measured
 def test_rewritten_step_on_the_gpu_trains_like_plain_with_a_lower_real_peak():
     plain_losses, plain_peak, _ = _train(lms=False)
     lms_losses, lms_peak, plan = _train(lms=True)
@@ -49,6 +53,7 @@ def test_rewritten_step_on_the_gpu_trains_like_plain_with_a_lower_real_peak():
     assert lms_peak < plain_peak, (lms_peak, plain_peak, plan.summary())
 
 
+@pytest.mark.measured
 def test_demo_on_the_gpu_runs_the_plain_step_out_of_memory_and_trains_with_tflms():
     """``tflms demo`` on a GPU: the same three runs as on the test bed (tests/test_cli.py), with
     GPU 0's memory, measured by TensorFlow's GPU allocator and capped for real."""

@@ -3,9 +3,12 @@ TensorFlow upgrade points at tflms/_tf_internal.py."""
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tflms import _tf_internal as tfi
+
+pytestmark = pytest.mark.integration
 
 
 def _step():

@@ -1,0 +1,147 @@
+"""LMSCallback's measured device peak, next to the predicted one, in the epoch logs.
+
+The measurement needs an allocator that reports its memory: a GPU, or a CPU in a
+process started with ``TF_CPU_ALLOCATOR_USE_BFC=true`` (a subprocess here). The two
+logical CPUs of that process share one allocator, so only the presence and
+plausibility of the numbers can be checked, not what swapping saves.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import tensorflow as tf
+
+from tflms.integrations.keras import MEASURED_PEAK_KEY, PREDICTED_PEAK_KEY, LMSCallback
+
+import zoo
+from conftest import DEVICE, SMALL
+
+pytestmark = pytest.mark.integration
+
+HOG_BYTES = 64 * 2**20
+
+SCRIPT = textwrap.dedent(
+    f"""
+    import json
+
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+    import keras
+    import numpy as np
+
+    import tflms
+
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    model = keras.Sequential([keras.Input((64,))] + [L.Dense(512, activation="relu") for _ in range(4)] + [L.Dense(10)])
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(256, 64)).astype("float32")
+    y = rng.integers(0, 10, size=(256,))
+
+
+    class Hog(keras.callbacks.Callback):
+        # After the LMSCallback (which resets the statistics): {HOG_BYTES} bytes on the device in epoch 0 only.
+        def on_epoch_begin(self, epoch, logs=None):
+            if epoch == 0:
+                with tf.device("/device:CPU:1"):
+                    t = tf.ones(({HOG_BYTES} // 4,), tf.float32)
+                float(tf.reduce_sum(t))
+                del t
+
+
+    lms = tflms.LMSCallback(
+        device="/device:CPU:1", host="/device:CPU:0", swapout_threshold=2, min_bytes=4096, verbose=1
+    )
+    history = model.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0, callbacks=[lms, Hog()])
+    print("RESULT " + json.dumps({{
+        "history": history.history,
+        "peak_before": lms.plan.peak_bytes_before,
+        "peak_after": lms.plan.peak_bytes_after,
+        "swaps": len(lms.plan.swaps),
+    }}))
+    """
+)
+
+
+def _run(env_extra):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env_extra}
+    r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    line = next(line for line in r.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :]), r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.measured
+def test_measured_and_predicted_peaks_are_epoch_logs_with_the_bfc_allocator():
+    result, out = _run({"TF_CPU_ALLOCATOR_USE_BFC": "true"})
+    history = result["history"]
+    assert result["swaps"] >= 1
+    # The predicted entry is the plan's predicted peak, every epoch.
+    assert history[PREDICTED_PEAK_KEY] == [result["peak_after"]] * 2
+    measured = history[MEASURED_PEAK_KEY]
+    assert len(measured) == 2 and all(m > 0 for m in measured)
+    # Epoch 0 saw the 64 MiB tensor allocated after the reset; epoch 1 (reset again) did not.
+    assert measured[0] >= HOG_BYTES > measured[1]
+    # Plausible: within a factor of 2 of the prediction (measured 16.7 MB vs 17.3 MB predicted when written).
+    assert 0.5 * result["peak_after"] < measured[1] < 2 * result["peak_before"]
+    # verbose=1 shows the measured peak of the first step next to the prediction, in two lines.
+    assert "measured peak of the first step:" in out and "predicted device peak (simulator):" in out
+
+
+@pytest.mark.slow
+@pytest.mark.measured
+def test_no_measured_entry_without_the_bfc_allocator_on_cpu():
+    result, out = _run({"TF_CPU_ALLOCATOR_USE_BFC": ""})
+    assert set(result["history"]) == {"loss"}
+    assert "predicted device peak (simulator):" in out and "measured peak" not in out
+
+
+@pytest.mark.measured
+def test_a_device_that_cannot_report_memory_adds_nothing_and_does_not_fail(monkeypatch):
+    setup = zoo.mlp()
+    setup.model.compile(optimizer=setup.optimizer, loss=setup.loss, jit_compile=False)
+    x, y = setup.x.numpy(), setup.y.numpy()
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
+
+    def refuse(device):
+        raise ValueError(f"memory info is not supported for {device}")
+
+    monkeypatch.setattr(tf.config.experimental, "get_memory_info", refuse)
+    monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", refuse)
+    cb = LMSCallback(device=DEVICE, **SMALL)
+    with tf.device(DEVICE):
+        history = setup.model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False, callbacks=[cb])
+    assert set(history.history) == {"loss"} and len(cb.plan.swaps) >= 1
+
+
+@pytest.mark.measured
+def test_entries_come_from_the_allocator_and_the_plan(monkeypatch):
+    """In-process, with the allocator's answers replaced: the logs carry exactly those numbers."""
+    setup = zoo.mlp()
+    setup.model.compile(optimizer=setup.optimizer, loss=setup.loss, jit_compile=False)
+    x, y = setup.x.numpy(), setup.y.numpy()
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    reads, resets = [], []
+
+    def memory_info(device):
+        reads.append(device)
+        return {"current": 1, "peak": 1000 * len(reads)}
+
+    monkeypatch.setattr(tf.config.experimental, "get_memory_info", memory_info)
+    monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", resets.append)
+    cb = LMSCallback(device=DEVICE, **SMALL)
+    with tf.device(DEVICE):
+        history = setup.model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False, callbacks=[cb])
+    # Per epoch: a probe and a reset at epoch begin, one read at epoch end (reads 2 and 4).
+    assert resets == [DEVICE, DEVICE] and reads == [DEVICE] * 4
+    assert history.history[MEASURED_PEAK_KEY] == [2000, 4000]
+    assert history.history[PREDICTED_PEAK_KEY] == [cb.plan.peak_bytes_after] * 2
