@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import platform
 import statistics
 from pathlib import Path
@@ -100,9 +101,9 @@ def main(argv: list[str] | None = None) -> None:
         rows += run_case(case, args.steps, args.size)
     data = {
         "benchmark": "testbed_defaults",
-        "where": "measured: two-process test bed (CPU device with BFC allocator and a real cap, host process over gRPC)",
+        "where": "measured: two-process test bed (CPU device, BFC allocator with a real cap; host process, gRPC)",
         "date": datetime.date.today().isoformat(),
-        "machine": f"{platform.machine()}, {len(__import__('os').sched_getaffinity(0))} CPUs",
+        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPUs",
         "tensorflow": tf.__version__,
         "tflms": tflms.__version__,
         "options": "none but device and host (budget='auto', the default policy)",
