@@ -418,10 +418,10 @@ class LMSConfig:
         if self.budget is not None and self.budget != "auto":
             set_(self, "budget", parse_bytes(self.budget, "budget"))
         set_(self, "policy", _check_policy(self.policy))
-        if self.on_budget_miss not in BUDGET_MISS_ACTIONS:
+        if not isinstance(self.on_budget_miss, str) or self.on_budget_miss not in BUDGET_MISS_ACTIONS:
             raise ValueError(
-                f"on_budget_miss must be one of {', '.join(map(repr, BUDGET_MISS_ACTIONS))}. "
-                f"{_received('on_budget_miss', self.on_budget_miss)}"
+                "on_budget_miss must be 'raise' (a BudgetError when no plan is predicted to fit the budget) or "
+                f"'best' (a warning, and the lowest plan). {_received('on_budget_miss', self.on_budget_miss)}"
             )
         if not isinstance(self.knobs, Knobs):
             raise TypeError(f"knobs must be a tflms.Knobs. {_received('knobs', self.knobs)}")

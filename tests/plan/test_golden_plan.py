@@ -5,7 +5,7 @@ real step's plan swaps, where it brings it back or the peaks it predicts shows u
 a diff of ``tests/data/golden_plan_cnn.json``. When the change is intended, regenerate the
 file and commit it with the change::
 
-    TFLMS_REGEN_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden_plan.py
+    TFLMS_REGEN_GOLDEN=1 .venv/bin/python -m pytest -q tests/plan/test_golden_plan.py
 
 The model names every layer, the model and the optimizer, so the traced op names do not
 depend on Keras's name counters (on what else the process built before).
@@ -27,7 +27,7 @@ from conftest import TESTS
 pytestmark = pytest.mark.integration
 
 GOLDEN = TESTS / "data" / "golden_plan_cnn.json"
-OPTIONS = {"swapout_threshold": 20, "swapin_ahead": 4, "swapin_groupby": 2, "min_bytes": 1024}
+OPTIONS = {"swapout_threshold": 20, "swapin_ahead": 4, "swapin_groupby": 2, "min_bytes": 1024, "policy": "none"}
 BATCH = 8
 
 
@@ -73,7 +73,7 @@ def test_plan_of_a_real_cnn_matches_the_golden_json():
     assert len(golden.swaps) >= 3 and golden.peak_bytes_after < golden.peak_bytes_before
     assert json.loads(plan.to_json()) == json.loads(GOLDEN.read_text()), (
         "the CNN's plan differs from tests/data/golden_plan_cnn.json; if the planning change is intended, "
-        "regenerate it: TFLMS_REGEN_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_golden_plan.py"
+        "regenerate it: TFLMS_REGEN_GOLDEN=1 .venv/bin/python -m pytest -q tests/plan/test_golden_plan.py"
     )
     assert plan == golden and plan.fingerprint() == golden.fingerprint()
 
