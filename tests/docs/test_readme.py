@@ -187,18 +187,21 @@ def test_make_test_runs_every_tier_unit_first():
     lines = _make_dry_run("test")
     pytest_runs = [line for line in lines if " -m pytest " in line]
     # The unit tier alone first (fails fast, needs no TensorFlow), before the Horovod build and lint.
-    assert pytest_runs[0].endswith("-m pytest -q tests/unit")
+    assert pytest_runs[0].endswith("-m pytest -q tests -m unit")
     assert lines.index(pytest_runs[0]) < min(i for i, line in enumerate(lines) if "build_horovod" in line)
+    # The docs site is built strictly before the other tiers run.
+    assert any(line.endswith("-m mkdocs build --strict") for line in lines)
     # Then two runs over every other tier, all of tests/ but the unit tier, split by complementary
     # marker expressions: the first in parallel with the modules' doctests and the Horovod jobs,
     # each file in one process, then the measured tests alone.
     parallel, quiet = (shlex.split(run.split(" -m pytest ")[1]) for run in pytest_runs[1:])
     for args in (parallel, quiet):
-        assert "tests" in args and "--ignore=tests/unit" in args and "-k" not in args
-    assert "--doctest-modules" in parallel and "tflms/config.py" in parallel and "-n" in parallel
-    expression = quiet[quiet.index("-m") + 1]
-    assert parallel[parallel.index("-m") + 1] == f"not ({expression})" and "-n" not in quiet
-    assert expression == "measured" and parallel[parallel.index("--dist") + 1] == "loadfile"
+        assert "tests" in args and "-k" not in args
+    assert "--doctest-modules" in parallel and "tflms" in parallel and "-n" in parallel
+    expression = parallel[parallel.index("-m") + 1]
+    assert expression == "not unit and not (measured)" and "-n" not in quiet
+    assert quiet[quiet.index("-m") + 1] == "not unit and (measured)"
+    assert parallel[parallel.index("--dist") + 1] == "loadfile"
     assert "make test" in _readme_commands()
 
 
