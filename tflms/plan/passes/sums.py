@@ -202,7 +202,7 @@ def apply_sums(graph: Any, sums: Sequence[Sum], device: str, lookup: Any) -> int
     n = 0
     for s in sums:
         addn = lookup("sum op", graph.get_operation_by_name, s.op)
-        terms = [replaced.get(t) or lookup("tensor", graph.get_tensor_by_name, t) for t in s.terms]
+        terms = [replaced[t] if t in replaced else lookup("tensor", graph.get_tensor_by_name, t) for t in s.terms]
         if addn.type != "AddN" or sorted(t.name for t in addn.inputs) != sorted(t.name for t in terms):
             raise ValueError(
                 f"The plan does not fit this function: {s.op!r} is not an AddN of {list(s.terms)}. Make the plan "
