@@ -27,6 +27,10 @@ Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`
   (``swap_gradients``) takes only a trigger that descends from its producer: a sibling
   (an op reading the same gradient) may run first, and the swap-in would then come back
   as soon as it left. With no trigger, the tensor is not swapped.
+* ``triggers='timeline'`` then moves each swap-in's trigger to the op that ends last before
+  its first consumer starts minus the transfer time, on the step's timeline
+  (:func:`tflms.plan.timing.timed_triggers`), where the predicted peak with those triggers
+  still fits the budget.
 * ``n_tensors`` keeps the largest candidates (bytes, then distance, then name).
 * ``budget`` (bytes) hands the choice of ``swapout_threshold``, ``swapin_ahead``,
   ``swapin_groupby`` and ``n_tensors`` to :mod:`tflms.plan.autotune`.
@@ -123,6 +127,12 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
     if config.knobs.n_tensors is not None:
         swaps = swaps[: config.knobs.n_tensors]
     swaps.sort(key=lambda s: (s.level, s.tensor))
+    if config.knobs.triggers == "timeline" and swaps:
+        from .timing import timed_triggers
+
+        timed = timed_triggers(model, swaps, config)
+        if config.budget is None or sim.peak(timed, above=config.budget) <= config.budget:
+            swaps = timed
     if config.knobs.serialize:  # also where no tensor qualifies: the orders alone can be the plan
         from .passes.schedule import finish
 
