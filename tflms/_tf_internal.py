@@ -412,7 +412,7 @@ def profile_kernels(fn: Any) -> list[dict[str, Any]]:
                     if found is None:
                         continue
                     op, op_type = found
-                elif ":" in name:
+                elif name.count(":") == 1:  # an op's 'name:type', not the executor's own 'ExecutorState::Process'
                     op, op_type = name.rsplit(":", 1)
                 else:
                     continue

@@ -30,7 +30,8 @@ Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`
 * ``triggers='timeline'`` then moves each swap-in's trigger to the op that ends last before
   its first consumer starts minus the transfer time, on the step's timeline
   (:func:`tflms.plan.timing.timed_triggers`), where the predicted peak with those triggers
-  still fits the budget.
+  still fits the budget; where it does not, only the tensors whose swap-ins that rule triggers
+  later get them, if the peak then fits.
 * ``n_tensors`` keeps the largest candidates (bytes, then distance, then name).
 * ``budget`` (bytes) hands the choice of ``swapout_threshold``, ``swapin_ahead``,
   ``swapin_groupby`` and ``n_tensors`` to :mod:`tflms.plan.autotune`.
@@ -131,6 +132,9 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         from .timing import timed_triggers
 
         timed = timed_triggers(model, swaps, config)
+        if config.budget is not None and sim.peak(timed, above=config.budget) > config.budget:
+            # Only the swap-ins triggered later than by levels (which hold less memory, not more).
+            timed = [t if _later(t, s) else s for t, s in zip(timed, swaps)]
         if config.budget is None or sim.peak(timed, above=config.budget) <= config.budget:
             swaps = timed
     if config.knobs.serialize:  # also where no tensor qualifies: the orders alone can be the plan
@@ -158,6 +162,11 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         sums=tuple(sums),
         tiles=tuple(tiles),
     ).with_model(original)
+
+
+def _later(timed: Swap, by_levels: Swap) -> bool:
+    """Whether every swap-in of ``timed`` is triggered at a level no lower than in ``by_levels``."""
+    return all((t.trigger_level or 0) >= (s.trigger_level or 0) for t, s in zip(timed.swap_ins, by_levels.swap_ins))
 
 
 #: Producers that get no fence: Grappler's arithmetic optimizer folds a tree of these into
