@@ -85,6 +85,7 @@ FLOP_OP_TYPES = frozenset(
         "BatchMatMul",
         "BatchMatMulV2",
         "BatchMatMulV3",
+        "Einsum",
     }
 )
 #: Op types that take no compute time: they produce no new values on the device (arguments,
@@ -161,7 +162,7 @@ def flops(model: GraphModel, op: str) -> int | None:
     Convolutions: ``2 x output (or output-gradient) elements x kernel window x input channels``
     (depthwise: without the input channels); matrix products: ``2 x output elements x k``, with
     ``k`` from the operands' sizes (``sqrt(a * b / out)`` of their last two dimensions, whatever
-    they are transposed by)."""
+    they are transposed by); ``Einsum``: see :func:`_einsum_flops`."""
     kind = model.dag.nodes[op]["type"]
     if kind not in FLOP_OP_TYPES:
         return None
@@ -169,6 +170,8 @@ def flops(model: GraphModel, op: str) -> int | None:
     outs = model.outputs_of[op]
     if not outs:
         return None
+    if kind == "Einsum":
+        return _einsum_flops(model, ins, outs[0])
     if kind in ("MatMul", "_FusedMatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"):
         if len(ins) < 2:
             return None
@@ -193,6 +196,35 @@ def flops(model: GraphModel, op: str) -> int | None:
     if depthwise:
         window //= filt[spatial]  # type: ignore[index,operator]
     return int(2 * _elements(model, counted) * window)
+
+
+def _einsum_flops(model: GraphModel, ins: list[str], out: str) -> int | None:
+    """FLOPs of a two-operand ``Einsum`` from its shapes alone (the graph model keeps no equation):
+    ``2 x output elements x contracted size``, where a dimension size ``v`` found ``n_a`` and
+    ``n_b`` times in the operands and ``n_o`` times in the output is contracted
+    ``(n_a + n_b - n_o) // 2`` times (a batch dimension is in all three, a free one in one operand
+    and the output, a contracted one in both operands only). Exact where the sizes of different
+    dimensions differ (Keras's attention: batch, sequence, heads, head width).
+
+    >>> from tflms.ir.graph import GraphModel
+    >>> f32 = lambda *s: ("float32", s, 4 * math.prod(s), False)
+    >>> m = GraphModel.from_ops([
+    ...     {"name": "q", "type": "Placeholder", "inputs": [], "outputs": [f32(2, 128, 8, 64)]},
+    ...     {"name": "k", "type": "Placeholder", "inputs": [], "outputs": [f32(2, 128, 8, 64)]},
+    ...     {"name": "s", "type": "Einsum", "inputs": ["q:0", "k:0"], "outputs": [f32(2, 8, 128, 128)]},
+    ... ])
+    >>> flops(m, "s") == 2 * (2 * 8 * 128 * 128) * 64
+    True
+    """
+    if len(ins) != 2:
+        return None
+    a, b, o = _shape(model, ins[0]), _shape(model, ins[1]), _shape(model, out)
+    if a is None or b is None or o is None or None in a or None in b or None in o:
+        return None
+    contracted = 1
+    for v in set(a) | set(b):
+        contracted *= v ** max(0, (a.count(v) + b.count(v) - o.count(v)) // 2)  # type: ignore[operator]
+    return int(2 * _elements(model, out) * contracted)
 
 
 def _bytes_moved(model: GraphModel, op: str) -> int:

@@ -90,15 +90,36 @@ def _encoder(seq: int) -> Any:
     return _transformer(seq, layers=8)
 
 
+def _gpt(seq: int, dim: int = 512, heads: int = 8, layers: int = 6) -> Any:
+    """A GPT-style decoder: pre-norm blocks of causal self-attention and a GELU MLP (4x wide) on
+    ``seq`` input embeddings, a final layer norm, and a head on the last position (the next
+    token's class of 10; a language model's head reads every position, at the same cost per
+    position)."""
+    import keras
+
+    L = keras.layers
+    inp = keras.Input((seq, dim))
+    h = inp
+    for _ in range(layers):
+        a = L.MultiHeadAttention(num_heads=heads, key_dim=dim // heads)
+        n = L.LayerNormalization()(h)
+        h = h + a(n, n, use_causal_mask=True)
+        n = L.LayerNormalization()(h)
+        h = h + L.Dense(dim)(L.Dense(dim * 4, activation="gelu")(n))
+    h = L.LayerNormalization()(h)
+    return keras.Model(inp, L.Dense(10)(h[:, -1, :]))
+
+
 #: name -> (builder(size), default size, input shape from size). ``size`` is the image
-#: side for CNNs and the sequence length for the transformer (width 256, 2 blocks) and
-#: the encoder (the same blocks, 8 deep).
+#: side for CNNs and the sequence length for the transformer (width 256, 2 blocks),
+#: the encoder (the same blocks, 8 deep) and the GPT-style decoder (width 512, 6 causal blocks).
 MODELS: dict[str, tuple[Callable[[int], Any], int, Callable[[int], tuple[int, ...]]]] = {
     "cnn": (_cnn, 64, lambda s: (s, s, 3)),
     "resnet50": (_resnet50, 96, lambda s: (s, s, 3)),
     "densenet121": (_densenet121, 64, lambda s: (s, s, 3)),
     "transformer": (_transformer, 256, lambda s: (s, 256)),
     "encoder": (_encoder, 256, lambda s: (s, 256)),
+    "gpt": (_gpt, 512, lambda s: (s, 512)),
 }
 
 
