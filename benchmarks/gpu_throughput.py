@@ -109,6 +109,7 @@ def measure_run(
     timed = TimelineModel(step_graph, op_seconds(step_graph, profile))  # no profile: the estimate
     tl = timed.run(swaps, Link(link["to_host"], link["to_device"], link["latency"]), fences)
     peak = tf.config.experimental.get_memory_info("GPU:0")["peak"] if gpu else None
+    budget = None if plan is None else plan.options["budget"]
     return {
         "model": model,
         "size": size,
@@ -124,14 +125,8 @@ def measure_run(
         "measured_peak_mib": None if peak is None else round(peak / MIB, 1),
         "predicted_peak_mib": round(predicted_peak / MIB, 1),
         "swaps": len(swaps),
-        "budget_mib": None
-        if plan is None or plan.options["budget"] is None
-        else round(plan.options["budget"] / MIB, 1),
-        "profile": None
-        if path is None
-        else str(path.relative_to(RESULTS))
-        if path.is_relative_to(RESULTS)
-        else str(path),
+        "budget_mib": None if budget is None else round(budget / MIB, 1),
+        "profile": None if path is None else str(path.relative_to(RESULTS) if path.is_relative_to(RESULTS) else path),
         "profiled_ops": len(profile) if profile else 0,
         **({"profile_error": profile_error} if profile_error else {}),
         "plan_s": round(plan_s, 1),
