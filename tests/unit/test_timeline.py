@@ -271,3 +271,16 @@ def test_the_budget_search_minimises_predicted_step_time_not_bytes_moved(tmp_pat
     f8_alone = timed.run(everything[:1], Link(1e9, 1e9, 0.0)).step_seconds
     chosen = plan_timeline(plan, model).step_seconds
     assert chosen < f8_alone
+
+
+def test_two_compute_streams_run_independent_branches_side_by_side():
+    big = ("float32", (250, 1000), MB, False)
+    model = GraphModel.from_ops(
+        [op("a", "Relu", [], [big]), op("b", "Relu", [], [big]), op("c", "AddN", ["a:0", "b:0"], [big])]
+    )
+    times = {"a": 2e-3, "b": 2e-3, "c": 1e-3}
+    assert timeline(model, times).step_seconds == pytest.approx(5e-3)
+    two = timeline(model, times, streams=2)
+    assert two.step_seconds == pytest.approx(3e-3) and two.start["c"] == pytest.approx(2e-3)
+    with pytest.raises(ValueError, match="streams must be an integer >= 1. Received: streams=0"):
+        timeline(model, times, streams=0)

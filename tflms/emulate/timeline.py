@@ -9,7 +9,8 @@ step's time. The execution model:
    order, :func:`tflms.emulate.order.ready_order`). An op starts when the stream is free and
    the ops it depends on have ended: its data inputs' producers (an ``IdentityN`` passes its
    inputs on: its consumers wait for the ops that made them, as Grappler removes it) and its
-   control inputs.
+   control inputs. With ``streams=k`` (a CPU's executor runs ops on several inter-op threads),
+   each op in ``order`` goes to the stream that is free first.
 2. A swap-out is a transfer on the device-to-host engine, requested when its producer ends;
    a swap-in is a transfer on the host-to-device engine, requested when its trigger has ended
    and its swap-out has landed (with no trigger: when the swap-out has landed). Each engine
@@ -143,7 +144,12 @@ class TimelineModel:
     (order, dependencies) is built once, and :meth:`run` times any plan on it in O(ops +
     edges). For searches that time many plans of one step (:mod:`tflms.plan.autotune`)."""
 
-    def __init__(self, model: GraphModel, seconds: Mapping[str, float], order: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, model: GraphModel, seconds: Mapping[str, float], order: Sequence[str] | None = None, streams: int = 1
+    ) -> None:
+        if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+            raise ValueError(f"streams must be an integer >= 1. Received: streams={streams!r}")
+        self.streams = streams
         if order is None:
             from .order import ready_order
 
@@ -253,9 +259,10 @@ class TimelineModel:
                 in_done[(k, j)] = h2d_free
                 transfers_in.append(Transfer(s.tensor, j, s.bytes, at, begin, h2d_free))
 
-        stream = 0.0
+        free = [0.0] * self.streams  # when each compute stream is free
         for i in range(n):
-            ready = stream
+            lane = min(range(len(free)), key=free.__getitem__)
+            ready = free[lane]
             for d in self._deps[i]:
                 if end[d] > ready:
                     ready = end[d]
@@ -270,7 +277,7 @@ class TimelineModel:
             if waited > ready:
                 stall[order[i]] = waited - ready
             start[i] = waited
-            end[i] = stream = waited + self._seconds[i]
+            end[i] = free[lane] = waited + self._seconds[i]
             for k in outs_at.get(i, ()):
                 s = swaps[k]
                 begin = max(end[i], d2h_free)
@@ -303,11 +310,13 @@ def timeline(
     *,
     order: Sequence[str] | None = None,
     fences: Sequence[Fence] = (),
+    streams: int = 1,
 ) -> Timeline:
     """The :class:`Timeline` of ``swaps`` on ``model`` (module doc): ``seconds`` gives each op's
     compute time (:func:`tflms.emulate.costs.op_seconds`), ``link`` the transfers' (needed when
-    there are swaps), ``order`` the compute stream's order (default: the executor's)."""
-    return TimelineModel(model, seconds, order).run(swaps, link, fences)
+    there are swaps), ``order`` the compute stream's order (default: the executor's), ``streams``
+    how many compute streams run it (1: a GPU's)."""
+    return TimelineModel(model, seconds, order, streams).run(swaps, link, fences)
 
 
 def timed_trigger_time(plain: Timeline, consumer: str, nbytes: int, link: Link) -> float:
