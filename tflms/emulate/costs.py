@@ -331,7 +331,13 @@ class OpProfile:
         )
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1)
+        """:meth:`to_dict` as JSON text, one line per op."""
+        data = self.to_dict()
+        ops = data.pop("ops")
+        head = json.dumps(data, indent=1)[:-2]
+        body = ",\n".join(f"  {json.dumps(op)}: {json.dumps(rec)}" for op, rec in ops.items())
+        empty = f'{head},\n "ops": {{}}\n}}'
+        return f'{head},\n "ops": {{\n{body}\n }}\n}}' if ops else empty
 
     @classmethod
     def from_json(cls, text: str) -> OpProfile:
