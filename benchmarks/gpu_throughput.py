@@ -67,6 +67,7 @@ def measure_run(
     link: dict[str, float],
     profile_dir: Path,
     gpu: bool,
+    profile_step: bool = True,
 ) -> dict[str, Any]:
     """One run in this process: train, profile one step, time ``steps`` steps; predict step time and peak."""
     import tensorflow as tf
@@ -95,8 +96,9 @@ def measure_run(
     scope = tf.device(device) if device else tf.device("/device:CPU:0")
     with scope:
         losses = [float(fn(x, y)), float(fn(x, y))]  # warm-up: traces, instantiates, settles the allocator
-        try:
-            profile, profile_error = profile_ops(fn, (x, y), steps=1, warmup=0, device=device), None
+        try:  # the search's attempts only ask whether a batch trains: no profile (the estimate predicts)
+            profile = profile_ops(fn, (x, y), steps=1, warmup=0, device=device) if profile_step else None
+            profile_error = None
         except Exception as e:  # noqa: BLE001 (a profiler that cannot run, e.g. no CUPTI: time the run anyway)
             profile, profile_error = None, f"{type(e).__name__}: {e}"[:300]
         if gpu:
@@ -164,6 +166,7 @@ def _child(args: argparse.Namespace) -> int:
         link=spec["link"],
         profile_dir=Path(spec["profile_dir"]),
         gpu=True,
+        profile_step=spec.get("profile", True),
     )
     print(json.dumps(r), flush=True)
     return 0
@@ -261,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     save()
     print(f"  {json.dumps(link)}\nsearch: the plain step's largest batch under each cap", flush=True)
     common = {"steps": 1, "link": link, "profile_dir": str(args.json.parent)}
-    grid = [{"model": m, "size": s, "cap_mib": cap, "mode": "plain", "batch": b, **common}
+    grid = [{"model": m, "size": s, "cap_mib": cap, "mode": "plain", "batch": b, **common, "profile": False}
             for m, (s, cap, batches) in MODELS.items() for b in batches]  # fmt: skip
     with ThreadPoolExecutor(max(1, min(args.jobs, len(grid)))) as pool:
         search = list(pool.map(lambda spec: _attempt(spec, args.timeout), grid))
