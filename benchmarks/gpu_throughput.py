@@ -5,8 +5,8 @@ blocks of width 512, sequence 512), each under one real memory cap (a logical GP
 ``memory_limit``, :func:`tflms.testing.testbed.setup_gpu`):
 
 1. ``link``: the device-host link as the swaps take it (:func:`tflms.testing.link.probe_link`);
-2. ``search``: the plain step's largest batch under the cap (the batches of ``--batches``, side by
-   side, each in a fresh process under its own cap);
+2. ``search``: the plain step's largest batch under the cap, among the batches :data:`MODELS`
+   lists (side by side, each in a fresh process under its own cap, with no profile);
 3. ``timed``, alone on the GPU, each in a fresh process: the plain step at that batch ``B``, then
    ``tflms.function`` with no budget option (``budget='auto'``: 0.9 of the cap) at ``B``, ``2B`` and
    ``3B``. Each run trains two warm-up steps, profiles one step (the per-op profile,
