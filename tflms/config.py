@@ -261,7 +261,8 @@ class Knobs:
         triggers: the swap-in trigger rule. ``'levels'`` (default): an op about
             ``swapin_ahead`` levels before the first consumer; ``'timeline'``: the op that ends
             last before the consumer's start on the plain step's timeline minus the transfer
-            time (Grappler's rule), kept only where the predicted peak still fits the budget.
+            time (Grappler's rule), where the predicted peak still fits the budget; where it does
+            not, only the swap-ins that rule triggers later than the level rule are moved.
         swapout_window: at most this many swap-outs in flight: the forward op that
             produces the k-th swapped tensor (in execution order) starts only after the
             swap-out of the (k - ``swapout_window``)-th has reached the host (a

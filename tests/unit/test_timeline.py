@@ -284,3 +284,20 @@ def test_two_compute_streams_run_independent_branches_side_by_side():
     assert two.step_seconds == pytest.approx(3e-3) and two.start["c"] == pytest.approx(2e-3)
     with pytest.raises(ValueError, match="streams must be an integer >= 1. Received: streams=0"):
         timeline(model, times, streams=0)
+
+
+def test_a_plan_gives_its_timeline_and_a_loaded_one_needs_the_model():
+    from tflms import SwapPlan
+
+    model = chain_model(n_fwd=8)
+    plan = make_plan(model, LMSConfig(min_bytes=0, swapout_threshold=2, serialize=False))
+    assert plan.swaps
+    tl = plan.timeline()
+    assert tl.step_seconds >= tl.compute_seconds > 0
+    assert {(t.tensor, t.swap_in) for t in tl.transfers} == {(s.tensor, None) for s in plan.swaps} | {
+        (s.tensor, k) for s in plan.swaps for k in range(len(s.swap_ins))
+    }
+    loaded = SwapPlan.from_json(plan.to_json())
+    with pytest.raises(ValueError, match="Received: model=None"):
+        loaded.timeline()
+    assert loaded.timeline(model).step_seconds == tl.step_seconds

@@ -63,6 +63,8 @@ from .passes.sums import Sum
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from ..emulate.costs import OpProfile
+    from ..emulate.timeline import Timeline
     from ..ir.graph import GraphModel
 
 __all__ = [
@@ -330,6 +332,24 @@ class SwapPlan:
 
         step = with_dropped_tiles(with_split_sums(model, self.sums)[0], self.tiles)[0]
         return with_orders(with_recomputes(step, self.recomputes), self.orders)
+
+    def timeline(self, model: GraphModel | None = None, profile: OpProfile | None = None) -> Timeline:
+        """The plan's predicted timeline (:func:`tflms.plan.timing.plan_timeline`): its
+        ``step_seconds``, the time each swap-in lands (``landed``), the compute stream's stalls.
+
+        ``model`` defaults to the graph model the plan was made from (a plan loaded from JSON has
+        none: pass the traced step's); ``profile``, to the plan's ``op_profile`` option (else the
+        ops' estimated times).
+        """
+        from .timing import plan_timeline
+
+        model = model if model is not None else self.model
+        if model is None:
+            raise ValueError(
+                "this plan holds no graph model (it was loaded from JSON or built by hand): pass "
+                "model=tflms.GraphModel.from_func_graph(cf.graph) of the traced step. Received: model=None"
+            )
+        return plan_timeline(self, model, profile)
 
     def plot(self, path: str | Path, model: GraphModel | None = None, **kwargs: Any) -> Path:
         """Save the predicted memory timeline, before and after this plan, as a PNG.
