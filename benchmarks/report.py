@@ -135,6 +135,34 @@ def cpu_overhead(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _options_note(options: dict | None) -> str:
+    return f" ({', '.join(f'{k}={v}' for k, v in sorted(options.items()))})" if options else ""
+
+
+def testbed_time(data: dict) -> str:
+    """Predicted against measured step time on the test bed (``benchmarks/testbed_time.py``)."""
+    lines = [
+        f"_{_header(data)}; median of {data['steps']} steps; tflms planned under a budget of "
+        f"{data['fraction']:.0%} of the plain step's predicted peak, with the plain step's profile and the "
+        "probed link_",
+        "",
+        "| model | batch | mode | swaps | link (to host / to device) | measured ms | predicted ms, one stream | "
+        "of it, waiting for swap-ins | predicted / measured | predicted ms, a stream per inter-op thread | "
+        "predicted / measured |",
+        "|---|---:|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["rows"]:
+        link = r["link"]
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {r['mode']}{_options_note(r.get('options'))} | {r['swaps']} | "
+            f"{link['to_host'] / 1e9:.2f} / {link['to_device'] / 1e9:.2f} GB/s, {link['latency'] * 1e3:.2f} ms "
+            f"| {r['measured_ms']:,.1f} | {r['predicted_ms']:,.1f} | {r['predicted_stall_ms']:,.1f} "
+            f"| {r['predicted_ms'] / r['measured_ms']:.2f} | {r['predicted_threads_ms']:,.1f} "
+            f"({r['inter_op_threads']}) | {r['predicted_threads_ms'] / r['measured_ms']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
 def _mib_number(n: float) -> str:
     return f"{n / 2**20:,.0f}"
 
@@ -677,6 +705,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "pass_speed": pass_speed,
     "capacity": capacity,
     "cpu_overhead": cpu_overhead,
+    "testbed_time": testbed_time,
     "simulator_accuracy": simulator_accuracy,
     "testbed_memory": testbed_memory,
     "testbed_capacity": testbed_capacity,
@@ -836,6 +865,16 @@ SECTIONS: list[tuple[str, str, str]] = [
         "One profiled step per row: the allocator chunks live at the measured peak, grouped by the phase of "
         "the op behind them, next to the simulator's live buffers at its predicted peak "
         "(`benchmarks/peak_anatomy.py`). **Measured (test bed)** against **predicted**.",
+    ),
+    (
+        "testbed_time",
+        "Step time, predicted against measured (test bed)",
+        "The timeline's predicted step time (`tflms.emulate.timeline`: the plain step's per-op profile, "
+        "measured once, and the link probed between the test bed's two processes) against the measured "
+        "step, plain and with tflms (`benchmarks/testbed_time.py`). **Measured (test bed)** against "
+        "**predicted**. No criterion: the test bed's link is gRPC between two processes on the same 2 CPU "
+        "cores that compute the step, where the timeline gives transfers copy engines of their own, as a "
+        "GPU has, and times on a shared machine vary.",
     ),
     (
         "cpu_overhead",

@@ -56,6 +56,7 @@ __all__ = [
     "replace_control_input",
     "grappler_optimize",
     "profile_step",
+    "profile_kernels",
     "ran_graphs",
     "memory_optimization",
     "layout_converts",
@@ -340,21 +341,7 @@ def profile_step(fn: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
       named ``'<op>:<kernel type>'``. Each record: ``time_ns`` (start), ``duration_ns``,
       ``op``, ``type``, ``thread``.
     """
-    import glob
-    import tempfile
-
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    with tempfile.TemporaryDirectory(prefix="tflms-profile-") as logdir:
-        tf.profiler.experimental.start(logdir)
-        try:
-            fn()
-        finally:
-            tf.profiler.experimental.stop()
-        space = xplane_pb2.XSpace()
-        for path in glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True):
-            with open(path, "rb") as f:
-                space.MergeFromString(f.read())
+    space = _profiled_space(fn)
     kinds = {"MemoryAllocation": "alloc", "MemoryDeallocation": "free"}
     records, kernels = [], []
     for plane in space.planes:
@@ -404,6 +391,89 @@ def profile_step(fn: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     records.sort(key=lambda r: r["time_ns"])
     kernels.sort(key=lambda r: r["time_ns"])
     return records, kernels
+
+
+def _profiled_space(fn: Any) -> Any:
+    """Call ``fn()`` once under TensorFlow's profiler; the profiler's ``XSpace``."""
+    import glob
+    import tempfile
+
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    with tempfile.TemporaryDirectory(prefix="tflms-profile-") as logdir:
+        tf.profiler.experimental.start(logdir)
+        try:
+            fn()
+        finally:
+            tf.profiler.experimental.stop()
+        space = xplane_pb2.XSpace()
+        for path in glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True):
+            with open(path, "rb") as f:
+                space.MergeFromString(f.read())
+    return space
+
+
+def _annotated_op(annotation: str) -> tuple[str, str] | None:
+    """``(op, type)`` from a GPU kernel's annotation: the innermost ``name:type`` of
+    ``outer::inner`` (TensorFlow's ``ScopedAnnotation`` of the launching op), any ``#...#``
+    metadata left out; ``None`` when there is none."""
+    inner = annotation.split("::")[-1].split("#")[0]
+    if ":" not in inner:
+        return None
+    op, op_type = inner.rsplit(":", 1)
+    return (op, op_type) if op else None
+
+
+def profile_kernels(fn: Any) -> list[dict[str, Any]]:
+    """Call ``fn()`` once under TensorFlow's profiler; every kernel it ran, in time order.
+
+    Each record: ``time_ns`` (start), ``duration_ns``, ``op``, ``type``, ``thread`` and
+    ``source``: ``'executor'`` for the executor's threads' records (lines ``tf_Compute...``,
+    as :func:`profile_step` reads them: on a CPU the op's compute time; on a GPU the time to
+    enqueue its kernels), ``'device'`` for the kernels a GPU ran (the planes ``/device:GPU:N``,
+    one line per stream; the op read from the kernel's ``tf_op`` or ``kernel_annotation``
+    stat; memory copies, ``Memcpy...`` events, are left out: they are transfers, not compute).
+    """
+    space = _profiled_space(fn)
+    kernels = []
+    for plane in space.planes:
+        names = {k: v.name for k, v in plane.event_metadata.items()}
+        stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
+        device = plane.name.startswith("/device:GPU")
+        for line in plane.lines:
+            executor = line.name.startswith("tf_Compute")
+            if not executor and not device:
+                continue
+            for event in line.events:
+                name = names.get(event.metadata_id, "")
+                if device:
+                    if name.startswith("Memcpy"):
+                        continue
+                    found = None
+                    for st in event.stats:
+                        if stat_names.get(st.metadata_id, "") in ("tf_op", "kernel_annotation"):
+                            which = st.WhichOneof("value")
+                            text = stat_names.get(st.ref_value, "") if which == "ref_value" else str(getattr(st, which))
+                            found = found or _annotated_op(text)
+                    if found is None:
+                        continue
+                    op, op_type = found
+                elif name.count(":") == 1:  # an op's 'name:type', not the executor's own 'ExecutorState::Process'
+                    op, op_type = name.rsplit(":", 1)
+                else:
+                    continue
+                kernels.append(
+                    {
+                        "time_ns": line.timestamp_ns + event.offset_ps // 1000,
+                        "duration_ns": event.duration_ps // 1000,
+                        "op": op,
+                        "type": op_type,
+                        "thread": f"{plane.name}/{line.name}" if device else line.name,
+                        "source": "device" if device else "executor",
+                    }
+                )
+    kernels.sort(key=lambda r: r["time_ns"])
+    return kernels
 
 
 # -- TensorFlow's op registry (tflms.config) -------------------------------------------

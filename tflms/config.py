@@ -42,6 +42,8 @@ __all__ = [
     "LINK_BANDWIDTH",
     "LINK_LATENCY",
     "DEVICE_BANDWIDTH",
+    "DEVICE_FLOPS",
+    "TRIGGER_RULES",
     "MIN_BYTES",
     "check_int",
     "parse_bytes",
@@ -203,6 +205,11 @@ DEFAULT_POLICY = frozenset({"swap_gradients", "split_sums", "drop_tiles", "order
 #: plans were up to 1.10 times their predictions on the test bed (benchmarks/results/
 #: testbed_capacity.json), so a plan predicted at 0.9 of the limit stays under it.
 AUTO_MARGIN = 0.9
+#: Default ``device_flops``: the FLOP rate of the op-time estimate (:mod:`tflms.emulate.costs`), of
+#: the order of a data-centre GPU's dense float32 rate (A100: 19.5 TFLOP/s without TF32; H100 SXM: 67).
+DEVICE_FLOPS = 50e12
+#: Values of ``triggers``: the swap-in trigger rule.
+TRIGGER_RULES = ("levels", "timeline")
 #: Values of ``on_budget_miss``.
 BUDGET_MISS_ACTIONS = ("raise", "best")
 #: Knobs that change how a rewritten step is called, not the plan: not in a plan's options.
@@ -238,11 +245,24 @@ class Knobs:
             or a size string read as per second: ``"25GB"``); default
             :data:`LINK_BANDWIDTH` (PCIe Gen4 x16).
         link_latency: fixed cost of one transfer in seconds; default :data:`LINK_LATENCY`.
-            With ``link_bandwidth`` it gives a plan's predicted link time
-            (:attr:`tflms.SwapPlan.link_seconds`), which the autotuner minimises.
+            With ``link_bandwidth`` it gives each transfer's time on the step's timeline
+            (:mod:`tflms.emulate.timeline`), whose predicted step time the autotuner minimises,
+            and a plan's predicted link time (:attr:`tflms.SwapPlan.link_seconds`).
         device_bandwidth: device memory bandwidth in bytes per second (like
             ``link_bandwidth``); the recompute cost model's compute speed. Default
             :data:`DEVICE_BANDWIDTH`.
+        device_flops: the device's FLOP rate for the op-time estimate (:mod:`tflms.emulate.costs`:
+            convolutions and matrix products) where no measured profile gives an op's time;
+            default :data:`DEVICE_FLOPS`.
+        op_profile: path of a measured op profile's JSON (:class:`tflms.emulate.costs.OpProfile`,
+            made by :func:`tflms.testing.profile.profile_ops`), or ``None``: each op's compute
+            time on the step's timeline (:mod:`tflms.emulate.timeline`), which the autotuner
+            minimises; ops without a record are estimated.
+        triggers: the swap-in trigger rule. ``'levels'`` (default): an op about
+            ``swapin_ahead`` levels before the first consumer; ``'timeline'``: the op that ends
+            last before the consumer's start on the plain step's timeline minus the transfer
+            time (Grappler's rule), where the predicted peak still fits the budget; where it does
+            not, only the swap-ins that rule triggers later than the level rule are moved.
         swapout_window: at most this many swap-outs in flight: the forward op that
             produces the k-th swapped tensor (in execution order) starts only after the
             swap-out of the (k - ``swapout_window``)-th has reached the host (a
@@ -306,6 +326,9 @@ class Knobs:
     link_bandwidth: int = LINK_BANDWIDTH
     link_latency: float = LINK_LATENCY
     device_bandwidth: int = DEVICE_BANDWIDTH
+    device_flops: float = DEVICE_FLOPS
+    op_profile: str | None = None
+    triggers: str = "levels"
     swapout_window: int | str | None = "auto"
     serialize: bool = True
     manual_memory_optimizer: bool = True
@@ -331,6 +354,21 @@ class Knobs:
         set_(self, "link_bandwidth", _check_bandwidth("link_bandwidth", self.link_bandwidth))
         set_(self, "link_latency", _check_seconds("link_latency", self.link_latency))
         set_(self, "device_bandwidth", _check_bandwidth("device_bandwidth", self.device_bandwidth))
+        flops = self.device_flops
+        if isinstance(flops, bool) or not isinstance(flops, (int, float)) or not math.isfinite(flops) or flops <= 0:
+            raise ValueError(
+                f"device_flops must be a positive number of FLOP/s, e.g. 50e12. {_received('device_flops', flops)}"
+            )
+        set_(self, "device_flops", float(flops))
+        if self.op_profile is not None and (not isinstance(self.op_profile, str) or not self.op_profile):
+            raise ValueError(
+                "op_profile must be the path of an op profile's JSON (tflms.testing.profile.profile_ops) or None. "
+                f"{_received('op_profile', self.op_profile)}"
+            )
+        if self.triggers not in TRIGGER_RULES:
+            raise ValueError(
+                f"triggers must be one of {', '.join(map(repr, TRIGGER_RULES))}. {_received('triggers', self.triggers)}"
+            )
         for name in ("serialize", *CALL_KNOBS):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False. {_received(name, getattr(self, name))}")
@@ -379,8 +417,9 @@ class LMSConfig:
             limit (a GPU's allocator limit, a ``memory_limit`` you set included; the test
             bed's cap) times :data:`AUTO_MARGIN`; where no limit is known (a CPU device
             outside the test bed), as ``None``. A size (bytes, or a string such as ``"16GiB"``
-            or ``"500MB"``): the autotuner finds the plan with the least link time whose
-            predicted peak fits. A step whose predicted peak already fits is not rewritten.
+            or ``"500MB"``): the autotuner finds the plan with the least predicted step time
+            (:mod:`tflms.emulate.timeline`) whose predicted peak fits. A step whose predicted
+            peak already fits is not rewritten.
             ``None``: no budget; every candidate is swapped by the knobs' rules (TFLMS's way).
         device: compute device whose memory is relieved, e.g. ``'/device:GPU:0'``. ``None``
             picks the Horovod local-rank GPU under Horovod, else the first GPU; with no GPU the

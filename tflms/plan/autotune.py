@@ -12,9 +12,13 @@
    (:meth:`Simulator.prefix_peaks`, a fast lower bound), and the shortest fitting
    prefix, the first and the last of the lowest ones (and for the config's own knobs
    all candidates) are checked with :meth:`Simulator.peak`; the fitting
-   combination with the least predicted link time wins (:func:`tflms.plan.records.link_seconds`:
-   each swap-out and swap-in costs ``link_latency + bytes / link_bandwidth``), ties
-   going to fewer tensors, then larger thresholds and groups. If none fits,
+   combination with the least predicted step time wins (:func:`tflms.plan.timing.step_seconds`:
+   the step's timeline, :mod:`tflms.emulate.timeline`, with each op's measured or estimated
+   compute time, ``Knobs.op_profile``, and each swap-out and swap-in a transfer of
+   ``link_latency + bytes / link_bandwidth`` on the copy engine of its direction, each swap-in
+   requested in time for its consumer as far as its swap-out allows, since step 3 chooses the
+   prefetch; a transfer hidden behind compute costs nothing), ties going to fewer tensors
+   (nothing is swapped that need not be), then larger thresholds and groups. If none fits,
    :class:`BudgetError` carries the lowest predicted peak of all those prefixes.
    Swapping more is not always lower (a tensor read by several backward ops gets
    one swap-in copy per consumer group, and overlapping copies can cost more
@@ -55,7 +59,8 @@ from ..emulate.simulator import Simulator
 from ..errors import BudgetError, LMSWarning
 from ..ir.graph import GraphModel, TensorInfo, with_orders
 from .candidates import _eligible, _swaps
-from .records import Order, Swap, link_seconds
+from .records import Order, Swap
+from .timing import step_seconds, timeline_model
 
 __all__ = [
     "tune",
@@ -130,6 +135,7 @@ def _search(
     grid = {}
     own = _own_knobs(config)
     eligible = _eligible(model, config)
+    timed = None  # the step's timeline model, built for the first fitting plan
     for threshold, ahead, groupby, swaps in _grid(model, config, eligible):
         knobs = (threshold, ahead, groupby)
         grid[knobs] = swaps
@@ -144,7 +150,9 @@ def _search(
         fitting = np.flatnonzero(peaks <= budget)
         for n in {int(fitting[0]), *ends} if len(fitting) else ():
             if peaks[n] <= budget:
-                cost = link_seconds(swaps[:n], config.knobs.link_bandwidth, config.knobs.link_latency)
+                if timed is None:
+                    timed = timeline_model(model, config)
+                cost = round(step_seconds(timed, swaps[:n], config), 9)  # to the ns: ties go to fewer swaps
                 candidates.add(((cost, n, -threshold, -groupby, ahead), knobs, n))
     best = None
     for _key, knobs, n in sorted(candidates):

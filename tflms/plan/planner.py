@@ -27,6 +27,11 @@ Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`
   (``swap_gradients``) takes only a trigger that descends from its producer: a sibling
   (an op reading the same gradient) may run first, and the swap-in would then come back
   as soon as it left. With no trigger, the tensor is not swapped.
+* ``triggers='timeline'`` then moves each swap-in's trigger to the op that ends last before
+  its first consumer starts minus the transfer time, on the step's timeline
+  (:func:`tflms.plan.timing.timed_triggers`), where the predicted peak with those triggers
+  still fits the budget; where it does not, only the tensors whose swap-ins that rule triggers
+  later get them, if the peak then fits.
 * ``n_tensors`` keeps the largest candidates (bytes, then distance, then name).
 * ``budget`` (bytes) hands the choice of ``swapout_threshold``, ``swapin_ahead``,
   ``swapin_groupby`` and ``n_tensors`` to :mod:`tflms.plan.autotune`.
@@ -130,6 +135,15 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
     if config.knobs.n_tensors is not None:
         swaps = swaps[: config.knobs.n_tensors]
     swaps.sort(key=lambda s: (s.level, s.tensor))
+    if config.knobs.triggers == "timeline" and swaps:
+        from .timing import timed_triggers
+
+        timed = timed_triggers(model, swaps, config)
+        if config.budget is not None and sim.peak(timed, above=config.budget) > config.budget:
+            # Only the swap-ins triggered later than by levels (which hold less memory, not more).
+            timed = [t if _later(t, s) else s for t, s in zip(timed, swaps)]
+        if config.budget is None or sim.peak(timed, above=config.budget) <= config.budget:
+            swaps = timed
     if config.knobs.serialize:  # also where no tensor qualifies: the orders alone can be the plan
         from .passes.schedule import finish
 
@@ -184,6 +198,11 @@ def check_placement(sim: Simulator, swaps: Sequence[Swap], budget: int) -> None:
             LMSWarning,
             stacklevel=3,
         )
+
+
+def _later(timed: Swap, by_levels: Swap) -> bool:
+    """Whether every swap-in of ``timed`` is triggered at a level no lower than in ``by_levels``."""
+    return all((t.trigger_level or 0) >= (s.trigger_level or 0) for t, s in zip(timed.swap_ins, by_levels.swap_ins))
 
 
 #: Producers that get no fence: Grappler's arithmetic optimizer folds a tree of these into
