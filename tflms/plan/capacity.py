@@ -151,15 +151,13 @@ def max_batch_size(
     if not isinstance(bound, bool):
         raise ValueError(f"bound must be True or False. Received: bound={bound!r}")
     graph_of = graph_source(step)
-    planned_of = graph_of  # the step the plans are made on (and the bound searched on)
-    if cfg.split_sums:
-        from .passes.sums import with_split_sums
 
-        planned_of = lambda batch: with_split_sums(graph_of(batch))[0]  # noqa: E731
-    if cfg.drop_tiles:
-        from .passes.tiles import with_dropped_tiles
+    def planned_of(batch: int) -> GraphModel:
+        """The step the bound is searched on: the policy's passes that change what the step
+        holds (split sums, tiles left out) applied, as the planner applies them."""
+        model = graph_of(batch)
+        return prepare(model, cfg, Simulator(model, cfg.host), only=("split_sums", "drop_tiles"))[0]
 
-        planned_of = lambda batch, split=planned_of: with_dropped_tiles(split(batch))[0]  # noqa: E731
     cache: dict[int, tuple[bool, bool]] = {}
 
     def fits(batch: int) -> tuple[bool, bool]:

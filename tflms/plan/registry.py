@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from ..config import LMSConfig
@@ -116,13 +116,16 @@ def op_count_change(before: GraphModel, after: GraphModel) -> str:
     return ", ".join(parts) or "nothing"
 
 
-def prepare(model: GraphModel, config: LMSConfig, sim: Simulator) -> tuple[GraphModel, Simulator, dict[str, tuple]]:
+def prepare(
+    model: GraphModel, config: LMSConfig, sim: Simulator, only: Collection[str] | None = None
+) -> tuple[GraphModel, Simulator, dict[str, tuple]]:
     """The step that swaps are planned on: ``model`` with the passes of ``config.policy`` that
-    are decided before the swaps applied, in registry order. Returns ``(model, a simulator of
-    it, {plan field: decisions})``; ``sim`` (``model``'s) is returned when nothing changed."""
+    are decided before the swaps applied, in registry order (of them ``only`` those named, if
+    given). Returns ``(model, a simulator of it, {plan field: decisions})``; ``sim``
+    (``model``'s) is returned when nothing changed."""
     decided: dict[str, tuple] = {}
     for p in PASSES:
-        if p.prepare is None or p.policy not in config.policy:
+        if p.prepare is None or p.policy not in config.policy or (only is not None and p.name not in only):
             continue
         before = model
         model, decisions, sim = p.prepare(model, config, sim)
