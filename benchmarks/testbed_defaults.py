@@ -7,7 +7,8 @@ does with ResNet50 96² (Adam), through ``model.fit`` with ``LMSCallback`` and t
 * ``fits``: under a 1 GiB cap at batch 16, which the plain step fits: the plan should swap
   nothing and the step take the plain step's time;
 * ``grows``: under a 1 GiB cap at batch 96, where the plain step runs out of memory;
-* ``capacity``: under a 600 MiB cap, the batches 72 and 80 (the plain step's largest is 16).
+* ``capacity``: under a 600 MiB cap, the batches 48 and 72 (the plain step's largest is 16), and
+  72 with the opt-in ``order_updates``.
 
 Each way of each case runs in a fresh measured process (:func:`tflms.testbed.measure_model`):
 one warm-up step, then ``--steps`` measured ones. Writes ``benchmarks/results/testbed_defaults.json``.
@@ -33,18 +34,19 @@ from tflms.testbed import measure_model
 RESULTS = Path(__file__).resolve().parent / "results" / "testbed_defaults.json"
 MiB = 2**20
 
-#: case -> (cap, batch, the ways to run, APIs)
-CASES: dict[str, tuple[str, int, tuple[str, ...], tuple[str, ...]]] = {
-    "fits": ("1GiB", 16, ("plain", "lms"), ("fit", "function")),
-    "grows": ("1GiB", 96, ("plain", "lms"), ("fit",)),
-    "capacity72": ("600MiB", 72, ("lms",), ("fit", "function")),
-    "capacity80": ("600MiB", 80, ("lms",), ("fit", "function")),
+#: case -> (cap, batch, the ways to run, APIs, tflms options besides device and host)
+CASES: dict[str, tuple[str, int, tuple[str, ...], tuple[str, ...], dict[str, Any]]] = {
+    "fits": ("1GiB", 16, ("plain", "lms"), ("fit", "function"), {}),
+    "grows": ("1GiB", 96, ("plain", "lms"), ("fit",), {}),
+    "capacity48": ("600MiB", 48, ("lms",), ("fit", "function"), {}),
+    "capacity72": ("600MiB", 72, ("lms",), ("fit", "function"), {}),
+    "capacity72_order_updates": ("600MiB", 72, ("lms",), ("function",), {"policy": ("default", "order_updates")}),
 }
 FACTORIES = {"fit": "tflms.testing.zoo:fit_data", "function": "tflms.testing.zoo:train_step"}
 
 
 def run_case(case: str, steps: int, size: int) -> list[dict[str, Any]]:
-    cap, batch, ways, apis = CASES[case]
+    cap, batch, ways, apis, options = CASES[case]
     rows = []
     for api in apis:
         m = measure_model(
@@ -53,6 +55,7 @@ def run_case(case: str, steps: int, size: int) -> list[dict[str, Any]]:
             steps=steps,
             cap=cap,
             ways=ways,
+            options=options,
             batch_size=batch if api == "fit" else None,
             timeout=3600,
         )
@@ -68,6 +71,7 @@ def run_case(case: str, steps: int, size: int) -> list[dict[str, Any]]:
                     "cap_mib": tflms.config.parse_bytes(cap) // MiB,
                     "batch": batch,
                     "api": api,
+                    "options": {k: list(v) if isinstance(v, tuple) else v for k, v in options.items()},
                     "way": way,
                     "status": run.status,
                     "peaks_mib": [round(p / MiB, 1) for p in run.peaks],

@@ -28,5 +28,15 @@ import lazy_loader
 
 __version__ = "0.1.0"
 
-__getattr__, __dir__, __all__ = lazy_loader.attach_stub(__name__, __file__)
+_getattr, _dir, __all__ = lazy_loader.attach_stub(__name__, __file__)
 __all__ = [*__all__, "__version__"]
+
+
+def __getattr__(name: str) -> object:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _getattr(name)
+
+
+def __dir__() -> list[str]:
+    return [*_dir(), "__version__"]

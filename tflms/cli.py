@@ -335,7 +335,8 @@ def _plan(args: argparse.Namespace) -> int:
         plan = tflms.make_plan(gm, config)
     except tflms.BudgetError as err:
         raise CLIError(
-            f"no swap plan brings the predicted device peak within the budget {_budget_text(err.budget, True)}: "
+            "no swap plan brings the predicted device peak within the budget "
+            f"{_budget_text(args.budget if isinstance(args.budget, int) else err.budget, True)}: "
             f"the best plan's peak is {format_sizes(err.best_peak_bytes, True)} "
             f"({format_sizes(err.plain_peak_bytes)} without LMS; simulator). Raise --budget or lower --batch. "
             f"Received: --budget={getattr(args.budget, 'text', 'auto')!r}"
@@ -351,7 +352,7 @@ def _plan(args: argparse.Namespace) -> int:
         print(f"wrote {args.plot}")
     if args.max_batch:
         if config.budget is None:
-            raise CLIError("--max-batch needs a budget: pass --budget 16GiB (or --budget auto where a GPU has one)")
+            raise CLIError("--max-batch needs --budget: pass --budget 16GiB (or --budget auto where a GPU has one)")
         print(tflms.max_batch_size(source, config.budget, config=config.replace(budget=None), bound=True))
     return 0
 
