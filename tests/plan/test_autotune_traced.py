@@ -7,7 +7,9 @@ import pytest
 import tensorflow as tf
 
 import tflms
+import tflms.ir.trace
 import tflms.plan.autotune
+import tflms.plan.capacity
 from tflms import BudgetError, LMSConfig, Simulator, make_plan
 
 import zoo
@@ -98,7 +100,7 @@ def test_max_batch_size_of_a_compiled_keras_model():
     )
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     budget = 64 * 2**20
-    result = tflms.max_batch_size(model, budget, limit=4096, bound=True)
+    result = tflms.max_batch_size(model, budget, limit=4096, bound=True, policy="none")  # the plain step's floor
     assert 1 <= result.without_lms < result.with_lms <= result.bound < 4096
     assert "simulator" in str(result) and f"{result.without_lms} without LMS" in str(result)
     assert f"no plan fits past {result.bound} (one op's working set)" in str(result)
@@ -110,7 +112,7 @@ def test_max_batch_size_of_a_compiled_keras_model():
     assert sim(result.without_lms).peak() <= budget < sim(result.without_lms + 1).peak()
     # The bound: the largest batch whose floor (variables and one op's working set) fits.
     assert sim(result.bound).floor()[0] <= budget < sim(result.bound + 1).floor()[0]
-    assert tflms.max_batch_size(model, budget, limit=4096).bound is None
+    assert tflms.max_batch_size(model, budget, limit=4096, policy="none").bound is None
     assert tflms.plan.capacity.batch_bound(model, budget, limit=4096) == result.bound
     assert (
         tflms.plan.capacity.batch_bound(model, budget, limit=result.bound - 1) == result.bound - 1
@@ -356,7 +358,7 @@ def test_step_5_finishes_other_resnet50_plans_where_the_lowest_one_does_not_fit(
     finished, calls = tflms.plan.autotune._finished_peak, []  # noqa: SLF001 (the step 5 it checks)
 
     def first_misses(sim, knobs):
-        calls.append((knobs.swapout_threshold, knobs.swapin_groupby, knobs.n_tensors))
+        calls.append((knobs.knobs.swapout_threshold, knobs.knobs.swapin_groupby, knobs.knobs.n_tensors))
         return 2 * config.budget if len(calls) == 1 else finished(sim, knobs)
 
     monkeypatch.setattr(tflms.plan.autotune, "_finished_peak", first_misses)

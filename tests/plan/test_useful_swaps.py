@@ -15,7 +15,9 @@ import pytest
 import tensorflow as tf
 
 import tflms
+import tflms.ir.trace
 from tflms.plan.candidates import RESIDENT_OP_TYPES, SHAPE_OP_TYPES, buffer_owner
+from tflms.plan.registry import replay
 from tflms.testing.zoo import build
 
 from conftest import DEVICE, HOST
@@ -60,14 +62,15 @@ def test_plans_of_real_models_hold_only_useful_swaps(name):
     plan = tflms.make_plan(model, config)
     assert len(plan.swaps) >= 3, plan.reason
     assert plan.peak_bytes_after < plan.peak_bytes_before
-    nodes = model.dag.nodes
+    planned = replay(model, plan)  # the step the swaps are made on (the policy's passes applied)
     for s in plan.swaps:
         assert s.bytes >= config.knobs.min_bytes, s
-        owner = buffer_owner(model, s.tensor)
-        assert nodes[owner.op]["type"] not in RESIDENT_OP_TYPES, (s.tensor, owner.name)
+        owner = buffer_owner(planned, s.tensor)
+        assert planned.dag.nodes[owner.op]["type"] not in RESIDENT_OP_TYPES, (s.tensor, owner.name)
         for si in s.swap_ins:
             assert si.trigger is not None, s
-            assert all(nodes[c]["type"] not in SHAPE_OP_TYPES for c, _ in si.consumers), s
+            assert all(planned.dag.nodes[c]["type"] not in SHAPE_OP_TYPES for c, _ in si.consumers), s
+    nodes = model.dag.nodes
     # Each model holds tensors of the excluded kinds with a far backward reader (what the
     # rules before issue 8 swapped), so this test fails if they come back into plans.
     far = [t for t in model.tensors.values() if _has_far_reader(model, t, config.knobs.swapout_threshold)]
@@ -114,7 +117,7 @@ def test_a_swapped_gradient_comes_back_only_after_a_trigger_that_follows_its_pro
     """
     cf, batch_size = CASES[name]()
     model = tflms.GraphModel.from_func_graph(cf.graph, batch_size=batch_size)
-    config = tflms.LMSConfig(device=DEVICE, host=HOST, swap_gradients=True, swapout_threshold=1)
+    config = tflms.LMSConfig(device=DEVICE, host=HOST, policy="swap_gradients", swapout_threshold=1)
     plan = tflms.make_plan(model, config)
     nodes, dag = model.dag.nodes, model.dag
     backward = [s for s in plan.swaps if nodes[s.producer]["phase"] == "backward"]

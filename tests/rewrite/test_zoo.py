@@ -23,6 +23,9 @@ from helpers import (
 
 pytestmark = pytest.mark.integration
 
+# The tests of one pass each compare it with the swaps alone: the default policy's passes off.
+SWAPS = {**SMALL, "policy": "none"}
+
 #: Models whose rewritten step is not bit-identical, with the tolerance held and why: none.
 #: Two causes found so far (issue 10), both avoided by tflms:
 #: - transformer (one ULP in one loss of three): Grappler's constant folding pushes a
@@ -139,10 +142,10 @@ def test_swapout_fences_keep_training_bit_identical(name):
     shared = zoo.shared(name)
     setup, plain = shared.setup, shared.plain
     fn = setup.step_fn()
-    fenced = tflms.function(fn, device=DEVICE, swapout_window=2, **SMALL)
+    fenced = tflms.function(fn, device=DEVICE, swapout_window=2, **SWAPS)
     _assert_trains_bit_identically(shared, fenced)
     plan = fenced.get_plan(setup.x, setup.y)
-    unfenced = tflms.function(fn, device=DEVICE, **SMALL).get_plan(setup.x, setup.y)
+    unfenced = tflms.function(fn, device=DEVICE, **SWAPS).get_plan(setup.x, setup.y)
     assert plan.swaps == unfenced.swaps and unfenced.fences == ()
     assert len(plan.fences) >= 1
     check_structure(fenced.get_concrete_function(setup.x, setup.y), plan, DEVICE, HOST)
@@ -177,7 +180,7 @@ def test_swapout_fences_keep_training_bit_identical(name):
 def test_resnet50_plan_lowers_the_predicted_peak():
     shared = zoo.shared("resnet50", batch=16, size=128)
     setup, cf = shared.setup, shared.cf
-    new_cf, plan = tflms.optimize(cf, device=DEVICE, **SMALL)
+    new_cf, plan = tflms.optimize(cf, device=DEVICE, **SWAPS)
     assert plan.peak_bytes_after < plan.peak_bytes_before
     # Variables (weights + 2 Adam slots + counters) are part of both peaks.
     n_weights = sum(int(np.prod(v.shape)) for v in setup.model.trainable_variables)
@@ -194,9 +197,9 @@ def test_memory_aware_schedule_keeps_training_bit_identical():
     as ``serialize=False`` plus orders, a lower predicted peak, every order a control input
     that still holds in the graphs TensorFlow ran, and the same numbers as the plain step."""
     shared = zoo.shared("resnet50", batch=16, size=128)
-    ordered, plan = tflms.optimize(shared.cf, device=DEVICE, **SMALL)
+    ordered, plan = tflms.optimize(shared.cf, device=DEVICE, **SWAPS)
     assert plan.options["serialize"] is True
-    _, unordered = tflms.optimize(shared.cf, device=DEVICE, serialize=False, **SMALL)
+    _, unordered = tflms.optimize(shared.cf, device=DEVICE, serialize=False, **SWAPS)
     assert plan.swaps == unordered.swaps and unordered.orders == ()
     assert plan.orders and plan.peak_bytes_after < unordered.peak_bytes_after
     assert all("_bn_" in o.op for o in plan.orders)  # BatchNorm gradients wait
@@ -218,8 +221,8 @@ def test_updates_wait_for_the_reads_of_their_variable_and_training_stays_bit_ide
     from tflms.plan.passes.schedule import update_orders
 
     shared = zoo.shared("resnet50")
-    ordered, plan = tflms.optimize(shared.cf, device=DEVICE, order_updates=True, **SMALL)
-    _, copying = tflms.optimize(shared.cf, device=DEVICE, **SMALL)  # order_updates=False, the default
+    ordered, plan = tflms.optimize(shared.cf, device=DEVICE, order_updates=True, **SWAPS)
+    _, copying = tflms.optimize(shared.cf, device=DEVICE, **SWAPS)  # order_updates=False, the default
     traced = tflms.GraphModel.from_func_graph(shared.cf.graph)
     updates = update_orders(traced)
     types = dict(traced.dag.nodes(data="type"))
@@ -283,7 +286,7 @@ def test_late_triggers_off_the_consumers_path_keep_training_bit_identical():
     from tflms.plan.passes.schedule import _later_trigger
 
     shared = zoo.shared("resnet50")
-    _, plan = tflms.optimize(shared.cf, device=DEVICE, **SMALL)
+    _, plan = tflms.optimize(shared.cf, device=DEVICE, **SWAPS)
     traced = tflms.GraphModel.from_func_graph(shared.cf.graph)
     model = with_orders(traced, plan.orders)
     order = Simulator(model, HOST).order
@@ -315,7 +318,7 @@ def test_room_for_later_triggers_keeps_training_bit_identical():
     from tflms.plan.passes.schedule import _leading_to_updates, _room_for
 
     shared = zoo.shared("resnet50")
-    _, plan = tflms.optimize(shared.cf, device=DEVICE, **SMALL)
+    _, plan = tflms.optimize(shared.cf, device=DEVICE, **SWAPS)
     model = with_orders(tflms.GraphModel.from_func_graph(shared.cf.graph), plan.orders)
     pos = {op: i for i, op in enumerate(Simulator(model, HOST).order)}
     fed = {c for s in plan.swaps for si in s.swap_ins for c, _ in si.consumers}
@@ -339,8 +342,8 @@ def test_swapped_gradients_keep_training_bit_identical(name):
     """``swap_gradients=True``: tensors of the backward pass are swapped too, on top of the
     forward swaps, and the step trains to the same numbers as the plain step."""
     shared = zoo.shared(name)
-    lms, plan = tflms.optimize(shared.cf, device=DEVICE, swap_gradients=True, **SMALL)
-    forward = {s.tensor for s in tflms.optimize(shared.cf, device=DEVICE, **SMALL)[1].swaps}
+    lms, plan = tflms.optimize(shared.cf, device=DEVICE, swap_gradients=True, **SWAPS)
+    forward = {s.tensor for s in tflms.optimize(shared.cf, device=DEVICE, **SWAPS)[1].swaps}
     traced = tflms.GraphModel.from_func_graph(shared.cf.graph)
     added = [s for s in plan.swaps if s.tensor not in forward]
     assert forward < {s.tensor for s in plan.swaps} and all(traced.phase(s.producer) == "backward" for s in added)
@@ -372,7 +375,7 @@ def test_pooled_outputs_stay_on_the_device_for_onednn():
 
     setup = zoo.unet3d()
     cf = tf.function(setup.step_fn()).get_concrete_function(setup.x, setup.y)
-    new_cf, plan = tflms.optimize(cf, device=DEVICE, **SMALL)
+    new_cf, plan = tflms.optimize(cf, device=DEVICE, **SWAPS)
     pinned = {
         op.inputs[i].name
         for op in cf.graph.get_operations()
@@ -384,7 +387,7 @@ def test_pooled_outputs_stay_on_the_device_for_onednn():
     # A GPU runs the same MaxPool3DGrad kernel whatever feeds it: planned for one (device=None
     # is a GPU), the pooled outputs are swapped like any tensor.
     for device in (None, "/device:GPU:0"):
-        config = tflms.LMSConfig(device=device, **SMALL)
+        config = tflms.LMSConfig(device=device, **SWAPS)
         gpu_plan = tflms.make_plan(tflms.GraphModel.from_func_graph(cf.graph), config)
         assert pinned <= {s.tensor for s in gpu_plan.swaps}, device
 
@@ -435,7 +438,7 @@ def test_consumers_read_swap_ins_through_a_device_landing():
 
     setup = zoo.transformer()
     cf = tf.function(setup.step_fn()).get_concrete_function(setup.x, setup.y)
-    new_cf, plan = tflms.optimize(cf, device=DEVICE, **SMALL)
+    new_cf, plan = tflms.optimize(cf, device=DEVICE, **SWAPS)
     assert plan.swaps
     swap_ins = [op for op in new_cf.graph.get_operations() if op.name.startswith(SWAP_IN_SCOPE + "/")]
     assert len(swap_ins) == plan.n_swap_ins
@@ -549,7 +552,7 @@ def test_recompute_is_bit_identical_and_structured(name):
     traced and trained plain steps (``zoo.shared``)."""
     shared = zoo.shared(name)  # its plain step traced and trained once per process
     setup = shared.setup
-    cf, plan = tflms.optimize(shared.cf, device=DEVICE, recompute=True, **SMALL)
+    cf, plan = tflms.optimize(shared.cf, device=DEVICE, recompute=True, **SWAPS)
     losses_plain, vars_plain = shared.plain_run(3)
     losses_lms, vars_lms = zoo.run_steps(setup, cf, n=3)
     np.testing.assert_array_equal(losses_lms, losses_plain)
@@ -567,7 +570,7 @@ def test_recompute_is_bit_identical_and_structured(name):
     # A recomputed tensor is not swapped too, and every recompute reads only what is there.
     assert not {s.tensor for s in plan.swaps} & {r.tensor for r in plan.recomputes}
     # Recomputing instead of swapping moves fewer bytes over the link than swapping alone.
-    _, swap_only = tflms.optimize(shared.cf, device=DEVICE, **SMALL)
+    _, swap_only = tflms.optimize(shared.cf, device=DEVICE, **SWAPS)
     assert plan.swapped_bytes < swap_only.swapped_bytes
     assert plan.link_seconds < swap_only.link_seconds
     assert plan.step_seconds < swap_only.step_seconds
@@ -582,7 +585,7 @@ def test_split_sums_keep_training_bit_identical_and_survive_grappler(name):
     from tflms.plan.passes.sums import ADD_OPS_TAG, chain_ops
 
     shared = zoo.shared(name)
-    lms, plan = tflms.optimize(shared.cf, device=DEVICE, split_sums=True, **SMALL)
+    lms, plan = tflms.optimize(shared.cf, device=DEVICE, split_sums=True, **SWAPS)
     traced = tflms.GraphModel.from_func_graph(shared.cf.graph)
     big = [op for op in traced.dag if traced.dag.nodes[op]["type"] == "AddN" and len(traced.inputs_of[op]) >= 3]
     assert plan.sums and {s.op for s in plan.sums} <= set(big), plan.summary()
@@ -597,7 +600,7 @@ def test_split_sums_keep_training_bit_identical_and_survive_grappler(name):
     optimized = {n.name: n for n in tfi.grappler_optimize(lms, DEVICE).node}
     kept = [n for s in plan.sums for n in chain_ops(s) if n in optimized and optimized[n].op == "AddV2"]
     assert len(kept) == sum(len(chain_ops(s)) for s in plan.sums)
-    again, replan = tflms.optimize(lms, device=DEVICE, split_sums=True, **SMALL)
+    again, replan = tflms.optimize(lms, device=DEVICE, split_sums=True, **SWAPS)
     # Rewriting twice changes nothing: the step comes back with its own plan, or an empty one.
     assert again is lms and (replan is plan or "already rewritten" in replan.reason)
     _assert_trains_bit_identically(shared, lms)
@@ -612,7 +615,7 @@ def test_dropped_tiles_keep_training_bit_identical_and_survive_grappler(name):
     from tflms.plan.passes.tiles import SUFFIX
 
     shared = zoo.shared(name)
-    lms, plan = tflms.optimize(shared.cf, device=DEVICE, split_sums=True, drop_tiles=True, **SMALL)
+    lms, plan = tflms.optimize(shared.cf, device=DEVICE, split_sums=True, drop_tiles=True, **SWAPS)
     traced = tflms.GraphModel.from_func_graph(shared.cf.graph)
     tiles = [op for op in traced.dag if traced.dag.nodes[op]["type"] == "Tile"]
     assert plan.tiles and set(plan.tiles) <= set(tiles), plan.summary()
@@ -627,7 +630,7 @@ def test_dropped_tiles_keep_training_bit_identical_and_survive_grappler(name):
     # Grappler prunes the tiles and the old ops, and keeps the ops made again.
     assert not (set(plan.tiles) | {op.name for op in old.values()}) & set(optimized)
     assert {op.name for op in remade} <= set(optimized)
-    again, replan = tflms.optimize(lms, device=DEVICE, split_sums=True, drop_tiles=True, **SMALL)
+    again, replan = tflms.optimize(lms, device=DEVICE, split_sums=True, drop_tiles=True, **SWAPS)
     assert again is lms and (replan is plan or "already rewritten" in replan.reason)
     _assert_trains_bit_identically(shared, lms)
 
@@ -639,7 +642,7 @@ def test_dropped_broadcasts_of_a_step_traced_with_an_unknown_batch_keep_training
     setup = shared.setup
     spec = [tf.TensorSpec((None, *t.shape[1:]), t.dtype) for t in (setup.x, setup.y)]
     cf = tf.function(setup.step_fn()).get_concrete_function(*spec)
-    lms, plan = tflms.optimize(cf, device=DEVICE, split_sums=True, drop_tiles=True, batch_size=16, **SMALL)
+    lms, plan = tflms.optimize(cf, device=DEVICE, split_sums=True, drop_tiles=True, batch_size=16, **SWAPS)
     types = {cf.graph.get_operation_by_name(t).type for t in plan.tiles}
     assert len(plan.tiles) == 8 and types == {"BroadcastTo"}, plan.summary()
     _assert_trains_bit_identically(shared, lms)
