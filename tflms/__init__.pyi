@@ -2,7 +2,7 @@ from . import horovod, testbed
 from .config import Knobs, LMSConfig
 from .emulate.simulator import MemoryProfile, Simulator, simulate
 from .errors import BudgetError, LMSWarning, TflmsError
-from .integrations.function import LMSFunction, function, manual_memory_optimizer, optimize
+from .integrations.function import LMSFunction, function, manual_memory_optimizer, optimize, resolve_device
 from .integrations.keras import LMSCallback
 from .ir.graph import GraphModel
 from .plan.capacity import BatchSizeResult, max_batch_size

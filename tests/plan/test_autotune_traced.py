@@ -122,10 +122,10 @@ def test_max_batch_size_of_a_compiled_keras_model():
     assert tflms.ir.trace.keras_step_source(model, step) is step  # every forward size is told by the batch
     # With LMS, the autotuner fits the largest batch and not the next one.
     model_at = tflms.GraphModel.from_func_graph(step.graph, batch_size=result.with_lms)
-    assert make_plan(model_at, LMSConfig(budget=budget)).peak_bytes_after <= budget
+    assert make_plan(model_at, LMSConfig(budget=budget, policy="none")).peak_bytes_after <= budget
     model_after = tflms.GraphModel.from_func_graph(step.graph, batch_size=result.with_lms + 1)
     with pytest.raises(BudgetError):
-        make_plan(model_after, LMSConfig(budget=budget))
+        make_plan(model_after, LMSConfig(budget=budget, policy="none"))
     with pytest.raises(ValueError, match="budget="):
         tflms.max_batch_size(model, "lots")
     with pytest.raises(TypeError, match="step must be"):

@@ -509,7 +509,7 @@ def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
         >>> cf = tf.function(train_step).get_concrete_function(x, y)
         >>> plan = tflms.make_plan(tflms.GraphModel.from_func_graph(cf.graph), tflms.LMSConfig(swapout_threshold=20))
         >>> print(short_summary(plan))  # doctest: +ELLIPSIS
-        tflms plan for ...: ... tensors swapped, ... MiB out and ... MiB back in per step (... swap-ins)
+        tflms plan for ...: ... tensors swapped, ... MiB out and ... MiB back in per step (... swap-ins)...
         predicted device peak (simulator): ... MiB -> ... MiB (...% less); full table: LMSCallback(verbose=2)
     """
     before, after = plan.peak_bytes_before, plan.peak_bytes_after
