@@ -41,9 +41,9 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    from tflms.config import LMSConfig
+    from tflms.config import Knobs, LMSConfig
 
-    d = LMSConfig.__dataclass_fields__
+    d = {**Knobs.__dataclass_fields__, **LMSConfig.__dataclass_fields__}
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="ResNet50", help="a keras.applications name, e.g. ResNet50, MobileNetV2")
     p.add_argument("--image-size", type=int, default=64)

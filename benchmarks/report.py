@@ -163,6 +163,28 @@ def testbed_time(data: dict) -> str:
     return "\n".join(lines)
 
 
+def testbed_defaults(data: dict) -> str:
+    """ResNet50 on the test bed with no option but device and host (``benchmarks/testbed_defaults.py``)."""
+    lines = [
+        f"_{_header(data)}; {data['options']}; one warm-up step, then the measured steps_",
+        "",
+        "| case | cap | batch | API | way | options | status | steady peak | predicted | swaps | median step "
+        "| budget |",
+        "|---|---:|---:|---|---|---|---|---:|---:|---:|---:|---|",
+    ]
+    for r in data["runs"]:
+        options = ", ".join(f"`{k}={tuple(v) if isinstance(v, list) else v!r}`" for k, v in r["options"].items())
+        peak = "-" if r["steady_peak_mib"] is None else f"{r['steady_peak_mib']:,.1f} MiB"
+        predicted = "-" if r["predicted_mib"] is None else f"{r['predicted_mib']:,.1f} MiB"
+        swaps = "-" if r["n_swaps"] is None else str(r["n_swaps"])
+        step = "-" if r["median_step_seconds"] is None else f"{r['median_step_seconds']:.2f} s"
+        lines.append(
+            f"| {r['case']} | {r['cap_mib']} MiB | {r['batch']} | {r['api']} | {r['way']} | {options or '-'} "
+            f"| {r['status']} | {peak} | {predicted} | {swaps} | {step} | {r['budget_text'] or '-'} |"
+        )
+    return "\n".join(lines)
+
+
 def _mib_number(n: float) -> str:
     return f"{n / 2**20:,.0f}"
 
@@ -706,6 +728,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "capacity": capacity,
     "cpu_overhead": cpu_overhead,
     "testbed_time": testbed_time,
+    "testbed_defaults": testbed_defaults,
     "simulator_accuracy": simulator_accuracy,
     "testbed_memory": testbed_memory,
     "testbed_capacity": testbed_capacity,
@@ -865,6 +888,16 @@ SECTIONS: list[tuple[str, str, str]] = [
         "One profiled step per row: the allocator chunks live at the measured peak, grouped by the phase of "
         "the op behind them, next to the simulator's live buffers at its predicted peak "
         "(`benchmarks/peak_anatomy.py`). **Measured (test bed)** against **predicted**.",
+    ),
+    (
+        "testbed_defaults",
+        "No option but device and host (test bed)",
+        "ResNet50 96² (Adam) trained with `model.fit` and `LMSCallback`, and with `tflms.function`, "
+        "given only the test bed's device and host: `budget='auto'` is the cap times 0.9, the default "
+        "policy's passes (`benchmarks/testbed_defaults.py`); each way of each case in a fresh measured "
+        "process. **Measured (test bed)**; the predicted peak is the simulator's. The plain step's "
+        "largest batch under 600 MiB is 16 ([largest batch](#largest-batch-under-a-real-cap-test-bed)). Step "
+        "times share the 2 CPU cores with the host process.",
     ),
     (
         "testbed_time",

@@ -125,7 +125,7 @@ def reference_run(initial: list, batches: list[tuple]) -> list:
 
 
 def rewritten_structure(graph) -> dict:
-    from tflms.rewrite import SWAP_IN_SCOPE, SWAP_OUT_SCOPE
+    from tflms.rewrite.apply import SWAP_IN_SCOPE, SWAP_OUT_SCOPE
 
     ops = graph.get_operations()
     outs = [op for op in ops if op.name.startswith(SWAP_OUT_SCOPE + "/")]

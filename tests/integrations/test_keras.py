@@ -631,7 +631,7 @@ def test_fit_calls_the_step_with_a_manual_memory_optimizer_unless_configured_oth
 
     def ran(**options):
         m = model()
-        cb = LMSCallback(device=DEVICE, batch_size=batch, swapout_threshold=1, **options)
+        cb = LMSCallback(device=DEVICE, batch_size=batch, swapout_threshold=1, policy="none", **options)
         history = []
 
         def fit():
