@@ -226,7 +226,7 @@ def run_horovod(out: str, rank: int, size: int, report: dict) -> None:
     if rank == 0:
         save(out, "initial.npz", initial)
     again = tflms.LMSCallback(horovod=True, **jobkit.LMS_OPTIONS)  # a new callback: still no second broadcast
-    assert type(again) is lms_hvd.HorovodLMSCallback
+    assert type(again) is tflms.LMSCallback and again.horovod  # the same callback, in its Horovod mode
     second = model.fit(x, y, batch_size=B, epochs=1, shuffle=False, callbacks=[again, rec], verbose=0).history
     save(out, f"horovod_rank{rank}.npz", [v.numpy() for v in state(model)])
     report["horovod"] = {
