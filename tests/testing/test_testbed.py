@@ -306,10 +306,11 @@ def test_gpt_logits_find_no_chunk_under_a_cap_while_most_of_the_pool_is_free():
     """The TensorFlow fact behind tflms.plan.planner.check_placement: a tensor needs one contiguous
     chunk, and the allocator's regions (grown by doubling, never returned) fragment. The GPT at
     batch 16 with its ``budget='320MiB'`` plan (276 MiB predicted, within the budget) under a 320 MiB
-    cap: the 125 MiB logits find no chunk. Measured here (2026-11-28): 98 MiB in use, 222 MiB free,
-    the largest free chunk 108 MiB, regions of 2, 8, 8, 16, 32, 64, 128 and 62 MiB (the cap's
-    rest); the same with a 336 MiB budget and cap (123 MiB the largest free chunk). The default
-    plan (248 MiB predicted) trained under 320 MiB (274 MiB measured)."""
+    cap: the 125 MiB logits find no chunk although the bytes in use plus the logits are well under
+    the cap. Measured here (2026-11-28), two shapes from process to process: 98 MiB in use, 222 MiB
+    free, the largest free chunk 108 MiB (regions of 2, 8, 8, 16, 32, 64, 128 and 62 MiB); or 134
+    MiB in use, a 258 MiB pool that could not grow its next region within the cap. The default plan
+    (248 MiB predicted) trained under 320 MiB (274 MiB measured)."""
     jobs = [str(TESTS)]
     # The swaps alone (policy "none"), as when this was measured: the default passes plan otherwise.
     kwargs = {"batch": 16, "options": {"budget": "320MiB", "policy": "none"}}
@@ -317,8 +318,10 @@ def test_gpt_logits_find_no_chunk_under_a_cap_while_most_of_the_pool_is_free():
     assert r.status == "oom", (r.status, r.value, r.error[-2000:])
     oom = r.oom
     assert oom is not None and oom["requested"] == 16 * 256 * 8000 * 4, oom  # the logits
-    assert oom["op"].endswith("Tensordot/MatMul") and oom["in_use"] < 0.5 * oom["pool"], oom
-    assert oom["largest_free"] < oom["requested"] < oom["free"], oom
+    assert oom["op"].endswith("Tensordot/MatMul"), oom
+    # Live bytes plus the request fit the cap with room to spare: the allocator's layout refused it.
+    assert oom["in_use"] + oom["requested"] < 0.9 * 320 * 2**20, oom
+    assert oom["largest_free"] < oom["requested"], oom
 
 
 @pytest.mark.slow
