@@ -261,6 +261,11 @@ class LMSCallback(keras.callbacks.Callback):
         self._checked_batch = False  # batch dimension of the fed data looked at
         self._measured_device: str | None = None  # device whose peak this epoch's logs report
         self._mode: Any = OneProcess()
+        if horovod and self.config.offload:
+            raise ValueError(
+                "offload='optimizer' is not available with horovod=True yet: the averaged gradients would have to "
+                "reach the host. Pass offload=None, or train in one process. Received: offload='optimizer'"
+            )
         if horovod:
             from .horovod.fit import HorovodFit  # imports Horovod's integration only when asked
 
@@ -317,6 +322,8 @@ class LMSCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         model = self.model
         lms = self._supported(model)
+        if lms and self.config.offload:
+            self._build_optimizer(model)
         if lms or self._mode.installs_without_lms:
             self._install(model, lms=lms)
         self._mode.train_begin(model)
@@ -398,6 +405,15 @@ class LMSCallback(keras.callbacks.Callback):
         if replicas > 1:
             return self._mode.several_replicas(replicas)
         return True
+
+    def _build_optimizer(self, model: keras.Model) -> None:
+        """``offload="optimizer"``: build the model's optimizer with its slots on the host, before
+        Keras first traces the step (it would build it there, beside the weights)."""
+        from .function import check_host
+        from .offload import build_optimizer
+
+        check_host(self.config)
+        build_optimizer(model.optimizer, model.trainable_variables, self.config.host)
 
     def _build(self, model: keras.Model, keras_function: Callable[[Any], Any], lms: bool = True) -> _Installation:
         # Traced as Keras traces its one_step_on_data: without AutoGraph (do_not_convert) and
