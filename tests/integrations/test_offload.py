@@ -16,8 +16,8 @@ import tensorflow as tf
 
 import tflms
 from tflms.ir.devices import same_device
-from tflms.plan.passes.offload import offload_decisions
 from tflms.ir.graph import GraphModel
+from tflms.plan.passes.offload import offload_decisions
 from tflms.testing.zoo import MODELS
 
 from conftest import DEVICE, HOST
@@ -132,7 +132,8 @@ def test_sgd_differs_only_through_the_arithmetic_optimizer(setup, name):
         plain = setup.run(name, offload=False)
         off = setup.run(name, offload=True)
     finally:
-        tf.config.optimizer.set_experimental_options({"arithmetic_optimization": before.get("arithmetic_optimization", True)})
+        restored = before.get("arithmetic_optimization", True)
+        tf.config.optimizer.set_experimental_options({"arithmetic_optimization": restored})
     _assert_same(plain, off)
 
 
@@ -159,8 +160,9 @@ def _check_placement(graph, optimizer, model):
     assert placed and all(same_device(op.device, HOST) for op in placed)
     assert any(op.type == "IdentityN" for op in placed)  # the gradients' first reader: they leave at once
     writes = ("AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp")
-    weight_writes = [op for op in graph.get_operations() if op.type in writes and op.inputs[0].op.name in weight_handles]
-    slot_writes = [op for op in graph.get_operations() if op.type in writes and op.inputs[0].op.name in slot_handles]
+    ops = [op for op in graph.get_operations() if op.type in writes]
+    weight_writes = [op for op in ops if op.inputs[0].op.name in weight_handles]
+    slot_writes = [op for op in ops if op.inputs[0].op.name in slot_handles]
     assert len(weight_writes) >= len(model.trainable_variables) and bool(slot_writes) == bool(slots)
     # Left unplaced: the placer colocates each with its variable (the weight's on the device).
     assert all(op.device == "" for op in weight_writes + slot_writes)

@@ -88,8 +88,9 @@ def _resource_inputs(model: GraphModel, op: str) -> list[str]:
 
 
 def _update_side(model: GraphModel) -> list[str]:
-    """The update phase that follows the gradients and what only feeds it (the reads of the optimizer's state, its learning
-    rate's casts), in graph order; never a backward op (a gradient feeds only the update too)."""
+    """The update phase that follows the gradients and what only feeds it (the reads of the
+    optimizer's state, its learning rate's casts), in graph order; never a backward op (a gradient
+    feeds only the update too)."""
     dag = model.dag
     backward = {n for n, p in dag.nodes(data="phase") if p == "backward"}
     # What follows the gradients: not a BatchNorm's moving-statistics update (an update by its
