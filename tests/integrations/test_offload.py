@@ -266,3 +266,25 @@ def test_offload_refuses_state_on_device(setup):
         step.get_concrete_function(x, y)
     with pytest.raises(ValueError, match=r"slot variables elsewhere.*Received: offload='optimizer'"):
         tflms.build_optimizer(optimizer, setup.model.trainable_variables, HOST)
+
+
+def test_optimize_plans_the_offloaded_step_and_replay_makes_it_again(setup):
+    """``tflms.optimize(cf, offload="optimizer")``: the given function is left plain, the plan's
+    predicted peak is the offloaded step's (below the plain step's), and ``replay`` of the plan on
+    the plain step's graph model gives that step again (the offload is in the plan's options)."""
+    from tflms.emulate.simulator import Simulator
+    from tflms.plan.registry import replay
+
+    setup.reset()
+    optimizer = OPTIMIZERS["adam"]()
+    tflms.build_optimizer(optimizer, setup.model.trainable_variables, HOST)
+    x, y = setup.batches[0]
+    cf = tf.function(setup.step_fn(optimizer)).get_concrete_function(x, y)
+    new_cf, plan = tflms.optimize(cf, device=DEVICE, host=HOST, offload="optimizer", **ROOMY)
+    assert new_cf is not cf and not plan.swaps and plan.options["offload"] == "optimizer"
+    assert not any(_attr(op) == b"offload" for op in cf.graph.get_operations())
+    assert any(_attr(op) == b"offload" for op in new_cf.graph.get_operations())
+    model = GraphModel.from_func_graph(cf.graph)
+    assert Simulator(replay(model, plan), HOST).peak() == plan.peak_bytes_after
+    assert plan.peak_bytes_after < Simulator(model, HOST).peak()
+    assert tflms.optimize(new_cf, device=DEVICE, host=HOST, offload="optimizer")[0] is new_cf  # not twice
