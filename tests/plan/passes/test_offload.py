@@ -4,7 +4,7 @@ import pytest
 
 from tflms.emulate.simulator import Simulator
 from tflms.ir.graph import GraphModel
-from tflms.plan.passes.offload import offload_decisions, with_offload
+from tflms.plan.passes.offload import offload_decisions, recv_name, with_offload
 
 pytestmark = pytest.mark.unit
 
@@ -93,10 +93,14 @@ def test_the_simulator_counts_neither_the_slots_nor_the_update_temporaries():
     model = step()
     placed = with_offload(model, offload_decisions(model), HOST)
     before, after = Simulator(model, HOST).peak(), Simulator(placed, HOST).peak()
-    # The two slots (16 MiB) leave the device, and so do the update's 8 MiB temporaries.
-    assert before - after >= 16 * MIB + 8 * MIB
-    # What stays: the weight, the moving statistic, the input, and the forward/backward tensors.
-    assert after >= 8 * MIB + 1 * MIB + 4 * MIB + 8 * MIB
+    # The two slots (16 MiB) leave the device; the update's temporaries (8 MiB each) run on the host,
+    # and the weight's change (8 MiB) is received on the device for its assign.
+    assert before - after >= 16 * MIB
+    recv = recv_name("delta:0")
+    assert placed.inputs_of["w_sub"] == ["w:0", f"{recv}:0"] and placed.dag.nodes[recv]["device"] == ""
+    assert placed.tensors[f"{recv}:0"].bytes == 8 * MIB
+    # What stays: the weight, the moving statistic, the input, the gradient and the change received.
+    assert after >= 8 * MIB + 1 * MIB + 4 * MIB + 8 * MIB + 8 * MIB
 
 
 def test_a_fused_update_or_control_flow_is_refused():

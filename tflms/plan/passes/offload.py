@@ -19,8 +19,9 @@ the step alone, so a plan's ``offload`` option is enough to make it again):
 ops carry the host as their device (ops on the host allocate no device memory, simulator rule
 5), and the offloaded variables are no longer counted in the device's variables (rule 6). The
 rewrite places the same ops on the TensorFlow graph (:func:`tflms.rewrite.apply.apply_offload`).
-Not modelled: the buffer of each weight's change on the device between its arrival and its
-assign (one weight's size at a time when the assigns keep up).
+Each tensor that a device op reads from the host (a weight's change, SGD's momentum) is received
+by a ``_Recv`` op of the model on the device, which holds it until its assign. Not modelled: a
+gradient held on the device after its last reader until the link has sent it.
 
 Example on a hand-built step (a weight ``w`` read by the forward pass, its slot ``m`` read and
 written only by the update):
@@ -46,6 +47,8 @@ written only by the update):
     >>> placed = with_offload(model, d, "/device:CPU:0")
     >>> placed.variable_bytes, placed.dag.nodes["mul"]["device"], placed.dag.nodes["m_add"]["device"]
     (16, '/device:CPU:0', '/device:CPU:0')
+    >>> placed.inputs_of["w_sub"]  # the change of w, received on the device
+    ['w:0', 'm_read/tflms_offload_recv_0:0']
 """
 
 from __future__ import annotations
@@ -54,9 +57,16 @@ import dataclasses
 
 import networkx as nx
 
-from ...ir.graph import GraphModel, reach
+from ...ir.graph import GraphModel, op_records, reach
 
-__all__ = ["OffloadDecisions", "offload_decisions", "with_offload", "FUSED_UPDATE_PREFIX", "CONTROL_FLOW_TYPES"]
+__all__ = [
+    "OffloadDecisions",
+    "offload_decisions",
+    "recv_name",
+    "with_offload",
+    "FUSED_UPDATE_PREFIX",
+    "CONTROL_FLOW_TYPES",
+]
 
 #: Op types of a fused update (``ResourceApplyAdam``...): one op reads the weight and its slots
 #: together, so the slots cannot live apart from the weight.
@@ -150,14 +160,42 @@ def offload_decisions(model: GraphModel) -> OffloadDecisions:
 
 def with_offload(model: GraphModel, decisions: OffloadDecisions, host: str) -> GraphModel:
     """``model`` as the step runs with ``decisions`` applied: the update ops and the ops on the
-    offloaded variables on ``host`` (they allocate no device memory), and the offloaded variables
-    out of ``variables`` and ``variable_bytes``. ``model`` itself is not changed."""
+    offloaded variables on ``host`` (they allocate no device memory), the offloaded variables out
+    of ``variables`` and ``variable_bytes``, and each tensor a device op reads from them received
+    by a ``_Recv`` op on the device (named :func:`recv_name`; a weight's change, which the device
+    holds from its arrival to its assign). ``model`` itself is not changed."""
     if not decisions.ops and not decisions.variables:
         return model
-    dag = model.dag.copy()  # new attribute dicts
-    for n in (*decisions.ops, *decisions.resource_ops):
-        dag.nodes[n]["device"] = host
+    placed = set(decisions.ops) | set(decisions.resource_ops)
+    records = op_records(model)
+    recv: dict[str, str] = {}  # host tensor -> the device op that receives it (one per tensor, as TensorFlow's)
+    for name, rec in records.items():
+        if name in placed:
+            rec["device"] = host
+            continue
+        for i, t in enumerate(rec["inputs"]):
+            if t.rpartition(":")[0] in placed and model.tensors[t].dtype != "resource":
+                rec["inputs"][i] = recv.setdefault(t, recv_name(t)) + ":0"
+    ordered = []
+    for name, rec in records.items():
+        ordered.append(rec)
+        for t in model.outputs_of[name]:
+            if t in recv:
+                info = model.tensors[t]
+                out = (info.dtype, info.shape, info.bytes, info.estimated)
+                ordered.append({"name": recv[t], "type": "_Recv", "inputs": [t], "outputs": [out], "device": ""})
     gone = set(decisions.variables)
     kept = tuple(v for v in model.variables if v[0] not in gone)
     freed = sum(b for t, b in model.variables if t in gone)
-    return dataclasses.replace(model, dag=dag, variables=kept, variable_bytes=model.variable_bytes - freed)
+    return GraphModel.from_ops(ordered, model.variable_bytes - freed, model.name, kept)
+
+
+def recv_name(tensor: str) -> str:
+    """The graph model's name of the device op that receives host tensor ``tensor`` (no op of the
+    TensorFlow graph: TensorFlow's partitioner adds the receive).
+
+    >>> recv_name("adam/truediv:0")
+    'adam/truediv/tflms_offload_recv_0'
+    """
+    op, _, index = tensor.rpartition(":")
+    return f"{op}/tflms_offload_recv_{index}"
