@@ -182,7 +182,10 @@ class LMSCallback(keras.callbacks.Callback):
             ``swapout_threshold=40``, ``batch_size=64``. Pass ``batch_size`` when the
             batches have no static size (a partial last batch, a dataset batched
             without ``drop_remainder``): the planner then needs it to size tensors,
-            and the callback warns when it is missing.
+            and the callback warns when it is missing. With ``offload="optimizer"`` the
+            callback builds the model's optimizer with its state on the host at train begin
+            (:func:`tflms.build_optimizer`; Keras 3 Adam, AdamW and SGD were checked), and the
+            optimizer's update runs there (:mod:`tflms.plan.passes.offload`).
 
     Epoch logs (Keras ``logs``, hence ``History`` and the progress bar): where the
     compute device reports its memory (``tf.config.experimental.get_memory_info``:
