@@ -103,7 +103,7 @@ def _assert_same(a, b, rtol=None):
         if rtol is None:
             np.testing.assert_array_equal(u, v)
         else:
-            np.testing.assert_allclose(u, v, rtol=rtol, atol=1e-7)
+            np.testing.assert_allclose(u, v, rtol=rtol, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
@@ -207,13 +207,15 @@ def test_decisions_on_traced_adam_step(setup):
     assert not any(op.startswith("gradient_tape/") or model.phase(op) == "backward" for op in d.ops)
 
 
-def test_fit_with_callback_is_bit_identical(setup):
-    """``model.fit`` with ``LMSCallback(offload="optimizer")``: the callback builds the optimizer on the host."""
+@pytest.mark.parametrize("name", ["adam", "adamw", "sgd_momentum"])
+def test_fit_with_callback_is_bit_identical(setup, name):
+    """``model.fit`` with ``LMSCallback(offload="optimizer")``: the callback builds the optimizer on the
+    host; the same losses and weights as a plain ``fit`` (SGD: see ``NOT_BIT_IDENTICAL``)."""
     results = []
     for offload in (None, "optimizer"):
         setup.reset()
         model = setup.model
-        model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=setup.loss_fn, jit_compile=False)
+        model.compile(optimizer=OPTIMIZERS[name](), loss=setup.loss_fn, jit_compile=False)
         x = np.concatenate([b[0].numpy() for b in setup.batches])
         y = np.concatenate([b[1].numpy() for b in setup.batches])
         callbacks = [tflms.LMSCallback(device=DEVICE, host=HOST, offload=offload, **ROOMY)] if offload else []
@@ -223,10 +225,9 @@ def test_fit_with_callback_is_bit_identical(setup):
         on_host = [same_device(v.value.device, HOST) for v in slots]
         results.append((history.history["loss"], [v.numpy() for v in model.variables], on_host))
     (plain_loss, plain_vars, plain_host), (off_loss, off_vars, off_host) = results
-    assert not any(plain_host) and all(off_host)
-    assert plain_loss == off_loss
-    for u, v in zip(plain_vars, off_vars):
-        np.testing.assert_array_equal(u, v)
+    assert not any(plain_host) and all(off_host) and off_host
+    assert plain_loss[-1] < plain_loss[0]
+    _assert_same((plain_loss, plain_vars), (off_loss, off_vars), NOT_BIT_IDENTICAL.get(name))
 
 
 # -- errors ---------------------------------------------------------------------------------------
