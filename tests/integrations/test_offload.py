@@ -293,3 +293,33 @@ def test_optimize_plans_the_offloaded_step_and_replay_makes_it_again(setup):
     assert Simulator(replay(model, plan), HOST).peak() == plan.peak_bytes_after
     assert plan.peak_bytes_after < Simulator(model, HOST).peak()
     assert tflms.optimize(new_cf, device=DEVICE, host=HOST, offload="optimizer")[0] is new_cf  # not twice
+
+
+def test_the_runtime_runs_the_update_on_the_host_and_the_weights_assigns_on_the_device(setup):
+    """The partitions TensorFlow ran (after Grappler and its placer): Adam's arithmetic and the
+    reads and writes of its slots in the host's, each weight's assign in the device's, and every
+    gradient sent from the device to the host."""
+    from tflms import _tf_internal as tfi
+
+    setup.reset()
+    optimizer = OPTIMIZERS["adam"]()
+    tflms.build_optimizer(optimizer, setup.model.trainable_variables, HOST)
+    step = tflms.function(setup.step_fn(optimizer), device=DEVICE, host=HOST, offload="optimizer", **ROOMY)
+    x, y = setup.batches[0]
+    with tf.device(DEVICE):
+        partitions = tfi.ran_graphs(lambda: step(x, y))
+    nodes = [n for g in partitions for n in g.node]
+    on = {n.name: n.device for n in nodes}
+    host_side = [n for n in nodes if same_device(n.device, HOST)]
+    device_side = [n for n in nodes if same_device(n.device, DEVICE)]
+    assert host_side and device_side
+    # Adam's square roots (one per weight) run on the host only.
+    assert sum(n.op == "Sqrt" for n in host_side) >= len(setup.model.trainable_variables)
+    assert not any(n.op == "Sqrt" and n.name.startswith("adam") for n in device_side)
+    # The weights are assigned on the device (AssignSubVariableOp), the slots on the host (AssignAdd).
+    n_weights = len(setup.model.trainable_variables)
+    assert sum(n.op == "AssignSubVariableOp" for n in device_side) == n_weights
+    assert sum(n.op == "AssignAddVariableOp" and n.name.startswith("adam") for n in host_side) == 2 * n_weights
+    # The gradients go to the host: the device sends them (one _Send per tensor and destination).
+    sends = [n for n in device_side if n.op == "_Send"]
+    assert len(sends) >= n_weights, sorted(on)[:5]
