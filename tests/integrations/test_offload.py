@@ -236,6 +236,10 @@ def test_fit_with_callback_is_bit_identical(setup, name):
 def test_offload_values():
     assert tflms.LMSConfig(offload="optimizer").offload == "optimizer"
     assert tflms.LMSConfig().offload is None
+    cfg = tflms.LMSConfig(offload="optimizer", budget="1GiB")
+    assert cfg.to_dict()["offload"] == "optimizer" and tflms.LMSConfig.from_dict(cfg.to_dict()) == cfg
+    assert "offload" not in tflms.LMSConfig().to_dict()  # the options of plans made without it are unchanged
+    assert tflms.LMSConfig().replace(offload="optimizer").offload == "optimizer"
     with pytest.raises(ValueError, match=r"not available yet.*Received: offload='weights'"):
         tflms.LMSConfig(offload="weights")
     with pytest.raises(ValueError, match=r"Received: offload='everything'"):
