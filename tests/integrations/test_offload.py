@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 import tflms
+from tflms.integrations.keras import short_summary
 from tflms.ir.devices import same_device
 from tflms.ir.graph import GraphModel
 from tflms.plan.passes.offload import offload_decisions
@@ -227,6 +228,7 @@ def test_fit_with_callback_is_bit_identical(setup, name):
     (plain_loss, plain_vars, plain_host), (off_loss, off_vars, off_host) = results
     assert not any(plain_host) and all(off_host) and off_host
     assert plain_loss[-1] < plain_loss[0]
+    assert "the optimizer's state and update on the host" in short_summary(callbacks[0].plan)
     _assert_same((plain_loss, plain_vars), (off_loss, off_vars), NOT_BIT_IDENTICAL.get(name))
 
 

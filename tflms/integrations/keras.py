@@ -544,7 +544,8 @@ def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
         + (f"; {_count(len(plan.recomputes), 'tensor')} recomputed ({clones} op clones)" if plan.recomputes else "")
         + (f"; {_count(len(plan.orders), 'ordering edge')}" if plan.orders else "")
         + (f"; {_count(len(plan.sums), 'sum')} added as the terms arrive" if plan.sums else "")
-        + (f"; {_count(len(plan.tiles), 'tile')} left out" if plan.tiles else ""),
+        + (f"; {_count(len(plan.tiles), 'tile')} left out" if plan.tiles else "")
+        + ("; the optimizer's state and update on the host" if plan.options.get("offload") else ""),
         f"predicted device peak (simulator): {format_bytes(before)} -> {format_bytes(after)} "
         f"({abs(less):.0f}% {'less' if less >= 0 else 'more'})"
         + (f"; measured peak of the first step: {format_bytes(measured_peak)}" if measured_peak else "")
