@@ -30,6 +30,15 @@ OPTIMIZERS = {
     "adamw": lambda: keras.optimizers.AdamW(1e-3, weight_decay=0.01),
     "sgd": lambda: keras.optimizers.SGD(0.05),
     "sgd_momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+    "rmsprop": lambda: keras.optimizers.RMSprop(1e-3, momentum=0.9, centered=True),
+    "adagrad": lambda: keras.optimizers.Adagrad(1e-2),
+    "adadelta": lambda: keras.optimizers.Adadelta(1.0),
+    "adamax": lambda: keras.optimizers.Adamax(1e-3),
+    "nadam": lambda: keras.optimizers.Nadam(1e-3),
+    "lion": lambda: keras.optimizers.Lion(1e-4),
+    "lamb": lambda: keras.optimizers.Lamb(1e-3),
+    "adafactor": lambda: keras.optimizers.Adafactor(1e-3),
+    "ftrl": lambda: keras.optimizers.Ftrl(1e-2),
 }
 #: Not bit-identical with Grappler's arithmetic optimizer on (see
 #: test_sgd_differs_only_through_the_arithmetic_optimizer): the relative tolerance of the comparison.
@@ -75,7 +84,8 @@ class Setup:
         self.reset()
         optimizer = OPTIMIZERS[name]()
         if offload:
-            tflms.build_optimizer(optimizer, self.model.trainable_variables, HOST)
+            with tf.device(DEVICE):  # the host is where the state goes, whatever the device scope
+                tflms.build_optimizer(optimizer, self.model.trainable_variables, HOST)
             step = tflms.function(
                 self.step_fn(optimizer), device=DEVICE, host=HOST, offload="optimizer", **(options or ROOMY)
             )
@@ -258,10 +268,14 @@ def test_offload_refuses_xla():
 
 @pytest.mark.parametrize(
     "make",
-    [lambda: keras.optimizers.RMSprop(), lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam())],
+    [
+        lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.Adam()),
+        lambda: keras.optimizers.Adam(gradient_accumulation_steps=2),
+        lambda: tf.compat.v1.train.AdamOptimizer(),
+    ],
 )
 def test_offload_refuses_unchecked_optimizer(setup, make):
-    with pytest.raises(ValueError, match=r"checked are Adam, AdamW, SGD.*Received: offload='optimizer'"):
+    with pytest.raises(ValueError, match=r"(checked are Adam, AdamW, SGD|gradient accumulation).*Received: offload="):
         tflms.build_optimizer(make(), setup.model.trainable_variables, HOST)
 
 

@@ -184,7 +184,8 @@ class LMSCallback(keras.callbacks.Callback):
             without ``drop_remainder``): the planner then needs it to size tensors,
             and the callback warns when it is missing. With ``offload="optimizer"`` the
             callback builds the model's optimizer with its state on the host at train begin
-            (:func:`tflms.build_optimizer`; Keras 3 Adam, AdamW and SGD were checked), and the
+            (:func:`tflms.build_optimizer`; the Keras 3 optimizers checked are
+            :data:`tflms.integrations.offload.CHECKED_OPTIMIZERS`), and the
             optimizer's update runs there (:mod:`tflms.plan.passes.offload`).
 
     Epoch logs (Keras ``logs``, hence ``History`` and the progress bar): where the

@@ -133,8 +133,8 @@ def offload_decisions(model: GraphModel) -> OffloadDecisions:
         )
         raise ValueError(
             f"offload='optimizer' cannot offload this step's optimizer: the step has {what}. Use a Keras 3 "
-            "optimizer (checked: Adam, AdamW, SGD with or without momentum) without loss scaling or gradient "
-            "accumulation, or offload=None. Received: offload='optimizer'"
+            "optimizer such as Adam, AdamW or SGD (those checked: tflms.integrations.offload.CHECKED_OPTIMIZERS) "
+            "without loss scaling or gradient accumulation, or offload=None. Received: offload='optimizer'"
         )
     handles = {t for t, _ in model.variables}
     users: dict[str, set[str]] = {}
