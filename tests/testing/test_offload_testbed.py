@@ -14,7 +14,8 @@ from conftest import TESTS
 pytestmark = pytest.mark.integration
 
 #: The GPT of tflms.testing.zoo with 8 blocks (41.7 MB of weights; its plain Adam step measured
-#: 179 MiB here, 2026-11-28, and 89 MiB with the optimizer offloaded) at batch 2, sequence 64.
+#: 179-181 MiB here, 2026-11-28, and 89-98 MiB with the optimizer offloaded; 178 MiB with the Adam
+#: state on the host but its update left on the device) at batch 2, sequence 64.
 KWARGS = {"layers": 8, "batch": 2, "seq": 64, "steps": 3}
 CAP = "160MiB"
 
@@ -34,9 +35,10 @@ def test_gpt_whose_adam_state_overflows_the_cap_trains_with_the_optimizer_offloa
     # The same losses as the plain step without a cap, bit for bit (same CPU kernels on both sides).
     assert o["losses"] == r["losses"]
     assert o["losses"][-1] < o["losses"][0]
-    # The plain step needs more than the cap; the offloaded one about half of it (measured 89 MiB).
+    # The plain step needs more than the cap; the offloaded one about half of the plain step's peak
+    # (measured 89-99 MiB against 180 MiB; per step 86-103 MiB, as the host pulls the gradients).
     assert r["peak"] > 160 * 2**20 > o["peak"]
-    assert o["peak"] < 0.6 * r["peak"], (o["peaks"], r["peaks"])
+    assert o["peak"] < 0.7 * r["peak"], (o["peaks"], r["peaks"])
     # Measured against predicted (1.08 when this was written): the weights' changes on their way back
     # and the gradients waiting to be sent are not modelled.
     assert 0.9 <= o["peak"] / o["predicted"] <= 1.25, (o["peaks"], o["predicted"])
