@@ -276,3 +276,48 @@ def gpt_steps(batch: int = 8, steps: int = 2, options: dict[str, Any] | None = N
             peaks.append(testbed.memory()["peak"])
     predicted = sim.peak(swaps)
     return {"peak": max(peaks[1:]), "peaks": peaks, "losses": losses, "predicted": predicted, "unplaced": unplaced}
+
+
+def offload_gpt(
+    layers: int = 8, batch: int = 2, seq: int = 64, offload: bool = False, steps: int = 3
+) -> dict[str, Any]:
+    """The GPT of tflms.testing.zoo with ``layers`` blocks, Adam: one warm-up step and ``steps`` more,
+    plain (``tf.function``, the Adam state beside the weights) or with ``offload="optimizer"`` (the
+    state made on the host worker, ``tflms.function`` with a budget that swaps nothing: the offload
+    alone). Returns ``losses``, the steady-state measured ``peak`` (warm-up excluded), the
+    ``predicted`` peak of the step that ran, the median ``step_seconds`` and the weights' bytes."""
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+
+    import tflms
+    from tflms import testbed
+    from tflms.testing.zoo import build
+
+    tf.config.experimental.enable_op_determinism()
+    model, x, y, step = build("gpt", batch, seq, layers=layers, offload_host=testbed.HOST if offload else None)
+    if offload:
+        run = tflms.function(step, device=testbed.DEVICE, host=testbed.HOST, offload="optimizer", budget="64GiB")
+        predicted = run.get_plan(x, y).peak_bytes_after
+    else:
+        run = tf.function(step)
+        cf = run.get_concrete_function(x, y)
+        predicted = tflms.Simulator(tflms.GraphModel.from_func_graph(cf.graph), testbed.HOST).peak()
+    peaks, losses, seconds = [], [], []
+    with tf.device(testbed.DEVICE):
+        for _ in range(1 + steps):
+            testbed.reset_peak()
+            start = time.perf_counter()
+            losses.append(float(run(x, y)))
+            seconds.append(time.perf_counter() - start)
+            peaks.append(testbed.memory()["peak"])
+    weights = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
+    return {
+        "losses": losses,
+        "peak": max(peaks[1:]),
+        "peaks": peaks,
+        "predicted": int(predicted),
+        "step_seconds": float(np.median(seconds[1:])),
+        "weight_bytes": weights,
+    }

@@ -214,6 +214,8 @@ DEVICE_FLOPS = 50e12
 TRIGGER_RULES = ("levels", "timeline")
 #: Values of ``on_budget_miss``.
 BUDGET_MISS_ACTIONS = ("raise", "best")
+#: Values of ``offload``: what lives on the host besides swapped tensors (``"weights"`` is not available yet).
+OFFLOAD_VALUES = (None, "optimizer")
 #: Knobs that change how a rewritten step is called, not the plan: not in a plan's options.
 CALL_KNOBS = ("manual_memory_optimizer", "layout_optimizer")
 
@@ -441,6 +443,9 @@ class LMSConfig:
             (default) raises :class:`tflms.BudgetError` with the best predicted peak;
             ``"best"`` warns and uses the plan with the lowest predicted peak.
         knobs: the planner's knobs (:class:`Knobs`), for experts.
+        offload: ``None`` (default) or ``"optimizer"``: the optimizer's state (its slot variables)
+            lives on ``host``, its update runs there, each gradient is sent there as the backward
+            pass makes it and each weight's change comes back (:mod:`tflms.plan.passes.offload`).
 
     The keyword names of :class:`Knobs` are accepted too (``LMSConfig(swapout_threshold=40)``
     sets ``knobs.swapout_threshold``), and so are the pass names as booleans
@@ -453,9 +458,17 @@ class LMSConfig:
     policy: frozenset[str] = DEFAULT_POLICY
     on_budget_miss: str = "raise"
     knobs: Knobs = Knobs()
+    offload: str | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        if self.offload == "weights":
+            raise ValueError(
+                "offload='weights' is not available yet: only the optimizer's state can live on the host. "
+                "Pass offload='optimizer' or offload=None. Received: offload='weights'"
+            )
+        if not isinstance(self.offload, (str, type(None))) or self.offload not in OFFLOAD_VALUES:
+            raise ValueError(f"offload must be None or 'optimizer'. {_received('offload', self.offload)}")
         set_(self, "device", _check_device("device", self.device, allow_none=True))
         set_(self, "host", _check_device("host", self.host, allow_none=False))
         if self.device is not None and devices.same_device(self.device, self.host):
@@ -546,6 +559,7 @@ class LMSConfig:
             "host": self.host,
             "policy": sorted(self.policy),
             "on_budget_miss": self.on_budget_miss,
+            **({"offload": self.offload} if self.offload else {}),  # older plans' options have none
         }
         for k, v in dataclasses.asdict(self.knobs).items():
             if k not in CALL_KNOBS:

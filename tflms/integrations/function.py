@@ -31,9 +31,10 @@ from ..emulate.simulator import Simulator
 from ..errors import LMSWarning
 from ..ir.devices import device_key
 from ..ir.graph import GraphModel
+from ..plan.passes.offload import OffloadDecisions, offload_decisions, with_offload
 from ..plan.planner import empty_plan, make_plan
 from ..plan.records import SwapPlan
-from ..rewrite.apply import apply_plan, is_rewritten
+from ..rewrite.apply import apply_offload, apply_plan, is_rewritten
 
 __all__ = [
     "optimize",
@@ -236,13 +237,19 @@ def optimize(
     known = _REWRITTEN.get(concrete_function)
     if known is not None:
         return concrete_function, known
-    _refuse_xla(concrete_function)
+    _refuse_xla(concrete_function, config)
     with paused_gc():
         new_cf, plan, _ = _optimize(concrete_function, config, copy, stacklevel=3)
     return new_cf, plan
 
 
-def _refuse_xla(concrete_function: Any) -> None:
+def _refuse_xla(concrete_function: Any, config: LMSConfig | None = None) -> None:
+    if config is not None and config.offload and tfi.must_compile_with_xla(concrete_function):
+        raise ValueError(
+            "offload='optimizer' cannot place the update of a step compiled with XLA: XLA compiles the whole "
+            "step for one device. Trace it without XLA: tf.function(step) or tf.function(step, "
+            f"jit_compile=False). Received: offload={config.offload!r} with jit_compile=True"
+        )
     if tfi.must_compile_with_xla(concrete_function):
         raise ValueError(
             "tflms cannot rewrite a step compiled with XLA: XLA would drop the swap ops. Trace it without "
@@ -266,15 +273,20 @@ def _optimize(
     # A device or host that does not exist is an error even when nothing is swapped.
     device = resolve_device(config)
     check_host(config)
+    offload = _offload(model, graph, config)
+    if offload is not None:
+        model = with_offload(model, offload, config.host)
     config, budget_text = resolve_budget(config, *device_memory_limit(device) if device else (None, "no device"))
     plan = make_plan(model, resolve_swapout_window(config, device)).with_budget_text(budget_text)
-    if not plan.swaps and not plan.recomputes and not plan.orders and not plan.sums and not plan.tiles:
+    if offload is None and not (plan.swaps or plan.recomputes or plan.orders or plan.sums or plan.tiles):
         return concrete_function, plan, None
     if device is None:
         warnings.warn(_no_device_message(), LMSWarning, stacklevel=stacklevel)
         return concrete_function, plan, None
     new_graph = tfi.copy_graph(concrete_function) if copy else graph
     new_graph.name = f"{graph.name}_tflms"
+    if offload is not None:
+        apply_offload(new_graph, offload.ops, config.host)
     counts = apply_plan(new_graph, plan, device=device, host=config.host)
     new_cf = tfi.rebuild(concrete_function, new_graph)
     _REWRITTEN[new_cf] = plan
@@ -291,6 +303,18 @@ def _optimize(
         counts["sum"],
     )
     return new_cf, plan, device
+
+
+def _offload(model: GraphModel, graph: Any, config: LMSConfig) -> OffloadDecisions | None:
+    """The placements of ``offload="optimizer"`` (checked against where the optimizer's state
+    lives), or ``None`` without an offload."""
+    if config.offload is None:
+        return None
+    from .offload import check_state_on_host
+
+    decisions = offload_decisions(model)
+    check_state_on_host(graph, decisions.variables, config.host)
+    return decisions
 
 
 class LMSFunction:
@@ -310,6 +334,12 @@ class LMSFunction:
     ) -> None:
         self._config = config
         if isinstance(python_function, tf.types.experimental.PolymorphicFunction):
+            if getattr(python_function, "_jit_compile", None) and config.offload:
+                raise ValueError(
+                    "offload='optimizer' cannot place the update of a tf.function compiled with XLA: XLA compiles "
+                    "the whole step for one device. Pass the plain function or tf.function(fn, jit_compile=False). "
+                    f"Received: offload={config.offload!r} with fn={python_function!r} and jit_compile=True"
+                )
             if getattr(python_function, "_jit_compile", None):
                 raise ValueError(
                     "tflms.function cannot rewrite a tf.function compiled with XLA: XLA would drop the swap "
@@ -347,7 +377,7 @@ class LMSFunction:
                     if known is not None:
                         entry = (cf, known, None)
                     else:
-                        _refuse_xla(cf)
+                        _refuse_xla(cf, self._config)
                         with paused_gc():
                             # user -> __call__ / get_plan / ... -> _entry -> _optimize
                             entry = _optimize(cf, self._config, not self._owns_traces, stacklevel=4)

@@ -182,7 +182,11 @@ class LMSCallback(keras.callbacks.Callback):
             ``swapout_threshold=40``, ``batch_size=64``. Pass ``batch_size`` when the
             batches have no static size (a partial last batch, a dataset batched
             without ``drop_remainder``): the planner then needs it to size tensors,
-            and the callback warns when it is missing.
+            and the callback warns when it is missing. With ``offload="optimizer"`` the
+            callback builds the model's optimizer with its state on the host at train begin
+            (:func:`tflms.build_optimizer`; the Keras 3 optimizers checked are
+            :data:`tflms.integrations.offload.CHECKED_OPTIMIZERS`), and the
+            optimizer's update runs there (:mod:`tflms.plan.passes.offload`).
 
     Epoch logs (Keras ``logs``, hence ``History`` and the progress bar): where the
     compute device reports its memory (``tf.config.experimental.get_memory_info``:
@@ -261,6 +265,11 @@ class LMSCallback(keras.callbacks.Callback):
         self._checked_batch = False  # batch dimension of the fed data looked at
         self._measured_device: str | None = None  # device whose peak this epoch's logs report
         self._mode: Any = OneProcess()
+        if horovod and self.config.offload:
+            raise ValueError(
+                "offload='optimizer' is not available with horovod=True yet: the averaged gradients would have to "
+                "reach the host. Pass offload=None, or train in one process. Received: offload='optimizer'"
+            )
         if horovod:
             from .horovod.fit import HorovodFit  # imports Horovod's integration only when asked
 
@@ -317,6 +326,8 @@ class LMSCallback(keras.callbacks.Callback):
     def on_train_begin(self, logs: dict | None = None) -> None:
         model = self.model
         lms = self._supported(model)
+        if lms and self.config.offload:
+            self._build_optimizer(model)
         if lms or self._mode.installs_without_lms:
             self._install(model, lms=lms)
         self._mode.train_begin(model)
@@ -398,6 +409,15 @@ class LMSCallback(keras.callbacks.Callback):
         if replicas > 1:
             return self._mode.several_replicas(replicas)
         return True
+
+    def _build_optimizer(self, model: keras.Model) -> None:
+        """``offload="optimizer"``: build the model's optimizer with its slots on the host, before
+        Keras first traces the step (it would build it there, beside the weights)."""
+        from .function import check_host
+        from .offload import build_optimizer
+
+        check_host(self.config)
+        build_optimizer(model.optimizer, model.trainable_variables, self.config.host)
 
     def _build(self, model: keras.Model, keras_function: Callable[[Any], Any], lms: bool = True) -> _Installation:
         # Traced as Keras traces its one_step_on_data: without AutoGraph (do_not_convert) and
@@ -525,7 +545,8 @@ def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
         + (f"; {_count(len(plan.recomputes), 'tensor')} recomputed ({clones} op clones)" if plan.recomputes else "")
         + (f"; {_count(len(plan.orders), 'ordering edge')}" if plan.orders else "")
         + (f"; {_count(len(plan.sums), 'sum')} added as the terms arrive" if plan.sums else "")
-        + (f"; {_count(len(plan.tiles), 'tile')} left out" if plan.tiles else ""),
+        + (f"; {_count(len(plan.tiles), 'tile')} left out" if plan.tiles else "")
+        + ("; the optimizer's state and update on the host" if plan.options.get("offload") else ""),
         f"predicted device peak (simulator): {format_bytes(before)} -> {format_bytes(after)} "
         f"({abs(less):.0f}% {'less' if less >= 0 else 'more'})"
         + (f"; measured peak of the first step: {format_bytes(measured_peak)}" if measured_peak else "")

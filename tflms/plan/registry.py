@@ -13,6 +13,11 @@ orders         ``orders``     before and with them  update orders (``order_updat
                                                     memory-aware schedule's orders
 =============  =============  ====================  ==================================================
 
+``offload="optimizer"`` (:mod:`tflms.plan.passes.offload`) is not a pass of this table: it is an
+option of the step, applied to the step before the planner runs any pass (by ``tflms.function``,
+``tflms.optimize`` and ``LMSCallback``; by :func:`replay` from a plan's options) and to the
+TensorFlow graph before the plan (:func:`tflms.rewrite.apply.apply_offload`).
+
 A pass that is decided before the swaps runs when its ``policy`` name is in the config's
 policy (:data:`tflms.config.POLICIES`); :func:`prepare` runs them in registry order and logs
 what each changed. :func:`replay` applies a plan's decisions to the graph model it was made
@@ -36,6 +41,7 @@ from typing import Any
 from ..config import LMSConfig
 from ..emulate.simulator import Simulator
 from ..ir.graph import GraphModel, with_orders, with_recomputes
+from .passes.offload import offload_decisions, with_offload
 from .passes.recompute import with_planned_recomputes
 from .passes.schedule import with_update_orders
 from .passes.sums import with_split_sums
@@ -135,8 +141,12 @@ def prepare(
 
 
 def replay(model: GraphModel, plan: SwapPlan) -> GraphModel:
-    """``model`` (the step ``plan`` was made from) as the plan changes it before swapping: every
-    pass's decisions applied in registry order. The simulator runs the swaps on it."""
+    """``model`` (the step ``plan`` was made from) as the plan changes it before swapping: the
+    offload of its options first (``offload="optimizer"``: :mod:`tflms.plan.passes.offload`, which
+    the planner ran on the step before any pass), then every pass's decisions in registry order.
+    The simulator runs the swaps on it."""
+    if plan.options.get("offload") == "optimizer":
+        model = with_offload(model, offload_decisions(model), plan.options["host"])
     for p in PASSES:
         if p.replay is not None:
             model = p.replay(model, getattr(plan, p.field))

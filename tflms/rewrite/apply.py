@@ -81,6 +81,7 @@ __all__ = [
     "SWAP_ATTR",
     "ORDER_SCOPE",
     "is_rewritten",
+    "apply_offload",
 ]
 
 SWAP_OUT_SCOPE = "tflms_swapout"
@@ -113,9 +114,34 @@ def is_rewritten(graph: Any) -> bool:
     scopes = (SWAP_OUT_SCOPE + "/", SWAP_IN_SCOPE + "/", RECOMPUTE_SCOPE + "/", ORDER_SCOPE + "/")
     ops = graph.get_operations()
     return any(op.name.startswith(scopes) or op.name.endswith(f"/{TILE_SUFFIX}") for op in ops) or any(
-        (op.control_inputs and _swap_attr(op) == b"order") or (op.type == "AddV2" and _swap_attr(op) == b"sum")
+        (op.control_inputs and _swap_attr(op) == b"order")
+        or (op.type == "AddV2" and _swap_attr(op) == b"sum")
+        or _swap_attr(op) == b"offload"
         for op in ops
     )
+
+
+def apply_offload(graph: Any, ops: Any, host: str) -> int:
+    """Place the update ops ``ops`` (names, :attr:`tflms.plan.passes.offload.OffloadDecisions.ops`)
+    of ``graph`` on ``host``, in place, for ``offload="optimizer"``; return how many were placed.
+
+    Each op is marked ``_tflms_swap="offload"``. The ops on variables (reads, assigns) are not
+    given a device: TensorFlow's placer puts each beside its variable, so a weight's assign stays
+    on the device and reads the change computed on the host.
+    """
+    for name in ops:
+        try:
+            op = graph.get_operation_by_name(name)
+        except (KeyError, ValueError):
+            raise ValueError(
+                f"offload='optimizer' does not fit this function: no op {name!r}. Decide it on the same traced "
+                f"function. Received: graph {graph.name!r}"
+            ) from None
+        op._set_device(host)  # noqa: SLF001 (the public setter is a context; this is an existing op)
+        tfi.set_attr(op, SWAP_ATTR, "offload")
+    if ops:
+        log.info("tflms offload on %s: %d update ops placed on %s", graph.name, len(ops), host)
+    return len(ops)
 
 
 def _swap_attr(op: Any) -> bytes | None:

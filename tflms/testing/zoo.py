@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["GPT_VOCAB", "MODELS", "build", "fit_data", "train_step"]
+__all__ = ["DEEP_MODELS", "GPT_VOCAB", "MODELS", "build", "fit_data", "train_step"]
 
 
 def _cnn(size: int) -> Any:
@@ -146,8 +146,24 @@ MODELS: dict[str, tuple[Callable[[int], Any], int, Callable[[int], tuple[int, ..
 }
 
 
-def build(name: str, batch: int, size: int | None = None, seed: int = 0) -> tuple[Any, Any, Any, Callable]:
-    """``(model, x, y, train_step)`` for a model of :data:`MODELS`, seeded and deterministic."""
+#: The models whose depth :func:`build` can set (``layers``: their number of blocks).
+DEEP_MODELS = ("transformer", "encoder", "gpt")
+
+
+def build(
+    name: str,
+    batch: int,
+    size: int | None = None,
+    seed: int = 0,
+    *,
+    layers: int | None = None,
+    offload_host: str | None = None,
+) -> tuple[Any, Any, Any, Callable]:
+    """``(model, x, y, train_step)`` for a model of :data:`MODELS`, seeded and deterministic.
+
+    ``layers``: the number of blocks of a model of :data:`DEEP_MODELS` (default: the model's own).
+    ``offload_host``: make the Adam state on that device (:func:`tflms.build_optimizer`), for a
+    step traced with ``offload="optimizer"``; by default it is made beside the weights."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -156,10 +172,21 @@ def build(name: str, batch: int, size: int | None = None, seed: int = 0) -> tupl
         raise ValueError(f"unknown model for measuring; use one of {', '.join(MODELS)}. Received: name={name!r}")
     builder, default, shape_of = MODELS[name]
     size = size or default
+    if layers is not None and name not in DEEP_MODELS:
+        raise ValueError(f"layers is for {', '.join(DEEP_MODELS)} only. Received: name={name!r}, layers={layers!r}")
     keras.utils.set_random_seed(seed)
-    model = builder(size)
+    model = (
+        builder(size)
+        if layers is None
+        else (_transformer(size, layers=layers) if name != "gpt" else _gpt(size, layers=layers))
+    )
     optimizer = keras.optimizers.Adam(1e-3)
-    optimizer.build(model.trainable_variables)
+    if offload_host is None:
+        optimizer.build(model.trainable_variables)
+    else:
+        from ..integrations.offload import build_optimizer
+
+        build_optimizer(optimizer, model.trainable_variables, offload_host)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     rng = np.random.default_rng(seed)
     shapes = shape_of(size)

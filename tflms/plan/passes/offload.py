@@ -1,0 +1,201 @@
+"""``offload="optimizer"``: the optimizer's state and its update on the host, decided on the graph model.
+
+What the step looks like with the optimizer offloaded (:func:`offload_decisions` decides it from
+the step alone, so a plan's ``offload`` option is enough to make it again):
+
+* the **optimizer state**: the variables the step reads and writes only in its update phase
+  (Adam's momentums and velocities, SGD's momentums; also the iteration counter and the learning
+  rate, which are scalars and may stay where they are) live on the host;
+* the **update ops**: every op of the update phase (``GraphModel.phase(op) == "update"``: what
+  only follows the gradients) or of the forward phase that only feeds it (the reads of the
+  state, the learning rate's casts) that reads no resource handle runs on the host. The ops that read
+  a resource (``ReadVariableOp``, ``AssignSubVariableOp``...) are left where TensorFlow's placer
+  puts them: beside their variable. So the reads and writes of the host state run on the host,
+  and the assign of a weight's new value runs on the device, reading the change the host made;
+* each gradient's consumers are then host ops: TensorFlow's partitioner sends the gradient to
+  the host as soon as the backward pass made it, and its device buffer is freed once sent.
+
+:func:`with_offload` gives the graph model of the step so placed, for the simulator: the update
+ops carry the host as their device (ops on the host allocate no device memory, simulator rule
+5), and the offloaded variables are no longer counted in the device's variables (rule 6). The
+rewrite places the same ops on the TensorFlow graph (:func:`tflms.rewrite.apply.apply_offload`).
+Each tensor that a device op reads from the host (a weight's change, SGD's momentum) is received
+by a ``_Recv`` op of the model on the device, which holds it until its assign. Not modelled: a
+gradient held on the device after its last reader until the link has sent it.
+
+Example on a hand-built step (a weight ``w`` read by the forward pass, its slot ``m`` read and
+written only by the update):
+
+    >>> from tflms.ir.graph import GraphModel
+    >>> res = [("resource", (), 0, False)]
+    >>> f32 = [("float32", (4,), 16, False)]
+    >>> ops = [
+    ...     {"name": "w", "type": "Placeholder", "inputs": [], "outputs": res},
+    ...     {"name": "m", "type": "Placeholder", "inputs": [], "outputs": res},
+    ...     {"name": "read", "type": "ReadVariableOp", "inputs": ["w:0"], "outputs": f32},
+    ...     {"name": "gradient_tape/g", "type": "Neg", "inputs": ["read:0"], "outputs": f32},
+    ...     {"name": "mul", "type": "Mul", "inputs": ["gradient_tape/g:0"], "outputs": f32},
+    ...     {"name": "m_add", "type": "AssignAddVariableOp", "inputs": ["m:0", "mul:0"], "outputs": []},
+    ...     {"name": "m_read", "type": "ReadVariableOp", "inputs": ["m:0"], "outputs": f32,
+    ...      "control_inputs": ["m_add"]},
+    ...     {"name": "w_sub", "type": "AssignSubVariableOp", "inputs": ["w:0", "m_read:0"], "outputs": []},
+    ... ]
+    >>> model = GraphModel.from_ops(ops, variable_bytes=32, variables=[("w:0", 16), ("m:0", 16)])
+    >>> d = offload_decisions(model)
+    >>> d.ops, d.variables
+    (('mul',), ('m:0',))
+    >>> placed = with_offload(model, d, "/device:CPU:0")
+    >>> placed.variable_bytes, placed.dag.nodes["mul"]["device"], placed.dag.nodes["m_add"]["device"]
+    (16, '/device:CPU:0', '/device:CPU:0')
+    >>> placed.inputs_of["w_sub"]  # the change of w, received on the device
+    ['w:0', 'm_read/tflms_offload_recv_0:0']
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import networkx as nx
+
+from ...ir.graph import GraphModel, op_records, reach
+
+__all__ = [
+    "OffloadDecisions",
+    "offload_decisions",
+    "recv_name",
+    "with_offload",
+    "FUSED_UPDATE_PREFIX",
+    "CONTROL_FLOW_TYPES",
+]
+
+#: Op types of a fused update (``ResourceApplyAdam``...): one op reads the weight and its slots
+#: together, so the slots cannot live apart from the weight.
+FUSED_UPDATE_PREFIX = ("ResourceApply", "ResourceSparseApply")
+#: Control flow in the update phase (a ``LossScaleOptimizer``'s finite check, a gradient
+#: accumulation's condition): the ops inside its branches are not placed, so it is refused.
+CONTROL_FLOW_TYPES = frozenset({"If", "StatelessIf", "While", "StatelessWhile", "Case", "StatelessCase"})
+
+
+@dataclasses.dataclass(frozen=True)
+class OffloadDecisions:
+    """What ``offload="optimizer"`` places on the host, by name.
+
+    Attributes:
+        ops: the update ops that run on the host (no resource input), in graph order.
+        variables: the captured variables (their handle tensors) that only the update reads
+            and writes: the optimizer's state, in the order of ``model.variables``.
+        resource_ops: the ops on those variables (their reads and writes), which TensorFlow
+            places beside them; the graph model places them on the host too.
+    """
+
+    ops: tuple[str, ...]
+    variables: tuple[str, ...]
+    resource_ops: tuple[str, ...]
+
+
+def _resource_inputs(model: GraphModel, op: str) -> list[str]:
+    return [t for t in model.inputs_of[op] if model.tensors[t].dtype == "resource"]
+
+
+def _update_side(model: GraphModel) -> list[str]:
+    """The update phase that follows the gradients and what only feeds it (the reads of the
+    optimizer's state, its learning rate's casts), in graph order; never a backward op (a gradient
+    feeds only the update too)."""
+    dag = model.dag
+    backward = {n for n, p in dag.nodes(data="phase") if p == "backward"}
+    # What follows the gradients: not a BatchNorm's moving-statistics update (an update by its
+    # op type, fed by the forward pass only), which stays with the forward pass.
+    side = {n for n in reach(dag.successors, backward) if dag.nodes[n]["phase"] == "update"}
+    for n in reversed(list(nx.topological_sort(dag))):
+        succ = list(dag.successors(n))
+        if n not in side and succ and dag.nodes[n]["phase"] == "forward" and all(m in side for m in succ):
+            side.add(n)
+    return [n for n in dag if n in side]
+
+
+def offload_decisions(model: GraphModel) -> OffloadDecisions:
+    """The ops and variables that ``offload="optimizer"`` puts on the host (see the module doc).
+
+    Raises ``ValueError`` for an update this offload cannot split: a fused ``ResourceApply*`` op
+    (one op on the weight and its slots, as TensorFlow's legacy optimizers make) or control flow
+    in the update (a ``LossScaleOptimizer``, gradient accumulation); and for a step without an
+    update (no variable is written after the backward pass).
+    """
+    dag = model.dag
+    update = _update_side(model)
+    fused = [n for n in update if dag.nodes[n]["type"].startswith(FUSED_UPDATE_PREFIX)]
+    flow = [n for n in update if dag.nodes[n]["type"] in CONTROL_FLOW_TYPES]
+    if fused or flow:
+        what = (
+            f"fused update ops that read a weight and its slots in one op ({fused[0]!r}, {dag.nodes[fused[0]]['type']})"
+            if fused
+            else f"control flow in its update ({flow[0]!r}, {dag.nodes[flow[0]]['type']}: e.g. a LossScaleOptimizer)"
+        )
+        raise ValueError(
+            f"offload='optimizer' cannot offload this step's optimizer: the step has {what}. Use a Keras 3 "
+            "optimizer such as Adam, AdamW or SGD (those checked: tflms.integrations.offload.CHECKED_OPTIMIZERS) "
+            "without loss scaling or gradient accumulation, or offload=None. Received: offload='optimizer'"
+        )
+    handles = {t for t, _ in model.variables}
+    users: dict[str, set[str]] = {}
+    for op in dag:
+        for t in _resource_inputs(model, op):
+            users.setdefault(t, set()).add(op)
+    # A variable whose every reader and writer is an update op: the optimizer's state.
+    in_update = set(update)
+    state = tuple(t for t, _ in model.variables if t in users and users[t] <= in_update)
+    written = any(dag.nodes[n]["type"] in ("AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp")
+                  for n in update)  # fmt: skip
+    if not written or not handles:
+        raise ValueError(
+            "offload='optimizer' found no optimizer update in this step: no variable is written after the "
+            "backward pass. Offload a training step (forward, gradients and the optimizer's apply_gradients in "
+            "one function), or pass offload=None. Received: offload='optimizer'"
+        )
+    ops = tuple(n for n in update if not _resource_inputs(model, n) and dag.nodes[n]["type"] != "Placeholder")
+    state_set = set(state)
+    resource_ops = tuple(n for n in dag if any(t in state_set for t in _resource_inputs(model, n)))
+    return OffloadDecisions(ops, state, resource_ops)
+
+
+def with_offload(model: GraphModel, decisions: OffloadDecisions, host: str) -> GraphModel:
+    """``model`` as the step runs with ``decisions`` applied: the update ops and the ops on the
+    offloaded variables on ``host`` (they allocate no device memory), the offloaded variables out
+    of ``variables`` and ``variable_bytes``, and each tensor a device op reads from them received
+    by a ``_Recv`` op on the device (named :func:`recv_name`; a weight's change, which the device
+    holds from its arrival to its assign). ``model`` itself is not changed."""
+    if not decisions.ops and not decisions.variables:
+        return model
+    placed = set(decisions.ops) | set(decisions.resource_ops)
+    records = op_records(model)
+    recv: dict[str, str] = {}  # host tensor -> the device op that receives it (one per tensor, as TensorFlow's)
+    for name, rec in records.items():
+        if name in placed:
+            rec["device"] = host
+            continue
+        for i, t in enumerate(rec["inputs"]):
+            if t.rpartition(":")[0] in placed and model.tensors[t].dtype != "resource":
+                rec["inputs"][i] = recv.setdefault(t, recv_name(t)) + ":0"
+    ordered = []
+    for name, rec in records.items():
+        ordered.append(rec)
+        for t in model.outputs_of[name]:
+            if t in recv:
+                info = model.tensors[t]
+                out = (info.dtype, info.shape, info.bytes, info.estimated)
+                ordered.append({"name": recv[t], "type": "_Recv", "inputs": [t], "outputs": [out], "device": ""})
+    gone = set(decisions.variables)
+    kept = tuple(v for v in model.variables if v[0] not in gone)
+    freed = sum(b for t, b in model.variables if t in gone)
+    return GraphModel.from_ops(ordered, model.variable_bytes - freed, model.name, kept)
+
+
+def recv_name(tensor: str) -> str:
+    """The graph model's name of the device op that receives host tensor ``tensor`` (no op of the
+    TensorFlow graph: TensorFlow's partitioner adds the receive).
+
+    >>> recv_name("adam/truediv:0")
+    'adam/truediv/tflms_offload_recv_0'
+    """
+    op, _, index = tensor.rpartition(":")
+    return f"{op}/tflms_offload_recv_{index}"
