@@ -128,6 +128,20 @@ def set_attr(op: Any, name: str, value: bool | str) -> None:
     op._set_attr(name, av)  # noqa: SLF001
 
 
+def set_device(op: Any, device: str) -> None:
+    """Place graph op ``op`` on ``device`` (``Operation._set_device``; ``tf.device`` only places
+    ops made inside it)."""
+    op._set_device(device)  # noqa: SLF001
+
+
+def keras_base_optimizer() -> Any:
+    """Keras 3's optimizer base class (``keras.src.optimizers.base_optimizer.BaseOptimizer``),
+    whose backend-neutral ``add_variable_from_reference`` places a slot by the device scope."""
+    import keras
+
+    return keras.src.optimizers.base_optimizer.BaseOptimizer
+
+
 def update_input(op: Any, index: int, tensor: Any) -> None:
     """Make ``tensor`` input ``index`` of graph op ``op`` (``Operation._update_input``)."""
     op._update_input(index, tensor)  # noqa: SLF001

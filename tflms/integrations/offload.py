@@ -28,6 +28,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from .. import _tf_internal as tfi
 from ..ir.devices import same_device
 
 __all__ = ["CHECKED_OPTIMIZERS", "build_optimizer", "check_optimizer", "check_state_on_host"]
@@ -81,7 +82,7 @@ def build_optimizer(optimizer: Any, variables: Sequence[Any], host: str) -> Any:
     if optimizer.built:
         _check_built(optimizer, host)
         return optimizer
-    base = keras.src.optimizers.base_optimizer.BaseOptimizer
+    base = tfi.keras_base_optimizer()
 
     def on_host(self: Any, reference_variable: Any, name: Any = None, initializer: Any = "zeros") -> Any:
         with tf.device(host):

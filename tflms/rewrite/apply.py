@@ -137,7 +137,7 @@ def apply_offload(graph: Any, ops: Any, host: str) -> int:
                 f"offload='optimizer' does not fit this function: no op {name!r}. Decide it on the same traced "
                 f"function. Received: graph {graph.name!r}"
             ) from None
-        op._set_device(host)  # noqa: SLF001 (the public setter is a context; this is an existing op)
+        tfi.set_device(op, host)
         tfi.set_attr(op, SWAP_ATTR, "offload")
     if ops:
         log.info("tflms offload on %s: %d update ops placed on %s", graph.name, len(ops), host)
