@@ -23,7 +23,7 @@ ROOT = REPO
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 #: The pages whose Python examples are executed: what a new user copies first.
-EXECUTED = (README, DOCS / "getting-started.md")
+EXECUTED = (README, DOCS / "getting-started.md", DOCS / "offload.md")
 #: The one marker that keeps a Python example from running, on the line before its fence.
 NO_RUN = "<!-- no-run -->"
 #: Seconds one example may take (a tiny model, a few steps, on CPU).
