@@ -286,12 +286,6 @@ class Knobs:
             Default ``True`` (since 2026-11-25; measured lower peaks on the test bed, see the
             README); ``False``: the swaps alone, and faster planning (a ResNet50 step 3-4 s,
             a ResNet152 224² step 40 s faster on 2 CPUs).
-        room_for_largest: when ``True`` (default), a budget the plain step exceeds is met with
-            room for the step's largest tensor above the predicted peak (it needs one
-            contiguous chunk, and the allocator's regions fragment:
-            :func:`tflms.plan.planner.check_placement`); where no plan leaves that room, the
-            plan of lowest predicted peak within the budget. ``False``: the plan of least
-            predicted step time whose peak is within the budget.
         manual_memory_optimizer: when ``True`` (default), ``tflms.function`` and
             ``tflms.LMSCallback`` call the step within :func:`tflms.manual_memory_optimizer`
             (Grappler's memory optimizer at ``MANUAL``): Grappler's default level may rewrite
@@ -341,7 +335,6 @@ class Knobs:
     triggers: str = "levels"
     swapout_window: int | str | None = "auto"
     serialize: bool = True
-    room_for_largest: bool = True
     manual_memory_optimizer: bool = True
     layout_optimizer: bool = False
 
@@ -380,7 +373,7 @@ class Knobs:
             raise ValueError(
                 f"triggers must be one of {', '.join(map(repr, TRIGGER_RULES))}. {_received('triggers', self.triggers)}"
             )
-        for name in ("serialize", "room_for_largest", *CALL_KNOBS):
+        for name in ("serialize", *CALL_KNOBS):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False. {_received(name, getattr(self, name))}")
         for name in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):

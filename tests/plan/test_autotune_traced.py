@@ -55,28 +55,6 @@ def test_resnet50_budgets_fit_and_the_impossible_one_reports_the_best(resnet_mod
     assert err.value.best_peak_bytes == best
 
 
-def test_a_budget_is_met_with_room_for_the_step_s_largest_tensor(resnet_model):
-    """room_for_largest (default): the plan leaves the largest tensor's bytes free above its
-    predicted peak where a plan can (one contiguous chunk, under a real cap); where none can, it
-    is the lowest plan within the budget. Off, the plan of least predicted time fills the budget."""
-    model, _ = resnet_model
-    largest = Simulator(model, HOST).largest_buffer()
-    plain, best = _budgets(model)
-    assert best + 2 * largest < plain
-    budget = best + largest + largest // 4
-    tight = make_plan(model, LMSConfig(budget=budget, room_for_largest=False, **UNORDERED))
-    assert budget - largest < tight.peak_bytes_after <= budget  # no room left: what the knob changes
-    roomy = make_plan(model, LMSConfig(budget=budget, **UNORDERED))
-    assert roomy.peak_bytes_after + largest <= budget
-    assert roomy.options["budget"] == budget and roomy.options["room_for_largest"] is True
-    # No plan leaves the room: the lowest within the budget.
-    budget = best + largest // 2
-    lowest = make_plan(model, LMSConfig(budget=budget, **UNORDERED))
-    assert lowest.peak_bytes_after == best
-    check = make_plan(model, LMSConfig(budget=budget, room_for_largest=False, **UNORDERED))
-    assert best <= check.peak_bytes_after <= budget
-
-
 def test_the_plan_of_the_configs_own_knobs_is_a_candidate(resnet_model, monkeypatch):
     """A budget that the plan of the config's own knobs meets is met, even where the grid
     (latest prefetch) has no such plan: ResNet50 96² batch 32's default plan predicted
@@ -376,8 +354,7 @@ def test_step_5_finishes_other_resnet50_plans_where_the_lowest_one_does_not_fit(
     net = keras.applications.ResNet50(weights=None)
     net.compile(optimizer=keras.optimizers.Adam(1e-4), loss="sparse_categorical_crossentropy")
     model = tflms.GraphModel.from_func_graph(tflms.ir.trace.keras_train_step(net).graph, batch_size=1424)
-    # Step 5 alone: room for the largest tensor would search the budget twice (with and without it).
-    config = LMSConfig(budget="16GiB", swap_gradients=True, split_sums=True, drop_tiles=True, room_for_largest=False)
+    config = LMSConfig(budget="16GiB", swap_gradients=True, split_sums=True, drop_tiles=True)
     finished, calls = tflms.plan.autotune._finished_peak, []  # noqa: SLF001 (the step 5 it checks)
 
     def first_misses(sim, knobs):
@@ -394,6 +371,6 @@ def test_step_5_finishes_other_resnet50_plans_where_the_lowest_one_does_not_fit(
     assert plan.peak_bytes_after <= config.budget
     assert (plan.options["swapout_threshold"], plan.options["swapin_ahead"]) == (calls[-1][0], 1)
     calls.clear()
-    monkeypatch.setattr(tflms.plan.autotune, "_finish_other_knobs", lambda *args: (None, float("inf"), None))
+    monkeypatch.setattr(tflms.plan.autotune, "_finish_other_knobs", lambda *args: (None, float("inf")))
     with pytest.raises(BudgetError):
         make_plan(model, config)

@@ -251,15 +251,7 @@ def test_the_budget_search_minimises_predicted_step_time_not_bytes_moved(tmp_pat
     slow = {f"f{i}" for i in range(9)} | {f"gradient_tape/b{i}" for i in range(9)}
     times = {n: 1e-3 if n in slow else 1e-4 if kinds[n]["type"] in ("Relu", "Sum") else 0.0 for n in model.dag}
     path = OpProfile({n: (kinds[n]["type"], s) for n, s in times.items()}).save(tmp_path / "p.json")
-    # The ranking by time alone: room for the largest tensor (f8, 3 MB) changes which plans fit here.
-    base = dict(
-        min_bytes=0,
-        serialize=False,
-        op_profile=str(path),
-        link_bandwidth=10**9,
-        link_latency=0.0,
-        room_for_largest=False,
-    )
+    base = dict(min_bytes=0, serialize=False, op_profile=str(path), link_bandwidth=10**9, link_latency=0.0)
     from tflms import Simulator
     from tflms.plan.candidates import candidate_swaps
     from tflms.plan.records import link_seconds

@@ -37,11 +37,7 @@
    candidates) finished the same way on the step without step 4's orders, fewest swaps
    first: the first that fits wins.
 
-A plan fits when its predicted peak is within the budget. With the knob ``room_for_largest``
-(default) where the plain step does not fit, steps 1-5 run first for the budget less the step's
-largest tensor (:meth:`Simulator.largest_buffer`, which needs one contiguous chunk); where
-nothing fits that, the lowest plan they saw is taken if its finished peak is within the budget,
-and otherwise steps 1-5 run for the budget itself. With ``on_budget_miss='best'`` a
+A plan fits when its predicted peak is within the budget. With ``on_budget_miss='best'`` a
 budget that nothing fits gets a warning (:class:`tflms.LMSWarning`, with the lowest predicted
 peak) and the lowest plan of steps 2-4 instead of :class:`BudgetError`.
 
@@ -59,7 +55,7 @@ import warnings
 import numpy as np
 
 from ..config import LMSConfig
-from ..emulate.simulator import BFC_FIRST_REGION, Simulator
+from ..emulate.simulator import Simulator
 from ..errors import BudgetError, LMSWarning
 from ..ir.graph import GraphModel, TensorInfo, with_orders
 from .candidates import _eligible, _swaps
@@ -214,9 +210,8 @@ def serialized_search(
     orders are ``()`` and the simulator ``sim`` unless the search needed them (then it is the
     ordered step's). The orders and triggers of step 5 are not among them: ``make_plan`` makes
     them again from the tuned config. ``lowest``, when nothing fits: ``(knobs, orders, simulator)``
-    of the lowest plan of steps 2-4 (knobs None: the plain step was the lowest), or of step 5's
-    other plans where one finished lower, which ``on_budget_miss='best'`` plans with; None when a
-    plan fits.
+    of the lowest plan of steps 2-4 (knobs None: the plain step was the lowest), which
+    ``on_budget_miss='best'`` plans with; None when a plan fits.
     """
     tuned, lowest, lowest_swaps, lowest_knobs = _search(model, config, sim, budget)
     if tuned is not None or not config.knobs.serialize or not lowest_swaps:
@@ -239,28 +234,26 @@ def serialized_search(
     if finished is not None and finished <= budget:
         return lowest_knobs, min(lowest, finished), orders, ordered_sim, None
     lowest = lowest if finished is None else min(lowest, finished)
-    other_knobs, other, other_lowest = _finish_other_knobs(model, config, sim, budget)
+    other_knobs, other = _finish_other_knobs(model, config, sim, budget)
     if other_knobs is not None:
         return other_knobs, min(lowest, other), (), sim, None
-    if other_lowest is not None and other < lowest:
-        return None, other, orders, ordered_sim, (other_lowest, (), sim)
-    return None, lowest, orders, ordered_sim, (lowest_knobs, orders, ordered_sim)
+    return None, min(lowest, other), orders, ordered_sim, (lowest_knobs, orders, ordered_sim)
 
 
 def _finish_other_knobs(
     model: GraphModel, config: LMSConfig, sim: Simulator, budget: int
-) -> tuple[LMSConfig | None, float, LMSConfig | None]:
+) -> tuple[LMSConfig | None, float]:
     """Step 5 for the other plans of the grid, on the step without step 4's orders: each
     threshold with the latest prefetch and ``config``'s grouping, all of its candidates, the
     fewest swaps first. ``(the first knobs whose finished plan fits or None, the lowest
-    finished peak, inf where there was no plan, the knobs of that lowest plan or None)``.
+    finished peak, inf where there was no plan)``.
 
     Step 5 finishes the plan that was lowest before it, but which plan is lowest once finished
     is another matter: ResNet50 224² at batch 1,424 (``swap_gradients``, ``split_sums``,
     ``drop_tiles``, 16 GiB, one process on a CPU), the lowest plan of step 4 finished at 18.1
     GiB, and the plan of threshold 320 on the step without step 4's orders at 14.9 GiB
     (predicted)."""
-    lowest, lowest_knobs = math.inf, None
+    lowest = math.inf
     seen: set[tuple[Swap, ...]] = set()
     eligible = _eligible(model, config)
     for threshold in reversed(_thresholds(_swaps(model, _knobs(config, 0, 1, 0), eligible))):
@@ -270,11 +263,10 @@ def _finish_other_knobs(
         seen.add(tuple(swaps))
         knobs = _tuned(config, budget, threshold, 1, config.knobs.swapin_groupby, len(swaps))
         peak = _finished_peak(sim, knobs)
-        if peak < lowest:
-            lowest, lowest_knobs = peak, knobs
+        lowest = min(lowest, peak)
         if peak <= budget:
-            return knobs, peak, knobs
-    return None, lowest, lowest_knobs
+            return knobs, peak
+    return None, lowest
 
 
 def _finished_peak(sim: Simulator, config: LMSConfig) -> int:
@@ -320,9 +312,6 @@ def tune_ordered(
     if config.budget is None:
         raise ValueError("tune needs a budget. Received: budget=None")
     sim = sim or Simulator(model, config.host)
-    roomy = _with_room(model, config, sim)
-    if roomy is not None:
-        return roomy
     tuned, lowest, orders, ordered_sim, best = serialized_search(model, config, sim, config.budget)
     if tuned is None:
         err = BudgetError(config.budget, lowest, sim.peak())
@@ -340,27 +329,3 @@ def tune_ordered(
         )
         return knobs, orders, ordered_sim
     return tuned.replace(on_budget_miss="raise"), orders, ordered_sim
-
-
-def _with_room(
-    model: GraphModel, config: LMSConfig, sim: Simulator
-) -> tuple[LMSConfig, tuple[Order, ...], Simulator] | None:
-    """With ``room_for_largest``, :func:`tune_ordered`'s answer for the budget less the step's
-    largest tensor, or for the budget the lowest plan that search saw, if its finished peak is
-    within the budget; ``None`` where neither is (or the knob is off, the plain step fits, or
-    the budget is below the allocator's first region: a hand-built graph), and the search
-    for the budget itself decides."""
-    budget = config.budget
-    room = sim.largest_buffer()
-    if not config.knobs.room_for_largest or budget < BFC_FIRST_REGION or room <= 0 or sim.peak() <= budget:
-        return None
-    tuned, _lowest, orders, ordered_sim, best = serialized_search(model, config, sim, budget - room)
-    if tuned is not None:
-        return tuned.replace(budget=budget, on_budget_miss="raise"), orders, ordered_sim
-    if best is None or best[0] is None:
-        return None
-    knobs, orders, ordered_sim = best
-    knobs = knobs.replace(budget=budget, on_budget_miss="raise")
-    if _finished_peak(ordered_sim, knobs) > budget:
-        return None
-    return knobs, orders, ordered_sim
