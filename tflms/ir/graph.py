@@ -346,15 +346,16 @@ def with_order_edges(model: GraphModel, orders: Sequence[Any]) -> GraphModel:
 
 def op_records(model: GraphModel) -> dict[str, dict[str, Any]]:
     """``model``'s ops as the records of :meth:`GraphModel.from_ops` (fresh lists), by name, in graph order."""
-    dag, tensors = model.dag, model.tensors
+    dag, tensors, inputs_of, outputs_of = model.dag, model.tensors, model.inputs_of, model.outputs_of
+    pred = dag.pred  # per op: {predecessor: edge attributes}, in the order of dag.predecessors
     return {
         name: {
             "name": name,
             "type": data["type"],
             "device": data["device"],
-            "inputs": list(model.inputs_of[name]),
-            "outputs": [(t.dtype, t.shape, t.bytes, t.estimated) for t in map(tensors.get, model.outputs_of[name])],
-            "control_inputs": [u for u in dag.predecessors(name) if dag.edges[u, name]["control"]],
+            "inputs": list(inputs_of[name]),
+            "outputs": [(t.dtype, t.shape, t.bytes, t.estimated) for t in map(tensors.get, outputs_of[name])],
+            "control_inputs": [u for u, edge in pred[name].items() if edge["control"]],
         }
         for name, data in dag.nodes(data=True)
     }
