@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import networkx as nx
 
-from ..ir.graph import GraphModel
+from ..ir.graph import GraphModel, reach
 
 
 def ready_order(model: GraphModel, extra_edges: Iterable[tuple[str, str]] = ()) -> list[str]:
@@ -85,6 +85,35 @@ def _ready_structure(dag: nx.DiGraph) -> tuple[dict[str, int], dict[str, list[st
     early = _update_feeders(dag, succ)
     _READY_STRUCTURES[dag] = (size, index, succ, pending, early)
     return index, succ, pending, early
+
+
+def seed_ready_structure(parent: nx.DiGraph, child: nx.DiGraph, edges: Iterable[tuple[str, str]]) -> None:
+    """Cache ``child``'s :func:`ready_order` view from ``parent``'s, where ``child`` is a copy of
+    ``parent`` with the control edges ``edges`` (:func:`tflms.ir.graph.with_order_edges`) and
+    ``parent``'s view is cached: each edge's target waits for one more op (as ``extra_edges``
+    does). Only where the edges leave the update's feeders and their order as they are: no
+    edge starts or ends at a forward op, and none ends at a feeder or at an op it waits for
+    (then no feeder, nor any op it waits for, gains or loses an edge, and the topological order
+    of them that the feeders are listed in is unchanged). Otherwise nothing is cached and the
+    view is made from ``child`` when asked."""
+    hit = _READY_STRUCTURES.get(parent)
+    size = parent.number_of_nodes()
+    if hit is None or hit[0] != size or child.number_of_nodes() != size or child in _READY_STRUCTURES:
+        return
+    _, index, succ, pending, early = hit
+    nodes = parent.nodes
+    edges = list(edges)
+    if any(nodes[u]["phase"] == "forward" or nodes[v]["phase"] == "forward" for u, v in edges):
+        return
+    waited_for = reach(parent.predecessors, set(early)) | set(early)
+    if any(v in waited_for for _, v in edges):
+        return
+    succ, pending = dict(succ), dict(pending)  # the lists of the edges' sources are replaced, never changed
+    for u, v in edges:
+        if v not in succ[u]:
+            succ[u] = sorted([*succ[u], v], key=index.__getitem__)
+            pending[v] += 1
+    _READY_STRUCTURES[child] = (size, index, succ, pending, early)
 
 
 def _identity_n_sources(dag: nx.DiGraph) -> dict[str, dict[int, tuple[str, int]]]:
