@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +17,9 @@ from .autotune import serialized_search
 from .registry import prepare
 
 __all__ = ["BatchSizeResult", "batch_bound", "largest_fitting", "max_batch_size"]
+
+#: Progress of the search (one INFO record per batch size tried); ``tflms plan`` shows them.
+log = logging.getLogger("tflms")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +168,7 @@ def max_batch_size(
     def fits(batch: int) -> tuple[bool, bool]:
         """(plain step fits, some plan of the autotuner fits) at this batch size."""
         if batch not in cache:
+            start = time.perf_counter()
             with paused_gc():
                 model = graph_of(batch)
                 sim = Simulator(model, cfg.host)
@@ -170,6 +176,12 @@ def max_batch_size(
                 if not plain:  # the step make_plan plans on
                     model, sim, *_ = prepare(model, cfg, sim)
                 cache[batch] = (plain, plain or serialized_search(model, cfg, sim, budget)[0] is not None)
+            log.info(
+                "max_batch_size: batch %d %s without LMS, %s with LMS (%.1f s)",
+                batch,
+                *("fits" if ok else "does not fit" for ok in cache[batch]),
+                time.perf_counter() - start,
+            )
         return cache[batch]
 
     without = largest_fitting(lambda b: fits(b)[0], limit, rel_tol)
@@ -201,7 +213,9 @@ def _bound(graph_of: Callable[[int], GraphModel], budget: int, host: str | None,
 
     def floor_fits(batch: int) -> bool:
         with paused_gc():
-            return Simulator(graph_of(batch), host).floor()[0] <= budget
+            fits = Simulator(graph_of(batch), host).floor()[0] <= budget
+        log.info("max_batch_size: batch %d: the largest op's working set %s", batch, "fits" if fits else "does not fit")
+        return fits
 
     return largest_fitting(floor_fits, limit, start=max(1, start))
 
