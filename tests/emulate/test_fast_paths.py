@@ -12,11 +12,13 @@ import random
 import networkx as nx
 import pytest
 
+from tflms import LMSConfig
 from tflms.emulate import fusion, order
 from tflms.emulate.fusion import _fused_reach, _reach_masks, _successors_with, joins_fused
 from tflms.emulate.grappler import _has_nested_family, with_constant_pushdown
 from tflms.emulate.simulator import Simulator
-from tflms.ir.graph import GraphModel, reach, with_order_edges
+from tflms.ir.graph import GraphModel, copy_dag, reach, with_order_edges
+from tflms.plan.autotune import serialized_search
 from tflms.plan.records import Order
 
 from graphs import chain_model, chained_pushdown_model, f32, op, variable_update_model
@@ -175,3 +177,32 @@ def test_the_push_down_exits_early_only_where_nothing_can_be_pushed_down():
     for model in (chain_model(), variable_update_model()):
         assert not _has_nested_family(model)
         assert with_constant_pushdown(model) == (model, [])
+
+
+def test_a_copied_dag_is_networkxs_copy_and_independent_of_the_original():
+    model = _update_feeder_model()
+    dag = with_order_edges(model, [Order(op="gradient_tape/a", after="gradient_tape/b")]).dag
+    mine, theirs = copy_dag(dag), dag.copy()
+    assert list(mine.nodes(data=True)) == list(theirs.nodes(data=True))
+    assert list(mine.edges(data=True)) == list(theirs.edges(data=True))
+    assert all(list(mine.pred[n].items()) == list(theirs.pred[n].items()) for n in dag)
+    assert mine.edges["x", "y"] is mine.pred["y"]["x"]  # one attribute dict per edge, as networkx keeps it
+    mine.nodes["x"]["level"] = -1
+    mine.edges["x", "y"]["control"] = True
+    mine.add_edge("gradient_tape/dw", "gradient_tape/dy")
+    assert dag.nodes["x"]["level"] != -1 and not dag.edges["x", "y"]["control"]
+    assert not dag.has_edge("gradient_tape/dw", "gradient_tape/dy") and nx.is_directed_acyclic_graph(dag)
+
+
+@pytest.mark.parametrize("budget_kib", [12, 18, 20, 22, 23, 24, 30, 50])
+def test_the_capacity_searchs_answer_is_the_autotuners(budget_kib):
+    """``serialized_search(..., exists_only=True)`` (what ``max_batch_size`` asks) finds a plan
+    exactly where the full search does, on budgets from none fitting to the plain step fitting."""
+    model = chain_model(n_fwd=8, variable_bytes=4096)
+    config = LMSConfig(min_bytes=1, swap_gradients=True)
+    budget = budget_kib * 1024
+    full = serialized_search(model, config, Simulator(model), budget)
+    fast = serialized_search(model, config, Simulator(model), budget, exists_only=True)
+    assert (fast[0] is None) == (full[0] is None)
+    if full[0] is None:
+        assert fast[1:3] == full[1:3]  # the same lowest peak and orders when nothing fits
