@@ -34,9 +34,19 @@ def ready_order(model: GraphModel, extra_edges: Iterable[tuple[str, str]] = ()) 
     ['x', 'gradient_tape/g1', 'u1', 'gradient_tape/g2', 'n', 'u2']
     """
     dag = model.dag
+    extra = list(extra_edges)
+    if not extra:  # the step's own order: made once per DAG (each caller gets its own list)
+        known = _PLAIN_ORDERS.get(dag)
+        if known is None or len(known) != dag.number_of_nodes():
+            known = _PLAIN_ORDERS[dag] = _ready_order(dag, [])
+        return list(known)
+    return _ready_order(dag, extra)
+
+
+def _ready_order(dag: nx.DiGraph, extra: list[tuple[str, str]]) -> list[str]:
+    """:func:`ready_order` of ``dag`` with the ``extra`` edges."""
     index, succ, pending, early = _ready_structure(dag)
     pending = dict(pending)
-    extra = list(extra_edges)
     if extra:
         succ = dict(succ)  # the lists of the edges' sources are replaced, never changed in place
         for u, v in extra:
@@ -140,7 +150,7 @@ def _through(through: dict[str, dict[int, tuple[str, int]]], op: str, index: int
 
 def _update_feeders(dag: nx.DiGraph, succ: dict[str, list[str]]) -> list[str]:
     """Forward ops that feed only update-phase ops and wait for nothing else (``succ``), topologically ordered."""
-    topo = list(nx.topological_sort(dag))
+    topo = topological_order(dag)
     feeds: set[str] = set()
     for n in reversed(topo):
         if dag.nodes[n]["phase"] == "forward" and succ[n]:
@@ -159,6 +169,15 @@ def _update_feeders(dag: nx.DiGraph, succ: dict[str, list[str]]) -> list[str]:
     return early
 
 
+def topological_order(dag: nx.DiGraph) -> list[str]:
+    """``list(nx.topological_sort(dag))``, made once per DAG (do not modify the list): the
+    simulator's static facts and the executor's order each walk a step's ops in it."""
+    known = _TOPOLOGICAL_ORDERS.get(dag)
+    if known is None or len(known) != dag.number_of_nodes():
+        known = _TOPOLOGICAL_ORDERS[dag] = list(nx.topological_sort(dag))
+    return known
+
+
 def _done(pending: dict[str, int], op: str) -> bool:
     pending[op] -= 1
     return pending[op] == 0
@@ -171,3 +190,8 @@ def _done(pending: dict[str, int], op: str) -> bool:
 _READY_STRUCTURES: weakref.WeakKeyDictionary[nx.DiGraph, tuple[int, dict, dict, dict, list]] = (
     weakref.WeakKeyDictionary()
 )
+
+#: Per DAG: :func:`ready_order` without extra edges, and :func:`topological_order`. A model's
+#: DAG is not edited once made; the length is a cheap guard.
+_PLAIN_ORDERS: weakref.WeakKeyDictionary[nx.DiGraph, list[str]] = weakref.WeakKeyDictionary()
+_TOPOLOGICAL_ORDERS: weakref.WeakKeyDictionary[nx.DiGraph, list[str]] = weakref.WeakKeyDictionary()
