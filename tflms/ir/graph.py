@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 
 import networkx as nx
 
+from .._util import paused_gc
+
 __all__ = [
     "TensorInfo",
     "GraphModel",
@@ -223,7 +225,13 @@ class GraphModel:
 
     @classmethod
     def from_func_graph(cls, graph: Any, batch_size: int | None = None) -> GraphModel:
-        """Build from a TensorFlow ``FuncGraph`` (or any ``tf.Graph``)."""
+        """Build from a TensorFlow ``FuncGraph`` (or any ``tf.Graph``). Python's cyclic garbage
+        collector is paused meanwhile (the graph's objects would make each collection long)."""
+        with paused_gc():
+            return cls._from_func_graph(graph, batch_size)
+
+    @classmethod
+    def _from_func_graph(cls, graph: Any, batch_size: int | None) -> GraphModel:
         records = []
         for op in graph.get_operations():
             outs = []
