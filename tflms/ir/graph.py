@@ -33,6 +33,7 @@ __all__ = [
     "with_orders",
     "op_records",
     "copy_dag",
+    "func_graph_sizer",
     "reach",
 ]
 
@@ -227,40 +228,7 @@ class GraphModel:
     def from_func_graph(cls, graph: Any, batch_size: int | None = None) -> GraphModel:
         """Build from a TensorFlow ``FuncGraph`` (or any ``tf.Graph``). Python's cyclic garbage
         collector is paused meanwhile (the graph's objects would make each collection long)."""
-        with paused_gc():
-            return cls._from_func_graph(graph, batch_size)
-
-    @classmethod
-    def _from_func_graph(cls, graph: Any, batch_size: int | None) -> GraphModel:
-        records = []
-        for op in graph.get_operations():
-            outs = []
-            for t in op.outputs:
-                shape, dtype = t.shape, t.dtype
-                dims = tuple(shape.as_list()) if shape.rank is not None else None
-                nbytes, est = estimate_bytes(dims, dtype.size if dtype.is_numpy_compatible else 0, batch_size)
-                outs.append((dtype.name, dims, nbytes, est))
-            records.append(
-                {
-                    "name": op.name,
-                    "type": op.type,
-                    "device": op.device,
-                    "inputs": [t.name for t in op.inputs],
-                    "outputs": outs,
-                    "control_inputs": [c.name for c in op.control_inputs],
-                }
-            )
-        handles = {id(external): internal.name for external, internal in getattr(graph, "captures", ())}
-        var_bytes, variables = 0, []
-        for v in getattr(graph, "variables", ()):
-            if v.shape.is_fully_defined():
-                nbytes = v.shape.num_elements() * v.dtype.size
-                var_bytes += nbytes
-                variables.append((handles.get(id(getattr(v, "handle", None)), ""), nbytes))
-        # In the order the step first reads them (graph.variables' order is not deterministic).
-        first = {f"{rec['name']}:0": i for i, rec in enumerate(records)}
-        variables.sort(key=lambda v: (first.get(v[0], len(first)), v[1]))
-        return cls.from_ops(records, variable_bytes=var_bytes, name=getattr(graph, "name", ""), variables=variables)
+        return func_graph_sizer(graph)(batch_size)
 
     def _annotate(self) -> None:
         """Set ``level`` and ``phase`` on every node."""
@@ -296,6 +264,57 @@ class GraphModel:
                 data["phase"] = "update"
             else:
                 data["phase"] = "forward"
+
+
+def func_graph_sizer(graph: Any) -> Any:
+    """``sized(batch_size) -> GraphModel``, each call equal to ``GraphModel.from_func_graph(graph,
+    batch_size)``: ``graph`` (a ``FuncGraph`` or any ``tf.Graph``) is read once, and each call only
+    sizes its tensors (:func:`estimate_bytes`), for searches over batch sizes
+    (:func:`tflms.max_batch_size`). The cyclic garbage collector is paused while it reads and sizes."""
+    with paused_gc():
+        ops = []
+        for op in graph.get_operations():
+            outs = []
+            for t in op.outputs:
+                shape, dtype = t.shape, t.dtype
+                dims = tuple(shape.as_list()) if shape.rank is not None else None
+                outs.append((dtype.name, dims, dtype.size if dtype.is_numpy_compatible else 0))
+            ops.append(
+                (
+                    {
+                        "name": op.name,
+                        "type": op.type,
+                        "device": op.device,
+                        "inputs": [t.name for t in op.inputs],
+                        "control_inputs": [c.name for c in op.control_inputs],
+                    },
+                    outs,
+                )
+            )
+        handles = {id(external): internal.name for external, internal in getattr(graph, "captures", ())}
+        var_bytes, variables = 0, []
+        for v in getattr(graph, "variables", ()):
+            if v.shape.is_fully_defined():
+                nbytes = v.shape.num_elements() * v.dtype.size
+                var_bytes += nbytes
+                variables.append((handles.get(id(getattr(v, "handle", None)), ""), nbytes))
+        # In the order the step first reads them (graph.variables' order is not deterministic).
+        first = {f"{rec['name']}:0": i for i, (rec, _) in enumerate(ops)}
+        variables.sort(key=lambda v: (first.get(v[0], len(first)), v[1]))
+        name = getattr(graph, "name", "")
+
+    def sized(batch_size: int | None = None) -> GraphModel:
+        with paused_gc():
+            records = [
+                {
+                    **rec,
+                    "outputs": [(dtype, dims, *estimate_bytes(dims, size, batch_size)) for dtype, dims, size in outs],
+                }
+                for rec, outs in ops
+            ]
+            return GraphModel.from_ops(records, variable_bytes=var_bytes, name=name, variables=variables)
+
+    return sized
 
 
 def with_recomputes(model: GraphModel, recomputes: Sequence[Any]) -> GraphModel:
