@@ -22,8 +22,10 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def resnet_step():
-    _, x, y, train_step = build("resnet50", batch=4, size=32)
-    return tf.function(train_step).get_concrete_function(x, y)
+    built = build("resnet50", batch=4, size=32)  # the model stays referenced: the step's variables
+    _, x, y, train_step = built
+    yield tf.function(train_step).get_concrete_function(x, y)
+    del built
 
 
 def _reference(monkeypatch):
@@ -49,4 +51,7 @@ def test_plans_with_and_without_the_fast_paths_are_the_same(resnet_step, monkeyp
         _reference(m)
         reference = _plans(resnet_step, configs)
     assert fast == reference
-    assert any(p["orders"] for p in fast) and all(p["swaps"] for p in fast)
+    # Every plan swaps, and the budgets tune different plans. (This step gets no ordering edge:
+    # the schedule's search runs and keeps none; tests/emulate/test_fast_paths.py checks the
+    # ordered simulator's fast path on its own.)
+    assert all(p["swaps"] for p in fast) and len({json.dumps(p["swaps"]) for p in fast}) > 1
