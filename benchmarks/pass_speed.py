@@ -12,15 +12,29 @@ the same with or without tflms). For each size it times, best of ``--repeat``:
 * ``copy``: the FuncGraph copy that ``tflms.optimize(cf)`` adds by default so that
   a user's function is never edited (not part of ``total``)
 
+``--keras NAME:BATCH`` also times what ``tflms plan NAME --batch BATCH`` waits for, per run:
+``build`` (the keras.applications model, 224x224x3), ``trace`` (its training step, TensorFlow's
+work), ``model`` (the graph model at that batch) and ``plan`` (:func:`tflms.make_plan` with the
+CLI's options: ``LMSConfig(budget="auto")``, which plans as ``budget=None`` without a GPU).
+``--capacity NAME:BATCH:BUDGET`` times ``tflms plan NAME --batch BATCH --budget BUDGET --max-batch``'s
+search (:func:`tflms.max_batch_size` with ``bound=True``, as the CLI calls it) after the trace.
+Each runs ``--runs`` times (min and median kept: the machine may be shared, so single runs
+spread); their rows go to the JSON's ``keras`` and ``capacity`` lists, replacing rows of the
+same label, name and batch. ``--blocks`` with no sizes keeps the transformer rows already in
+the JSON. ``--label`` names the code measured (e.g. ``before``), ``--notes`` says how.
+
 Usage::
 
     python benchmarks/pass_speed.py                      # sizes 1 8 32 64 blocks
     python benchmarks/pass_speed.py --blocks 1 4 --json out.json
+    python benchmarks/pass_speed.py --blocks --keras ResNet152:32 --capacity ResNet50:32:16GiB --runs 3
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
 import time
 from pathlib import Path
 
@@ -92,21 +106,114 @@ def time_pass(cf, config: tflms.LMSConfig, repeat: int) -> dict:
     }
 
 
+def _stats(values: list[float]) -> dict:
+    return {
+        "min": round(min(values), 2),
+        "median": round(statistics.median(values), 2),
+        "runs": [round(v, 2) for v in values],
+    }
+
+
+def time_keras_plan(name: str, batch: int, runs: int) -> dict:
+    """What ``tflms plan NAME --batch BATCH`` waits for, ``runs`` times (see the module doc)."""
+    from tflms.cli import build_model
+    from tflms.ir.trace import keras_step_source, keras_train_step
+
+    times: dict[str, list[float]] = {"build": [], "trace": [], "model": [], "plan": []}
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        keras_model = build_model(name, (224, 224, 3))
+        t1 = time.perf_counter()
+        step = keras_train_step(keras_model)
+        if keras_step_source(keras_model, step) is not step:
+            raise ValueError(f"{name}: its step must be sized by the batch alone (the CLI would trace it per batch)")
+        t2 = time.perf_counter()
+        model = tflms.GraphModel.from_func_graph(step.graph, batch_size=batch)
+        t3 = time.perf_counter()
+        plan = tflms.make_plan(model, tflms.LMSConfig(budget="auto"))
+        t4 = time.perf_counter()
+        for key, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            times[key].append(dt)
+        del keras_model, step
+    return {
+        "name": name,
+        "batch": batch,
+        "ops": plan.n_ops,
+        "swaps": len(plan.swaps),
+        "orders": len(plan.orders),
+        "peak_bytes_before": plan.peak_bytes_before,
+        "peak_bytes_after": plan.peak_bytes_after,
+        "seconds": {key: _stats(values) for key, values in times.items()},
+    }
+
+
+def time_capacity(name: str, batch: int, budget: str, runs: int) -> dict:
+    """``tflms plan NAME --batch BATCH --budget BUDGET --max-batch``'s search, ``runs`` times."""
+    from tflms.cli import build_model
+    from tflms.config import parse_bytes
+    from tflms.ir.trace import keras_step_source, keras_train_step
+
+    times: dict[str, list[float]] = {"trace": [], "search": []}
+    config = tflms.LMSConfig(budget=parse_bytes(budget, "budget"))
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        keras_model = build_model(name, (224, 224, 3))
+        step = keras_train_step(keras_model)
+        source = keras_step_source(keras_model, step)
+        t1 = time.perf_counter()
+        result = tflms.max_batch_size(source, config.budget, config=config.replace(budget=None), bound=True)
+        t2 = time.perf_counter()
+        times["trace"].append(t1 - t0)
+        times["search"].append(t2 - t1)
+        del keras_model, step, source
+    return {
+        "name": name,
+        "batch": batch,
+        "budget": budget,
+        "without_lms": result.without_lms,
+        "with_lms": result.with_lms,
+        "bound": result.bound,
+        "seconds": {key: _stats(values) for key, values in times.items()},
+    }
+
+
+def _merged(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old`` with the rows of ``new`` in place of those of the same label, name and batch."""
+    key = lambda r: (r.get("label"), r["name"], r["batch"])  # noqa: E731
+    replaced = {key(r) for r in new}
+    return [r for r in old if key(r) not in replaced] + new
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--blocks", type=int, nargs="+", default=[1, 8, 32, 64], help="transformer blocks per size")
+    parser.add_argument(
+        "--blocks",
+        type=int,
+        nargs="*",
+        default=[1, 8, 32, 64],
+        help="transformer blocks per size (none: keep the JSON's rows)",
+    )
     parser.add_argument("--repeat", type=int, default=3, help="timed repetitions per size (best is kept)")
+    parser.add_argument("--keras", nargs="*", default=[], metavar="NAME:BATCH", help="keras.applications steps to plan")
+    parser.add_argument(
+        "--capacity", nargs="*", default=[], metavar="NAME:BATCH:BUDGET", help="capacity searches (--max-batch) to time"
+    )
+    parser.add_argument("--runs", type=int, default=3, help="runs of each --keras and --capacity row (min, median)")
+    parser.add_argument("--label", default="", help="what code the --keras and --capacity rows measure")
+    parser.add_argument("--notes", default="", help="how they were measured (kept in the JSON)")
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "pass_speed.json")
     args = parser.parse_args(argv)
 
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     config = tflms.LMSConfig(device="/device:CPU:1")
+    old = json.loads(args.json.read_text()) if args.json.exists() else {}
 
-    rows = []
-    header = ("blocks", "ops", "swaps", "model s", "plan s", "rewrite s", "total s", "+copy s")
-    widths = (6, 7, 6, 8, 7, 9, 8, 8)
-    print(" ".join(h.rjust(w) for h, w in zip(header, widths)))
+    rows = [] if args.blocks else old.get("rows", [])
+    if args.blocks:
+        header = ("blocks", "ops", "swaps", "model s", "plan s", "rewrite s", "total s", "+copy s")
+        widths = (6, 7, 6, 8, 7, 9, 8, 8)
+        print(" ".join(h.rjust(w) for h, w in zip(header, widths)))
     for blocks in args.blocks:
         t0 = time.perf_counter()
         cf, _keep_alive = transformer_step(blocks)
@@ -124,7 +231,28 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         rows.append(row)
-    save_result(args.json, "pass_speed", rows)
+    stamp = {"label": args.label, "date": time.strftime("%Y-%m-%d %H:%M")}
+    keras_rows = []
+    for spec in args.keras:
+        name, batch = spec.split(":")
+        keras_rows.append({**stamp, **time_keras_plan(name, int(batch), args.runs)})
+        print(json.dumps(keras_rows[-1]), flush=True)
+    capacity_rows = []
+    for spec in args.capacity:
+        name, batch, budget = spec.split(":")
+        capacity_rows.append({**stamp, **time_capacity(name, int(batch), budget, args.runs)})
+        print(json.dumps(capacity_rows[-1]), flush=True)
+    notes = dict(old.get("notes", {}))
+    if args.notes:
+        notes[args.label or "rows"] = args.notes
+    save_result(
+        args.json,
+        "pass_speed",
+        rows,
+        notes=notes,
+        keras=_merged(old.get("keras", []), keras_rows),
+        capacity=_merged(old.get("capacity", []), capacity_rows),
+    )
     return 0
 
 

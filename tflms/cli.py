@@ -273,6 +273,7 @@ def plan_cmd(args: argparse.Namespace) -> int:
                 f"own inputs and outputs. Received: {', '.join(given)} with MODEL {args.model!r}"
             )
     _setup_devices()
+    _show_progress()
     try:
         return _plan(args)
     except CLIError:
@@ -281,6 +282,24 @@ def plan_cmd(args: argparse.Namespace) -> int:
         if args.traceback:
             raise
         raise CLIError(f"{_one_line(err)} (run with --traceback for the full traceback)") from None
+
+
+def _show_progress() -> None:
+    """Show the progress of long plans on stderr: the INFO records of logger ``tflms`` itself (the
+    stages of :func:`tflms.make_plan`, each batch size :func:`tflms.max_batch_size` tries), as
+    ``tflms: <message>`` lines. Its child loggers (``tflms.passes``) stay as quiet as before."""
+    import logging
+
+    logger = logging.getLogger("tflms")
+    if any(getattr(h, "tflms_progress", False) for h in logger.handlers):  # main() called again
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.tflms_progress = True  # type: ignore[attr-defined]
+    handler.setFormatter(logging.Formatter("tflms: %(message)s"))
+    handler.addFilter(lambda record: record.name == "tflms")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # the level set here would let tflms.passes reach any root handler
 
 
 def _resolve_budget(config: Any) -> tuple[Any, str]:

@@ -87,9 +87,11 @@ class BFCAllocator:
         self.used[addr] = True
         return addr
 
-    def alloc(self, nbytes: int) -> int:
-        """Address of the chunk given to a request of ``nbytes``."""
-        rounded = _rounded(nbytes)
+    def alloc(self, nbytes: int, rounded: int | None = None) -> int:
+        """Address of the chunk given to a request of ``nbytes``; ``rounded``: ``nbytes`` rounded
+        as the allocator rounds it, where the caller has it already."""
+        if rounded is None:
+            rounded = _rounded(nbytes)
         i = bisect.bisect_left(self.free, (rounded, -1))
         if i == len(self.free):
             left = rounded if self.limit is None else (self.limit - self.pool) // BFC_ROUND * BFC_ROUND

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import networkx as nx
@@ -22,7 +22,7 @@ FUSED_GRADIENT_TYPES = ("Conv2DBackpropFilter", "BiasAddGrad")
 #: Per DAG: (node count when made, the fused pairs, the context edges of the last
 #: :func:`_fused_reach`, its result or None). A model's DAG is not edited once made; the node
 #: count is a cheap guard (as for ``_READY_STRUCTURES``).
-_FUSED: weakref.WeakKeyDictionary[nx.DiGraph, tuple[int, dict[str, frozenset[str]], tuple, dict | None]] = (
+_FUSED: weakref.WeakKeyDictionary[nx.DiGraph, tuple[int, dict[str, frozenset[str]], tuple, Mapping | None]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -119,19 +119,80 @@ def _successors_with(model: GraphModel, edges: Sequence[tuple[str, str]]) -> Any
     return successors
 
 
-def _fused_reach(model: GraphModel, context: tuple[tuple[str, str], ...]) -> dict[str, frozenset[str]]:
+def _fused_reach(model: GraphModel, context: tuple[tuple[str, str], ...]) -> Mapping[str, frozenset[str]]:
     """Each op that an op of a fused pair reaches (itself included) in ``model``'s DAG with the
-    ``context`` edges, with the fused ops that reach it; kept for the last context per DAG. In a
-    Keras step their descendants are few (a gradient's way to its variable's update)."""
+    ``context`` edges, with the fused ops that reach it; kept for the last context per DAG.
+
+    One pass in topological order over what the fused ops reach, each op's set of fused ops
+    held as the bits of an int (the union of its predecessors'); where the ``context`` edges
+    close a cycle, one search per fused op instead (the same result)."""
     partners = fused_partners(model)
     known = _FUSED[model.dag]
     if known[2] == context and known[3] is not None:
         return known[3]
     successors = _successors_with(model, context)
-    reached: dict[str, set[str]] = {}
-    for p in partners:
-        for n in reach(successors, {p}) | {p}:
-            reached.setdefault(n, set()).add(p)
-    result = {n: frozenset(ps) for n, ps in reached.items()}
+    masks = _reach_masks(successors, list(partners))
+    if masks is None:  # a cycle: the search per fused op
+        reached: dict[str, set[str]] = {}
+        for p in partners:
+            for n in reach(successors, {p}) | {p}:
+                reached.setdefault(n, set()).add(p)
+        result = {n: frozenset(ps) for n, ps in reached.items()}
+    else:
+        result = _MaskSets(masks, list(partners))
     _FUSED[model.dag] = (known[0], partners, context, result)
     return result
+
+
+def _reach_masks(successors: Any, sources: list[str]) -> dict[str, int] | None:
+    """For each node that one of ``sources`` reaches through ``successors`` (the sources
+    included): the bits ``1 << k`` of the sources ``sources[k]`` that reach it. None where the
+    reached nodes hold a cycle."""
+    masks = {p: 1 << k for k, p in enumerate(sources)}
+    indegree = dict.fromkeys(masks, 0)
+    frontier = list(masks)
+    while frontier:  # the reached nodes, and their in-degrees among them (repeated edges counted)
+        for m in successors(frontier.pop()):
+            if m in indegree:
+                indegree[m] += 1
+            else:
+                indegree[m] = 1
+                masks[m] = 0
+                frontier.append(m)
+    ready = [n for n, d in indegree.items() if d == 0]
+    done = 0
+    while ready:
+        n = ready.pop()
+        done += 1
+        bits = masks[n]
+        for m in successors(n):
+            masks[m] |= bits
+            indegree[m] -= 1
+            if indegree[m] == 0:
+                ready.append(m)
+    return masks if done == len(indegree) else None
+
+
+class _MaskSets(Mapping[str, frozenset[str]]):
+    """``{op: the fused ops that reach it}`` over :func:`_reach_masks`' bits, each set made when read."""
+
+    def __init__(self, masks: dict[str, int], ops: list[str]) -> None:
+        self._masks, self._ops = masks, ops
+
+    def __getitem__(self, op: str) -> frozenset[str]:
+        bits = self._masks[op]
+        found = []
+        while bits:
+            low = bits & -bits
+            found.append(self._ops[low.bit_length() - 1])
+            bits ^= low
+        return frozenset(found)
+
+    def __contains__(self, op: object) -> bool:
+        return op in self._masks
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._masks)
+
+    def __len__(self) -> int:
+        return len(self._masks)

@@ -42,6 +42,8 @@ def with_constant_pushdown(model: GraphModel) -> tuple[GraphModel, list[tuple[st
     >>> pairs, pushed.inputs_of["p"], pushed.inputs_of["k"]
     ([('p', 'k')], ['x:0', 'k:0'], ['c:0', 'y:0'])
     """
+    if not _has_nested_family(model):  # the first pass below would find no pair
+        return model, []
     records = op_records(model)
     tensors = model.tensors
     readers: dict[str, int] = {}
@@ -101,3 +103,28 @@ def with_constant_pushdown(model: GraphModel) -> tuple[GraphModel, list[tuple[st
         records.values(), variable_bytes=model.variable_bytes, name=model.name, variables=model.variables
     )
     return pushed, pairs
+
+
+def _has_nested_family(model: GraphModel) -> bool:
+    """Whether some op of :data:`PUSHDOWN_FAMILIES` with two inputs, one of them a constant,
+    reads the other from an op of the same family with two inputs: what every push-down of
+    :func:`with_constant_pushdown` needs. Without one, the model has nothing to push down."""
+    types = model.dag.nodes
+    inputs_of = model.inputs_of
+
+    def type_of(tensor: str) -> str:
+        return types[tensor.rpartition(":")[0]]["type"]
+
+    for op, kind in model.dag.nodes(data="type"):
+        family = PUSHDOWN_FAMILIES.get(kind)
+        if family is None or len(inputs_of[op]) != 2:
+            continue
+        left, right = inputs_of[op]
+        left_constant, right_constant = type_of(left) in _CONSTANT_OP_TYPES, type_of(right) in _CONSTANT_OP_TYPES
+        if left_constant == right_constant:
+            continue
+        inner = right if left_constant else left
+        child = inner.rpartition(":")[0]
+        if PUSHDOWN_FAMILIES.get(types[child]["type"]) == family and len(inputs_of[child]) == 2:
+            return True
+    return False

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import networkx as nx
 
-from ..ir.graph import GraphModel
+from ..ir.graph import GraphModel, reach
 
 
 def ready_order(model: GraphModel, extra_edges: Iterable[tuple[str, str]] = ()) -> list[str]:
@@ -34,9 +34,19 @@ def ready_order(model: GraphModel, extra_edges: Iterable[tuple[str, str]] = ()) 
     ['x', 'gradient_tape/g1', 'u1', 'gradient_tape/g2', 'n', 'u2']
     """
     dag = model.dag
+    extra = list(extra_edges)
+    if not extra:  # the step's own order: made once per DAG (each caller gets its own list)
+        known = _PLAIN_ORDERS.get(dag)
+        if known is None or len(known) != dag.number_of_nodes():
+            known = _PLAIN_ORDERS[dag] = _ready_order(dag, [])
+        return list(known)
+    return _ready_order(dag, extra)
+
+
+def _ready_order(dag: nx.DiGraph, extra: list[tuple[str, str]]) -> list[str]:
+    """:func:`ready_order` of ``dag`` with the ``extra`` edges."""
     index, succ, pending, early = _ready_structure(dag)
     pending = dict(pending)
-    extra = list(extra_edges)
     if extra:
         succ = dict(succ)  # the lists of the edges' sources are replaced, never changed in place
         for u, v in extra:
@@ -87,6 +97,35 @@ def _ready_structure(dag: nx.DiGraph) -> tuple[dict[str, int], dict[str, list[st
     return index, succ, pending, early
 
 
+def seed_ready_structure(parent: nx.DiGraph, child: nx.DiGraph, edges: Iterable[tuple[str, str]]) -> None:
+    """Cache ``child``'s :func:`ready_order` view from ``parent``'s, where ``child`` is a copy of
+    ``parent`` with the control edges ``edges`` (:func:`tflms.ir.graph.with_order_edges`) and
+    ``parent``'s view is cached: each edge's target waits for one more op (as ``extra_edges``
+    does). Only where the edges leave the update's feeders and their order as they are: no
+    edge starts or ends at a forward op, and none ends at a feeder or at an op it waits for
+    (then no feeder, nor any op it waits for, gains or loses an edge, and the topological order
+    of them that the feeders are listed in is unchanged). Otherwise nothing is cached and the
+    view is made from ``child`` when asked."""
+    hit = _READY_STRUCTURES.get(parent)
+    size = parent.number_of_nodes()
+    if hit is None or hit[0] != size or child.number_of_nodes() != size or child in _READY_STRUCTURES:
+        return
+    _, index, succ, pending, early = hit
+    nodes = parent.nodes
+    edges = list(edges)
+    if any(nodes[u]["phase"] == "forward" or nodes[v]["phase"] == "forward" for u, v in edges):
+        return
+    waited_for = reach(parent.predecessors, set(early)) | set(early)
+    if any(v in waited_for for _, v in edges):
+        return
+    succ, pending = dict(succ), dict(pending)  # the lists of the edges' sources are replaced, never changed
+    for u, v in edges:
+        if v not in succ[u]:
+            succ[u] = sorted([*succ[u], v], key=index.__getitem__)
+            pending[v] += 1
+    _READY_STRUCTURES[child] = (size, index, succ, pending, early)
+
+
 def _identity_n_sources(dag: nx.DiGraph) -> dict[str, dict[int, tuple[str, int]]]:
     """Per ``IdentityN`` op: its input index -> (the op that computes that input, its output index)."""
     through: dict[str, dict[int, tuple[str, int]]] = {}
@@ -111,7 +150,7 @@ def _through(through: dict[str, dict[int, tuple[str, int]]], op: str, index: int
 
 def _update_feeders(dag: nx.DiGraph, succ: dict[str, list[str]]) -> list[str]:
     """Forward ops that feed only update-phase ops and wait for nothing else (``succ``), topologically ordered."""
-    topo = list(nx.topological_sort(dag))
+    topo = topological_order(dag)
     feeds: set[str] = set()
     for n in reversed(topo):
         if dag.nodes[n]["phase"] == "forward" and succ[n]:
@@ -130,6 +169,15 @@ def _update_feeders(dag: nx.DiGraph, succ: dict[str, list[str]]) -> list[str]:
     return early
 
 
+def topological_order(dag: nx.DiGraph) -> list[str]:
+    """``list(nx.topological_sort(dag))``, made once per DAG (do not modify the list): the
+    simulator's static facts and the executor's order each walk a step's ops in it."""
+    known = _TOPOLOGICAL_ORDERS.get(dag)
+    if known is None or len(known) != dag.number_of_nodes():
+        known = _TOPOLOGICAL_ORDERS[dag] = list(nx.topological_sort(dag))
+    return known
+
+
 def _done(pending: dict[str, int], op: str) -> bool:
     pending[op] -= 1
     return pending[op] == 0
@@ -142,3 +190,8 @@ def _done(pending: dict[str, int], op: str) -> bool:
 _READY_STRUCTURES: weakref.WeakKeyDictionary[nx.DiGraph, tuple[int, dict, dict, dict, list]] = (
     weakref.WeakKeyDictionary()
 )
+
+#: Per DAG: :func:`ready_order` without extra edges, and :func:`topological_order`. A model's
+#: DAG is not edited once made; the length is a cheap guard.
+_PLAIN_ORDERS: weakref.WeakKeyDictionary[nx.DiGraph, list[str]] = weakref.WeakKeyDictionary()
+_TOPOLOGICAL_ORDERS: weakref.WeakKeyDictionary[nx.DiGraph, list[str]] = weakref.WeakKeyDictionary()

@@ -4,6 +4,7 @@ the allocator (rules of :mod:`tflms.emulate.simulator`)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -115,9 +116,6 @@ class _Replay:
             i = (mine or [cands[0][0]])[0]
             self.forwarding.add((op, i))
             forwarded[k] = i
-        # The outputs written in place (their roots): each takes the chunk its op's input hands on.
-        types = model.dag.nodes
-        self._in_place_outputs = {model.outputs_of[op][_forwarding(types[op]["type"])[0]] for op, _ in self.forwarding}
         # Freed right after the last read; *at* it when that read writes its output in place (_end).
         in_place = sole >= 0
         if in_place.any():
@@ -131,9 +129,7 @@ class _Replay:
         self.first: dict[str, int] = dict(zip(roots, first.tolist()))
         # end[r]: first schedule position where buffer r is no longer counted.
         self.end: dict[str, int] = dict(zip(roots, ends_at))
-        # The buffers of the step without swaps, as :meth:`_spans` lists them (swaps replace a few).
-        self._plain_spans = list(zip(starts, ends_at, sizes, (end == last).tolist(), roots, [-1] * n_roots))
-        self._span_index = {r: k for k, r in enumerate(roots)}
+        self._span_parts = (starts, ends_at, sizes, end == last, roots)  # for _plain_spans, made when needed
         self.base = np.zeros(n + LAG + 2, dtype=np.int64)
         np.add.at(self.base, start, arrays.alloc_bytes)
         np.add.at(self.base, end, -arrays.alloc_bytes)
@@ -151,6 +147,23 @@ class _Replay:
                 self.copies.append((w, end, nbytes, op, handle))
                 self.base[w] += nbytes
                 self.base[end] -= nbytes
+
+    @functools.cached_property
+    def _in_place_outputs(self) -> set[str]:
+        """The outputs written in place (their roots): each takes the chunk its op's input hands on."""
+        types, outputs_of = self.model.dag.nodes, self.model.outputs_of
+        return {outputs_of[op][_forwarding(types[op]["type"])[0]] for op, _ in self.forwarding}
+
+    @functools.cached_property
+    def _plain_spans(self) -> list[tuple[int, int, int, bool, str, int]]:
+        """The buffers of the step without swaps, as :meth:`_spans` lists them (swaps replace a few)."""
+        starts, ends_at, sizes, written, roots = self._span_parts
+        return list(zip(starts, ends_at, sizes, written.tolist(), roots, [-1] * len(roots)))
+
+    @functools.cached_property
+    def _span_index(self) -> dict[str, int]:
+        """Each buffer's index in :attr:`_plain_spans`."""
+        return {r: k for k, r in enumerate(self._span_parts[4])}
 
     def _last_read(self, reads: Sequence[tuple[int, tuple[str, int]]]) -> tuple[str, int] | None:
         """The one read at the latest position, or None when there is none or several. A read by
@@ -281,6 +294,11 @@ class _Replay:
             bfc, chunk_of, resident = BFCAllocator(self.model.variable_bytes, limit), {}, 0
         alloc, release, size = bfc.alloc, bfc.release, bfc.size
         in_place_outputs = self._in_place_outputs
+        # Per buffer, read once for all steps: its bytes, whether its end hands its chunk on, and
+        # whether it is an output written in place (it takes a chunk handed on at its start).
+        nbytes_of = [span[2] for span in spans]
+        hands = [span[3] for span in spans]
+        takes_chunk = [span[5] < 0 and span[4] in in_place_outputs for span in spans]
         best = np.zeros(n, dtype=np.int64)
         state = None  # the allocator's state after the previous step
         for _ in range(steps):
@@ -305,19 +323,18 @@ class _Replay:
                 if k < 0:
                     break
                 if phase == 0:
-                    if spans[k][3]:
+                    if hands[k]:
                         handed.append(addr[k])
                     else:
                         release(addr[k])
                 elif phase == 1:
                     release(released[k])
                 elif phase == 2:
-                    takes = spans[k][5] < 0 and spans[k][4] in in_place_outputs
-                    chunk = handed.pop(0) if handed and takes else None
+                    chunk = handed.pop(0) if handed and takes_chunk[k] else None
                     if chunk is not None and size[chunk] < rounded[k]:
                         release(chunk)
                         chunk = None
-                    addr[k] = alloc(spans[k][2]) if chunk is None else chunk
+                    addr[k] = alloc(nbytes_of[k], rounded[k]) if chunk is None else chunk
                 else:
                     _, _, nbytes, _, handle = copies[k]
                     new = alloc(nbytes)

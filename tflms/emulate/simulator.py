@@ -99,7 +99,7 @@ from ..ir.devices import device_key
 from ..ir.graph import GraphModel, with_order_edges
 from .bfc import BFC_FIRST_REGION, BFC_MAX_WASTE, BFC_ROUND, OutOfMemory
 from .grappler import with_constant_pushdown
-from .order import ready_order
+from .order import ready_order, seed_ready_structure
 from .replay import STEPS, MemoryProfile, _Replay
 from .static import FORWARDING_OP_TYPES, FORWARDING_OUTPUTS, VARIABLE_WRITE_TYPES, _seed_ordered_static
 
@@ -176,6 +176,7 @@ class Simulator:
         new.model = with_order_edges(self.model, orders)
         # The step as run is the model itself where no constant was pushed down.
         executed = new.model if self.executed is self.model else with_order_edges(self.executed, orders)
+        seed_ready_structure(self.executed.dag, executed.dag, [(o.after, o.op) for o in orders])
         _seed_ordered_static(self.executed, executed, orders, device_key(self.host) if self.host else None)
         base = _Replay(executed, self.host, None)
         new._runs = {frozenset(): base}  # noqa: SLF001 (a simulator's own state; the other runs are made lazily)

@@ -8,12 +8,11 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-import networkx as nx
 import numpy as np
 
 from ..ir.devices import device_key
 from ..ir.graph import ALIAS_OP_TYPES, GraphModel, reach
-from .order import _ready_structure, ready_order
+from .order import _ready_structure, ready_order, topological_order
 
 __all__ = ["FORWARDING_OP_TYPES", "FORWARDING_OUTPUTS", "VARIABLE_WRITE_TYPES", "static_of"]
 
@@ -194,7 +193,7 @@ def static_of(model: GraphModel, host_key: Any) -> _Static:
     types = {op: data["type"] for op, data in dag.nodes(data=True)}
     # Buffer roots: an alias op's output i shares the buffer of its input i (in a topological order).
     root: dict[str, str] = {}
-    for op in nx.topological_sort(dag):
+    for op in topological_order(dag):
         op_type = types[op]
         ins = model.inputs_of[op]
         alias = op_type in ALIAS_OP_TYPES and ins
@@ -272,7 +271,7 @@ def _variable_writes(
 ) -> list[tuple[str, int, str, list[tuple[str, list[str]]]]]:
     """The in-place variable writes of ``model``, with the reads of the same variable (see :class:`_Static`)."""
     view: dict[str, str] = {}  # tensor -> the ReadVariableOp whose value it is (through aliases)
-    for op in nx.topological_sort(model.dag):
+    for op in topological_order(model.dag):
         op_type = types[op]
         ins = model.inputs_of[op]
         for i, t in enumerate(model.outputs_of[op]):

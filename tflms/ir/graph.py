@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 
 import networkx as nx
 
+from .._util import paused_gc
+
 __all__ = [
     "TensorInfo",
     "GraphModel",
@@ -30,6 +32,8 @@ __all__ = [
     "with_recomputes",
     "with_orders",
     "op_records",
+    "copy_dag",
+    "func_graph_sizer",
     "reach",
 ]
 
@@ -222,36 +226,9 @@ class GraphModel:
 
     @classmethod
     def from_func_graph(cls, graph: Any, batch_size: int | None = None) -> GraphModel:
-        """Build from a TensorFlow ``FuncGraph`` (or any ``tf.Graph``)."""
-        records = []
-        for op in graph.get_operations():
-            outs = []
-            for t in op.outputs:
-                shape, dtype = t.shape, t.dtype
-                dims = tuple(shape.as_list()) if shape.rank is not None else None
-                nbytes, est = estimate_bytes(dims, dtype.size if dtype.is_numpy_compatible else 0, batch_size)
-                outs.append((dtype.name, dims, nbytes, est))
-            records.append(
-                {
-                    "name": op.name,
-                    "type": op.type,
-                    "device": op.device,
-                    "inputs": [t.name for t in op.inputs],
-                    "outputs": outs,
-                    "control_inputs": [c.name for c in op.control_inputs],
-                }
-            )
-        handles = {id(external): internal.name for external, internal in getattr(graph, "captures", ())}
-        var_bytes, variables = 0, []
-        for v in getattr(graph, "variables", ()):
-            if v.shape.is_fully_defined():
-                nbytes = v.shape.num_elements() * v.dtype.size
-                var_bytes += nbytes
-                variables.append((handles.get(id(getattr(v, "handle", None)), ""), nbytes))
-        # In the order the step first reads them (graph.variables' order is not deterministic).
-        first = {f"{rec['name']}:0": i for i, rec in enumerate(records)}
-        variables.sort(key=lambda v: (first.get(v[0], len(first)), v[1]))
-        return cls.from_ops(records, variable_bytes=var_bytes, name=getattr(graph, "name", ""), variables=variables)
+        """Build from a TensorFlow ``FuncGraph`` (or any ``tf.Graph``). Python's cyclic garbage
+        collector is paused meanwhile (the graph's objects would make each collection long)."""
+        return func_graph_sizer(graph)(batch_size)
 
     def _annotate(self) -> None:
         """Set ``level`` and ``phase`` on every node."""
@@ -287,6 +264,57 @@ class GraphModel:
                 data["phase"] = "update"
             else:
                 data["phase"] = "forward"
+
+
+def func_graph_sizer(graph: Any) -> Any:
+    """``sized(batch_size) -> GraphModel``, each call equal to ``GraphModel.from_func_graph(graph,
+    batch_size)``: ``graph`` (a ``FuncGraph`` or any ``tf.Graph``) is read once, and each call only
+    sizes its tensors (:func:`estimate_bytes`), for searches over batch sizes
+    (:func:`tflms.max_batch_size`). The cyclic garbage collector is paused while it reads and sizes."""
+    with paused_gc():
+        ops = []
+        for op in graph.get_operations():
+            outs = []
+            for t in op.outputs:
+                shape, dtype = t.shape, t.dtype
+                dims = tuple(shape.as_list()) if shape.rank is not None else None
+                outs.append((dtype.name, dims, dtype.size if dtype.is_numpy_compatible else 0))
+            ops.append(
+                (
+                    {
+                        "name": op.name,
+                        "type": op.type,
+                        "device": op.device,
+                        "inputs": [t.name for t in op.inputs],
+                        "control_inputs": [c.name for c in op.control_inputs],
+                    },
+                    outs,
+                )
+            )
+        handles = {id(external): internal.name for external, internal in getattr(graph, "captures", ())}
+        var_bytes, variables = 0, []
+        for v in getattr(graph, "variables", ()):
+            if v.shape.is_fully_defined():
+                nbytes = v.shape.num_elements() * v.dtype.size
+                var_bytes += nbytes
+                variables.append((handles.get(id(getattr(v, "handle", None)), ""), nbytes))
+        # In the order the step first reads them (graph.variables' order is not deterministic).
+        first = {f"{rec['name']}:0": i for i, (rec, _) in enumerate(ops)}
+        variables.sort(key=lambda v: (first.get(v[0], len(first)), v[1]))
+        name = getattr(graph, "name", "")
+
+    def sized(batch_size: int | None = None) -> GraphModel:
+        with paused_gc():
+            records = [
+                {
+                    **rec,
+                    "outputs": [(dtype, dims, *estimate_bytes(dims, size, batch_size)) for dtype, dims, size in outs],
+                }
+                for rec, outs in ops
+            ]
+            return GraphModel.from_ops(records, variable_bytes=var_bytes, name=name, variables=variables)
+
+    return sized
 
 
 def with_recomputes(model: GraphModel, recomputes: Sequence[Any]) -> GraphModel:
@@ -335,7 +363,7 @@ def with_order_edges(model: GraphModel, orders: Sequence[Any]) -> GraphModel:
     ``level`` (stale where an order lengthens a path) and ``phase`` (an order runs from one
     backward op to another, which changes no op's phase). For the simulator, which reads
     neither levels nor anything else that an order could change but the edges."""
-    dag = model.dag.copy()  # new attribute dicts: a later _annotate sets the copy's levels
+    dag = copy_dag(model.dag)  # new attribute dicts: a later _annotate sets the copy's levels
     for o in orders:
         if dag.has_edge(o.after, o.op):
             dag.edges[o.after, o.op]["control"] = True
@@ -344,17 +372,39 @@ def with_order_edges(model: GraphModel, orders: Sequence[Any]) -> GraphModel:
     return dataclasses.replace(model, dag=dag)  # tensors and inputs are unchanged: an order is no data
 
 
+def copy_dag(dag: nx.DiGraph) -> nx.DiGraph:
+    """``dag.copy()``: the same nodes, edges and adjacency order, each attribute dict a shallow
+    copy, made from ``dag``'s adjacency dicts at once instead of edge by edge through
+    ``add_edges_from`` (a step's DAG of 15k-44k ops is copied for each ordering the schedule's
+    search keeps). The successor and predecessor dicts share each edge's attribute dict, as
+    networkx's own copy does. A subclass of ``nx.DiGraph`` gets ``dag.copy()`` itself."""
+    if type(dag) is not nx.DiGraph:
+        return dag.copy()
+    new = nx.DiGraph()
+    new.graph.update(dag.graph)
+    new._node.update((n, data.copy()) for n, data in dag._node.items())  # noqa: SLF001
+    succ: dict[Any, dict[Any, dict[str, Any]]] = {n: {} for n in dag._node}  # noqa: SLF001
+    pred: dict[Any, dict[Any, dict[str, Any]]] = {n: {} for n in dag._node}  # noqa: SLF001
+    for u, nbrs in dag._succ.items():  # noqa: SLF001 (in the order networkx's copy adds the edges)
+        mine = succ[u]
+        for v, edge in nbrs.items():
+            mine[v] = pred[v][u] = edge.copy()
+    new._succ, new._pred = succ, pred  # noqa: SLF001 (networkx resets its cached views on these)
+    return new
+
+
 def op_records(model: GraphModel) -> dict[str, dict[str, Any]]:
     """``model``'s ops as the records of :meth:`GraphModel.from_ops` (fresh lists), by name, in graph order."""
-    dag, tensors = model.dag, model.tensors
+    dag, tensors, inputs_of, outputs_of = model.dag, model.tensors, model.inputs_of, model.outputs_of
+    pred = dag.pred  # per op: {predecessor: edge attributes}, in the order of dag.predecessors
     return {
         name: {
             "name": name,
             "type": data["type"],
             "device": data["device"],
-            "inputs": list(model.inputs_of[name]),
-            "outputs": [(t.dtype, t.shape, t.bytes, t.estimated) for t in map(tensors.get, model.outputs_of[name])],
-            "control_inputs": [u for u in dag.predecessors(name) if dag.edges[u, name]["control"]],
+            "inputs": list(inputs_of[name]),
+            "outputs": [(t.dtype, t.shape, t.bytes, t.estimated) for t in map(tensors.get, outputs_of[name])],
+            "control_inputs": [u for u, edge in pred[name].items() if edge["control"]],
         }
         for name, data in dag.nodes(data=True)
     }

@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..config import check_int
-from .graph import GraphModel
+from .graph import GraphModel, func_graph_sizer
 
 __all__ = ["graph_source", "keras_step_source", "keras_train_step", "specs_text"]
 
@@ -50,8 +50,7 @@ def graph_source(step: Any) -> Callable[[int], GraphModel]:
     if isinstance(step, keras.Model):
         step = keras_step_source(step, keras_train_step(step))
     if isinstance(step, tfi.ConcreteFunction):
-        graph = step.graph
-        return lambda batch: GraphModel.from_func_graph(graph, batch_size=batch)
+        return func_graph_sizer(step.graph)  # the graph read once, sized per batch
     if callable(step):
         return lambda batch: GraphModel.from_func_graph(step(batch).graph, batch_size=batch)
     raise TypeError(

@@ -118,7 +118,7 @@ def _grid(model: GraphModel, config: LMSConfig, eligible: list[TensorInfo]) -> l
 
 
 def _search(
-    model: GraphModel, config: LMSConfig, sim: Simulator, budget: int
+    model: GraphModel, config: LMSConfig, sim: Simulator, budget: int, exists_only: bool = False
 ) -> tuple[LMSConfig | None, int, list[Swap], LMSConfig | None]:
     """(tuned config or None when nothing fits, lowest predicted peak the search saw, the swaps
     of that lowest plan when nothing fits, else ``[]``, and the knobs of those swaps then, else None).
@@ -126,6 +126,9 @@ def _search(
     The grid is searched with the fast requested-bytes peaks (:meth:`Simulator.prefix_peaks`,
     a lower bound of :meth:`Simulator.peak`); the candidates it finds are then checked
     with the allocator-accurate :meth:`Simulator.peak`, best key first.
+    ``exists_only``: for callers that only ask whether some plan fits (:func:`max_batch_size`):
+    the candidates are not timed (any order finds one that fits if one does), and a fitting
+    plan's config is returned as it fitted, its prefetch not tuned; the rest is the same.
     """
     lowest = sim.peak()
     if lowest <= budget:
@@ -150,9 +153,12 @@ def _search(
         fitting = np.flatnonzero(peaks <= budget)
         for n in {int(fitting[0]), *ends} if len(fitting) else ():
             if peaks[n] <= budget:
-                if timed is None:
-                    timed = timeline_model(model, config)
-                cost = round(step_seconds(timed, swaps[:n], config), 9)  # to the ns: ties go to fewer swaps
+                if exists_only:
+                    cost = 0.0
+                else:
+                    if timed is None:
+                        timed = timeline_model(model, config)
+                    cost = round(step_seconds(timed, swaps[:n], config), 9)  # to the ns: ties go to fewer swaps
                 candidates.add(((cost, n, -threshold, -groupby, ahead), knobs, n))
     best = None
     for _key, knobs, n in sorted(candidates):
@@ -174,6 +180,8 @@ def _search(
                 lowest, lowest_swaps, lowest_knobs = peak, grid[knobs][:n], _tuned(config, budget, *knobs, n)
         return None, lowest, lowest_swaps, lowest_knobs
     (threshold, fitted, groupby), n = best
+    if exists_only:
+        return _tuned(config, budget, threshold, fitted, groupby, n), lowest, [], None
     # Earliest prefetch first; the last one tried is the one that fitted above.
     for ahead in sorted({a for a in AHEADS if a > fitted} | {fitted}, reverse=True):
         if _fits(sim, _swaps(model, _knobs(config, threshold, ahead, groupby), eligible)[:n], budget):
@@ -198,7 +206,7 @@ _Lowest = tuple[LMSConfig | None, tuple[Order, ...], Simulator]
 
 
 def serialized_search(
-    model: GraphModel, config: LMSConfig, sim: Simulator, budget: int
+    model: GraphModel, config: LMSConfig, sim: Simulator, budget: int, exists_only: bool = False
 ) -> tuple[LMSConfig | None, int, tuple[Order, ...], Simulator, _Lowest | None]:
     """:func:`_search`, and with ``config.knobs.serialize``, when no plan fits: ordering edges for the
     lowest plan (:func:`tflms.plan.passes.schedule.memory_orders`), then the search again on the step with them
@@ -212,8 +220,10 @@ def serialized_search(
     them again from the tuned config. ``lowest``, when nothing fits: ``(knobs, orders, simulator)``
     of the lowest plan of steps 2-4 (knobs None: the plain step was the lowest), which
     ``on_budget_miss='best'`` plans with; None when a plan fits.
+    ``exists_only``: whether the config is None tells whether some plan fits, as without it; a
+    fitting config may differ (see :func:`_search`), and so may the lowest peak when a plan fits.
     """
-    tuned, lowest, lowest_swaps, lowest_knobs = _search(model, config, sim, budget)
+    tuned, lowest, lowest_swaps, lowest_knobs = _search(model, config, sim, budget, exists_only)
     if tuned is not None or not config.knobs.serialize or not lowest_swaps:
         return tuned, lowest, (), sim, (lowest_knobs, (), sim)
     from .passes.schedule import _memory_orders
@@ -222,7 +232,7 @@ def serialized_search(
     if orders:
         ordered = with_orders(model, orders)  # levels recomputed: the search's candidates read them
         ordered_sim = ordered_sim._of(ordered)  # noqa: SLF001 (the search's simulator, of the same step)
-        tuned, ordered_lowest, ordered_swaps, ordered_knobs = _search(ordered, config, ordered_sim, budget)
+        tuned, ordered_lowest, ordered_swaps, ordered_knobs = _search(ordered, config, ordered_sim, budget, exists_only)
         if tuned is not None:
             return tuned, min(lowest, ordered_lowest), orders, ordered_sim, None
         if ordered_swaps:

@@ -6,6 +6,7 @@ The rules are those listed in :mod:`tflms.plan.planner`; this module holds the p
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import networkx as nx
@@ -200,8 +201,30 @@ def group_by_level(items: list[tuple[int, ...]], groupby: int) -> list[list[tupl
 
 def _waits_for_backward(model: GraphModel, op: str) -> bool:
     """Whether ``op`` depends (through data or control edges) on a backward op."""
-    nodes = model.dag.nodes
-    return any(nodes[a]["phase"] == "backward" for a in nx.ancestors(model.dag, op))
+    return op in _after_backward(model.dag)
+
+
+def _after_backward(dag: nx.DiGraph) -> frozenset[str]:
+    """The ops that depend (through data or control edges) on a backward op of ``dag``: what the
+    backward ops reach, each in one search; kept per DAG (a model's DAG is not edited once made;
+    the node count is a cheap guard)."""
+    size = dag.number_of_nodes()
+    known = _AFTER_BACKWARD.get(dag)
+    if known is not None and known[0] == size:
+        return known[1]
+    found: set[str] = set()
+    frontier = [c for n, phase in dag.nodes(data="phase") if phase == "backward" for c in dag.successors(n)]
+    while frontier:
+        n = frontier.pop()
+        if n not in found:
+            found.add(n)
+            frontier.extend(dag.successors(n))
+    _AFTER_BACKWARD[dag] = (size, frozenset(found))
+    return _AFTER_BACKWARD[dag][1]
+
+
+#: Per DAG: (node count when made, :func:`_after_backward`).
+_AFTER_BACKWARD: weakref.WeakKeyDictionary[nx.DiGraph, tuple[int, frozenset[str]]] = weakref.WeakKeyDictionary()
 
 
 def _find_trigger(model: GraphModel, consumer: str, target_level: int, producer: str, config: LMSConfig) -> str | None:

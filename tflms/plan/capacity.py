@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +17,9 @@ from .autotune import serialized_search
 from .registry import prepare
 
 __all__ = ["BatchSizeResult", "batch_bound", "largest_fitting", "max_batch_size"]
+
+#: Progress of the search (one INFO record per batch size tried); ``tflms plan`` shows them.
+log = logging.getLogger("tflms")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,22 +163,44 @@ def max_batch_size(
         model = graph_of(batch)
         return prepare(model, cfg, Simulator(model, cfg.host), only=("split_sums", "drop_tiles"))[0]
 
-    cache: dict[int, tuple[bool, bool]] = {}
+    plain_fits: dict[int, bool] = {}  # per batch size: the plain step fits
+    lms_fits: dict[int, bool] = {}  # per batch size: the plain step or some plan of the autotuner fits
 
-    def fits(batch: int) -> tuple[bool, bool]:
-        """(plain step fits, some plan of the autotuner fits) at this batch size."""
-        if batch not in cache:
+    def fits_without(batch: int) -> bool:
+        """Whether the plain step fits at this batch size."""
+        if batch not in plain_fits:
+            start = time.perf_counter()
             with paused_gc():
-                model = graph_of(batch)
-                sim = Simulator(model, cfg.host)
-                plain = sim.peak() <= budget
-                if not plain:  # the step make_plan plans on
-                    model, sim, *_ = prepare(model, cfg, sim)
-                cache[batch] = (plain, plain or serialized_search(model, cfg, sim, budget)[0] is not None)
-        return cache[batch]
+                plain_fits[batch] = Simulator(graph_of(batch), cfg.host).peak() <= budget
+            if plain_fits[batch]:
+                lms_fits[batch] = True
+            log.info(
+                "max_batch_size: batch %d %s without LMS (%.1f s)",
+                batch,
+                "fits" if plain_fits[batch] else "does not fit",
+                time.perf_counter() - start,
+            )
+        return plain_fits[batch]
 
-    without = largest_fitting(lambda b: fits(b)[0], limit, rel_tol)
-    with_lms = largest_fitting(lambda b: fits(b)[1], limit, rel_tol)
+    def fits_with(batch: int) -> bool:
+        """Whether the plain step or some plan of the autotuner fits at this batch size: the
+        autotuner's search runs only for the batch sizes the search with LMS asks about."""
+        if batch not in lms_fits and not fits_without(batch):
+            start = time.perf_counter()
+            with paused_gc():
+                model = graph_of(batch)  # made again: the plain step's model is not kept
+                model, sim, *_ = prepare(model, cfg, Simulator(model, cfg.host))  # the step make_plan plans on
+                lms_fits[batch] = serialized_search(model, cfg, sim, budget, exists_only=True)[0] is not None
+            log.info(
+                "max_batch_size: batch %d %s with LMS (%.1f s)",
+                batch,
+                "fits" if lms_fits[batch] else "does not fit",
+                time.perf_counter() - start,
+            )
+        return lms_fits[batch]
+
+    without = largest_fitting(fits_without, limit, rel_tol)
+    with_lms = largest_fitting(fits_with, limit, rel_tol)
     return BatchSizeResult(
         budget=budget,
         without_lms=without,
@@ -201,7 +228,9 @@ def _bound(graph_of: Callable[[int], GraphModel], budget: int, host: str | None,
 
     def floor_fits(batch: int) -> bool:
         with paused_gc():
-            return Simulator(graph_of(batch), host).floor()[0] <= budget
+            fits = Simulator(graph_of(batch), host).floor()[0] <= budget
+        log.info("max_batch_size: batch %d: the largest op's working set %s", batch, "fits" if fits else "does not fit")
+        return fits
 
     return largest_fitting(floor_fits, limit, start=max(1, start))
 

@@ -66,16 +66,21 @@ Deterministic: the same graph and options give the same plan, byte for byte.
 
 from __future__ import annotations
 
+import logging
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 
-from .._util import format_bytes, format_sizes
+from .._util import format_bytes, format_sizes, paused_gc
 from ..config import LMSConfig, resolve_budget, resolve_swapout_window
 from ..emulate.simulator import BFC_FIRST_REGION, Simulator
 from ..errors import LMSWarning
 from ..ir.graph import SUM_OP_TYPES, GraphModel
 from .candidates import EXCLUDED_DTYPES, EXCLUDED_PRODUCER_TYPES, candidate_swaps, is_collective
 from .records import Fence, Swap, SwapPlan
+
+#: Progress of long plans (INFO records); ``tflms plan`` shows them.
+log = logging.getLogger("tflms")
 
 __all__ = [
     "make_plan",
@@ -100,77 +105,96 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
     ``budget="auto"`` needs a device to read a limit from: ``tflms.function``,
     :func:`tflms.optimize` and ``LMSCallback`` resolve it (:func:`tflms.config.resolve_budget`);
     here, where there is no device, it plans as ``budget=None``.
+    Python's cyclic garbage collector is paused while it plans (:func:`tflms._util.paused_gc`).
     """
-    config, _ = resolve_budget(config, None, "make_plan reads no device")
-    config = resolve_swapout_window(config, config.device)
-    sim = simulator or Simulator(model, config.host)
-    before = sim.peak()
-    original = model
+    with paused_gc():  # no frame of its own: warnings name the caller of make_plan
+        config, _ = resolve_budget(config, None, "make_plan reads no device")
+        config = resolve_swapout_window(config, config.device)
+        sim = simulator or Simulator(model, config.host)
+        before = sim.peak()
+        original = model
 
-    def empty(reason: str, cfg: LMSConfig = config) -> SwapPlan:
-        return empty_plan(original, cfg, before, reason)
+        def empty(reason: str, cfg: LMSConfig = config) -> SwapPlan:
+            return empty_plan(original, cfg, before, reason)
 
-    if not model.has_backward():
-        return empty(
-            "the step has no backward ops (no gradient_tape/ or gradients/ scope): nothing to swap; "
-            "the function runs unchanged"
-        )
-    if config.budget is not None and before <= config.budget:
-        check_placement(sim, (), config.budget)
-        return empty(
-            f"the predicted peak ({format_bytes(before)}) fits the budget ({format_sizes(config.budget)}) "
-            "without swapping",
-            config.replace(n_tensors=0, on_budget_miss="raise"),
-        )
-    from .autotune import tune_ordered
-    from .registry import prepare
+        if not model.has_backward():
+            return empty(
+                "the step has no backward ops (no gradient_tape/ or gradients/ scope): nothing to swap; "
+                "the function runs unchanged"
+            )
+        if config.budget is not None and before <= config.budget:
+            check_placement(sim, (), config.budget)
+            return empty(
+                f"the predicted peak ({format_bytes(before)}) fits the budget ({format_sizes(config.budget)}) "
+                "without swapping",
+                config.replace(n_tensors=0, on_budget_miss="raise"),
+            )
+        from .autotune import tune_ordered
+        from .registry import prepare
 
-    model, sim, decided = prepare(model, config, sim)
-    sums, tiles, recomputes = decided.get("sums", ()), decided.get("tiles", ()), decided.get("recomputes", ())
-    orders = decided.get("orders", ())
-    if config.budget is not None:
-        config, more, sim = tune_ordered(model, config, sim)
-        model, orders = sim.model, orders + more  # with the orders, if the budget needed them
-    swaps = candidate_swaps(model, config)
-    if config.knobs.n_tensors is not None:
-        swaps = swaps[: config.knobs.n_tensors]
-    swaps.sort(key=lambda s: (s.level, s.tensor))
-    if config.knobs.triggers == "timeline" and swaps:
-        from .timing import timed_triggers
+        stage = _Stages(model)
+        model, sim, decided = prepare(model, config, sim)
+        stage.done(f"passes before the swaps ({', '.join(decided) or 'none'})")
+        sums, tiles, recomputes = decided.get("sums", ()), decided.get("tiles", ()), decided.get("recomputes", ())
+        orders = decided.get("orders", ())
+        if config.budget is not None:
+            config, more, sim = tune_ordered(model, config, sim)
+            model, orders = sim.model, orders + more  # with the orders, if the budget needed them
+            stage.done(f"swap knobs tuned to the budget {format_sizes(config.budget)}")
+        swaps = candidate_swaps(model, config)
+        if config.knobs.n_tensors is not None:
+            swaps = swaps[: config.knobs.n_tensors]
+        swaps.sort(key=lambda s: (s.level, s.tensor))
+        if config.knobs.triggers == "timeline" and swaps:
+            from .timing import timed_triggers
 
-        timed = timed_triggers(model, swaps, config)
-        if config.budget is not None and sim.peak(timed, above=config.budget) > config.budget:
-            # Only the swap-ins triggered later than by levels (which hold less memory, not more).
-            timed = [t if _later(t, s) else s for t, s in zip(timed, swaps)]
-        if config.budget is None or sim.peak(timed, above=config.budget) <= config.budget:
-            swaps = timed
-    if config.knobs.serialize:  # also where no tensor qualifies: the orders alone can be the plan
-        from .passes.schedule import finish
+            timed = timed_triggers(model, swaps, config)
+            if config.budget is not None and sim.peak(timed, above=config.budget) > config.budget:
+                # Only the swap-ins triggered later than by levels (which hold less memory, not more).
+                timed = [t if _later(t, s) else s for t, s in zip(timed, swaps)]
+            if config.budget is None or sim.peak(timed, above=config.budget) <= config.budget:
+                swaps = timed
+        if config.knobs.serialize:  # also where no tensor qualifies: the orders alone can be the plan
+            from .passes.schedule import finish
 
-        swaps, more, sim = finish(sim, swaps, config)  # sim: of ``model`` (with the budget's orders)
-        orders += more
-    if not swaps and not recomputes and not orders and not sums and not tiles:
-        return empty(
-            f"no tensor qualifies (forward output >= min_bytes={config.knobs.min_bytes} with a backward "
-            f"consumer more than swapout_threshold={config.knobs.swapout_threshold} levels later)"
-            + (" and no ordering edge lowers the predicted peak" if config.knobs.serialize else "")
-        )
-    if config.budget is not None:
-        check_placement(sim, swaps, config.budget)
-    return SwapPlan(
-        function=model.name,
-        options=config.to_dict(),
-        swaps=tuple(swaps),
-        n_ops=original.dag.number_of_nodes(),
-        peak_bytes_before=before,
-        peak_bytes_after=sim.peak(swaps),
-        variable_bytes=model.variable_bytes,
-        recomputes=tuple(recomputes),
-        fences=fences_for(sim.pos, swaps, config.knobs.swapout_window) if config.knobs.swapout_window else (),
-        orders=orders,
-        sums=tuple(sums),
-        tiles=tuple(tiles),
-    ).with_model(original)
+            swaps, more, sim = finish(sim, swaps, config)  # sim: of ``model`` (with the budget's orders)
+            orders += more
+            stage.done(f"memory-aware schedule ({len(more)} ordering edges)")
+        if not swaps and not recomputes and not orders and not sums and not tiles:
+            return empty(
+                f"no tensor qualifies (forward output >= min_bytes={config.knobs.min_bytes} with a backward "
+                f"consumer more than swapout_threshold={config.knobs.swapout_threshold} levels later)"
+                + (" and no ordering edge lowers the predicted peak" if config.knobs.serialize else "")
+            )
+        if config.budget is not None:
+            check_placement(sim, swaps, config.budget)
+        return SwapPlan(
+            function=model.name,
+            options=config.to_dict(),
+            swaps=tuple(swaps),
+            n_ops=original.dag.number_of_nodes(),
+            peak_bytes_before=before,
+            peak_bytes_after=sim.peak(swaps),
+            variable_bytes=model.variable_bytes,
+            recomputes=tuple(recomputes),
+            fences=fences_for(sim.pos, swaps, config.knobs.swapout_window) if config.knobs.swapout_window else (),
+            orders=orders,
+            sums=tuple(sums),
+            tiles=tuple(tiles),
+        ).with_model(original)
+
+
+class _Stages:
+    """Progress of :func:`make_plan`: one INFO record per stage on logger ``tflms``, with its seconds."""
+
+    def __init__(self, model: GraphModel) -> None:
+        self.name, self.start = model.name, time.perf_counter()
+        log.info("make_plan %s: %d ops", self.name, model.dag.number_of_nodes())
+
+    def done(self, what: str) -> None:
+        now = time.perf_counter()
+        log.info("make_plan %s: %s (%.1f s)", self.name, what, now - self.start)
+        self.start = now
 
 
 def check_placement(sim: Simulator, swaps: Sequence[Swap], budget: int) -> None:

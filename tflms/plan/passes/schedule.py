@@ -259,7 +259,9 @@ def _candidates(sim: Simulator, swaps: Sequence[Swap]) -> list[tuple[Order, ...]
             continue
         # What the reader waits for, in the step as run and in the step the edges go into (a
         # constant push-down moves data edges; an order against either would close a cycle).
-        needed = nx.ancestors(model.dag, reader) | nx.ancestors(sim.model.dag, reader) | {reader}
+        needed = nx.ancestors(model.dag, reader) | {reader}
+        if sim.model.dag is not model.dag:
+            needed |= nx.ancestors(sim.model.dag, reader)
         for b in live:
             if b == a or " (swap-in " in b:
                 continue
