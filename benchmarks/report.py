@@ -75,6 +75,35 @@ def pass_speed(data: dict) -> str:
             f"| {r['ops']:,} | {r['swaps']} | {s['model']:.2f} | {s['plan']:.2f} | {s['rewrite']:.2f} "
             f"| **{s['total']:.2f}** | {s['copy']:.2f} |"
         )
+    if data.get("keras"):
+        lines += [
+            "",
+            "Keras applications, default options (seconds, min / median of the runs; the trace is TensorFlow's):",
+            "",
+            "| when | model | batch | ops | swaps | trace | graph model | plan |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in data["keras"]:
+            s = r["seconds"]
+            cells = " | ".join(f"{s[k]['min']:.2f} / {s[k]['median']:.2f}" for k in ("trace", "model", "plan"))
+            lines.append(f"| {r['label']} | {r['name']} | {r['batch']} | {r['ops']:,} | {r['swaps']} | {cells} |")
+    if data.get("capacity"):
+        lines += [
+            "",
+            "The capacity search of `tflms plan NAME --batch B --budget SIZE --max-batch` (seconds, min / median):",
+            "",
+            "| when | model | budget | largest batch plain / with tflms (predicted) | trace | search |",
+            "|---|---|---|---|---:|---:|",
+        ]
+        for r in data["capacity"]:
+            s = r["seconds"]
+            lines.append(
+                f"| {r['label']} | {r['name']} | {r['budget']} | {r['without_lms']} / {r['with_lms']} "
+                f"| {s['trace']['min']:.1f} / {s['trace']['median']:.1f} | {s['search']['min']:.0f} / "
+                f"{s['search']['median']:.0f} |"
+            )
+    notes = data.get("notes") or {}
+    lines += ["", *(f"- {k}: {v}" for k, v in notes.items())] if isinstance(notes, dict) else []
     return "\n".join(lines)
 
 
