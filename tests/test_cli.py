@@ -170,6 +170,20 @@ def test_bad_input_gives_one_clear_line(args, code, message):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.integration
+def test_on_budget_miss_best_plans_with_the_lowest_plan_and_warns(tmp_path):
+    """The budget that test_bad_input_gives_one_clear_line refuses, with --on-budget-miss best: a
+    warning with the lowest predicted peak, then that plan (its JSON records the choice)."""
+    path = tmp_path / "plan.json"
+    args = ["plan", "MobileNetV3Small", "--batch", "4", "--input-shape", "32,32,3", "--budget", "1MiB"]
+    r = tflms(*args, "--on-budget-miss", "best", "--json", str(path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "on_budget_miss='best': planning with the lowest plan the search found" in r.stderr
+    plan = json.loads(path.read_text())
+    assert plan["options"]["on_budget_miss"] == "best"
+    assert plan["peak_bytes_after"] > 2**20  # it does not fit: the user was told
+
+
 # -- your own model: tflms plan package.module:factory ----------------------------------
 
 FACTORIES = """

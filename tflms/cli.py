@@ -327,6 +327,7 @@ def _plan(args: argparse.Namespace) -> int:
         config = tflms.LMSConfig(
             budget=args.budget if args.budget in (None, "auto") else int(args.budget),
             policy=args.policy,
+            on_budget_miss=args.on_budget_miss,
             **schedule,
             **({} if args.swapout_window is None else {"swapout_window": _window_option(args.swapout_window)}),
         )
@@ -468,7 +469,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=("default",),
         metavar="NAMES",
         help="the passes the planner may use besides swaps, comma-separated: default (swap_gradients, split_sums, "
-        "drop_tiles, order_updates), none, or names such as default,recompute (default: default)",
+        "drop_tiles), none, or names such as default,order_updates (default: default)",
+    )
+    p.add_argument(
+        "--on-budget-miss",
+        choices=("raise", "best"),
+        default="raise",
+        help="when no plan is predicted to fit --budget: raise (an error, the default) or best (a warning, and "
+        "the plan with the lowest predicted peak)",
     )
     p.add_argument("--json", help="write the plan JSON here")
     p.add_argument("--plot", help="write the memory timeline PNG here")

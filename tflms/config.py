@@ -67,10 +67,10 @@ MIN_BYTES = 256 * 1024
 #: FLOPs, because only memory-bound element-wise ops are recomputed.
 DEVICE_BANDWIDTH = 10**12
 #: What ``swapout_window='auto'`` (the default) means where the device is a GPU: two swap-outs in
-#: flight. Measured on an NVIDIA H200 (README, "Fences on the GPU"): without fences the forward pass runs ahead of
-#: the link and ResNet50 224² at batch 44 held 2.6 times the predicted peak; with a window of 1, 2
-#: and 4 it held 1.07-1.17 times it, at about the same step time (window 2, alone on the GPU: 246 ms
-#: against 240 and 258 ms without fences).
+#: flight. Measured on an NVIDIA H200 (docs, benchmarks, "Fences on the GPU"): without fences the
+#: forward pass runs ahead of the link and ResNet50 224² at batch 44 held 2.6 times the predicted
+#: peak; with a window of 1, 2 and 4 it held 1.07-1.17 times it, at about the same step time
+#: (window 2, alone on the GPU: 246 ms against 240 and 258 ms without fences).
 GPU_SWAPOUT_WINDOW = 2
 
 
@@ -277,15 +277,14 @@ class Knobs:
             how Grappler associates the sum; :data:`tflms.plan.planner.UNFENCED_TYPES`).
             ``'auto'`` (default): :data:`GPU_SWAPOUT_WINDOW` where the device is a GPU
             (there the executor only enqueues kernels, and without fences the forward
-            pass ran far ahead of the link: measured, README "Fences on the GPU"), no
+            pass ran far ahead of the link: measured, docs, benchmarks, "Fences on the GPU"), no
             fences elsewhere (a CPU's executor waits for each op); the plan's options
             record the value used. ``None``: no fences.
         serialize: when ``True``, a memory-aware schedule: ordering edges
             (:class:`tflms.Order`) that make one branch of the backward pass wait for
             another where the simulator predicts a lower peak (:mod:`tflms.plan.passes.schedule`).
-            Default ``True`` (since 2026-11-25; measured lower peaks on the test bed, see the
-            README); ``False``: the swaps alone, and faster planning (a ResNet50 step 3-4 s,
-            a ResNet152 224² step 40 s faster on 2 CPUs).
+            Default ``True`` (measured lower peaks on the test bed: docs, benchmarks,
+            "Memory-aware schedule"); ``False``: the swaps alone, and faster planning.
         manual_memory_optimizer: when ``True`` (default), ``tflms.function`` and
             ``tflms.LMSCallback`` call the step within :func:`tflms.manual_memory_optimizer`
             (Grappler's memory optimizer at ``MANUAL``): Grappler's default level may rewrite
