@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._util import format_sizes
+from .._util import format_sizes, paused_gc
 from ..config import LMSConfig, parse_bytes
 from ..emulate.simulator import Simulator
 from ..ir.graph import GraphModel
@@ -137,8 +137,6 @@ def max_batch_size(
         >>> r.without_lms < r.with_lms <= r.bound
         True
     """
-    from .._util import paused_gc
-
     cfg = LMSConfig.from_options(config, **options)
     if cfg.budget == "auto":  # no device to read a limit from: the budget argument decides
         cfg = cfg.replace(budget=None)
@@ -169,34 +167,22 @@ def max_batch_size(
     def fits_without(batch: int) -> bool:
         """Whether the plain step fits at this batch size."""
         if batch not in plain_fits:
-            start = time.perf_counter()
-            with paused_gc():
-                plain_fits[batch] = Simulator(graph_of(batch), cfg.host).peak() <= budget
+            plain_fits[batch] = _timed(batch, "without", lambda: Simulator(graph_of(batch), cfg.host).peak() <= budget)
             if plain_fits[batch]:
                 lms_fits[batch] = True
-            log.info(
-                "max_batch_size: batch %d %s without LMS (%.1f s)",
-                batch,
-                "fits" if plain_fits[batch] else "does not fit",
-                time.perf_counter() - start,
-            )
         return plain_fits[batch]
 
     def fits_with(batch: int) -> bool:
         """Whether the plain step or some plan of the autotuner fits at this batch size: the
         autotuner's search runs only for the batch sizes the search with LMS asks about."""
         if batch not in lms_fits and not fits_without(batch):
-            start = time.perf_counter()
-            with paused_gc():
+
+            def some_plan_fits() -> bool:
                 model = graph_of(batch)  # made again: the plain step's model is not kept
                 model, sim, *_ = prepare(model, cfg, Simulator(model, cfg.host))  # the step make_plan plans on
-                lms_fits[batch] = serialized_search(model, cfg, sim, budget, exists_only=True)[0] is not None
-            log.info(
-                "max_batch_size: batch %d %s with LMS (%.1f s)",
-                batch,
-                "fits" if lms_fits[batch] else "does not fit",
-                time.perf_counter() - start,
-            )
+                return serialized_search(model, cfg, sim, budget, exists_only=True)[0] is not None
+
+            lms_fits[batch] = _timed(batch, "with", some_plan_fits)
         return lms_fits[batch]
 
     without = largest_fitting(fits_without, limit, rel_tol)
@@ -238,3 +224,19 @@ def _bound(graph_of: Callable[[int], GraphModel], budget: int, host: str | None,
 def _check_limit(limit: Any) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be an integer >= 1. Received: limit={limit!r}")
+
+
+def _timed(batch: int, way: str, fits: Callable[[], bool]) -> bool:
+    """``fits()`` with the garbage collector paused, logged with its seconds (``way``: ``"with"``
+    or ``"without"`` LMS)."""
+    start = time.perf_counter()
+    with paused_gc():
+        answer = fits()
+    log.info(
+        "max_batch_size: batch %d %s %s LMS (%.1f s)",
+        batch,
+        "fits" if answer else "does not fit",
+        way,
+        time.perf_counter() - start,
+    )
+    return answer
