@@ -259,9 +259,12 @@ class Knobs:
             convolutions and matrix products) where no measured profile gives an op's time;
             default :data:`DEVICE_FLOPS`.
         op_profile: path of a measured op profile's JSON (:class:`tflms.emulate.costs.OpProfile`,
-            made by :func:`tflms.testing.profile.profile_ops`), or ``None``: each op's compute
-            time on the step's timeline (:mod:`tflms.emulate.timeline`), which the autotuner
-            minimises; ops without a record are estimated.
+            made by :func:`tflms.testing.profile.profile_ops`), ``'auto'`` or ``None``: each op's
+            compute time on the step's timeline (:mod:`tflms.emulate.timeline`), which the
+            autotuner minimises; ops without a record are estimated. ``'auto'``: the first
+            rewritten call of each input signature runs under TensorFlow's profiler, its op times
+            are saved (:func:`tflms.plan.profiles.auto_profile_path`) and the signature is planned
+            again with them; until then, and for a step that needs no rewrite, the estimate.
         triggers: the swap-in trigger rule. ``'levels'`` (default): an op about
             ``swapin_ahead`` levels before the first consumer; ``'timeline'``: the op that ends
             last before the consumer's start on the plain step's timeline minus the transfer
@@ -365,7 +368,8 @@ class Knobs:
         set_(self, "device_flops", float(flops))
         if self.op_profile is not None and (not isinstance(self.op_profile, str) or not self.op_profile):
             raise ValueError(
-                "op_profile must be the path of an op profile's JSON (tflms.testing.profile.profile_ops) or None. "
+                "op_profile must be the path of an op profile's JSON (tflms.testing.profile.profile_ops), 'auto' "
+                "(profile the first rewritten call of each input signature) or None. "
                 f"{_received('op_profile', self.op_profile)}"
             )
         if self.triggers not in TRIGGER_RULES:

@@ -33,6 +33,7 @@ from ..ir.devices import device_key
 from ..ir.graph import GraphModel
 from ..plan.passes.offload import OffloadDecisions, offload_decisions, with_offload
 from ..plan.planner import empty_plan, make_plan
+from ..plan.profiles import AUTO_PROFILE, auto_profile_path, profile_of_call
 from ..plan.records import SwapPlan
 from ..rewrite.apply import apply_offload, apply_plan, is_rewritten
 
@@ -357,6 +358,7 @@ class LMSFunction:
             )
             self.python_function = python_function
         self._cache: dict[Any, tuple[Any, SwapPlan, str | None]] = {}
+        self._profiled: set[Any] = set()  # traces planned again with a profile of their first call
         self._lock = threading.Lock()
         self._warned_eager = False
         self._bound: weakref.WeakKeyDictionary[Any, LMSFunction] = weakref.WeakKeyDictionary()
@@ -380,7 +382,9 @@ class LMSFunction:
                         _refuse_xla(cf, self._config)
                         with paused_gc():
                             # user -> __call__ / get_plan / ... -> _entry -> _optimize
-                            entry = _optimize(cf, self._config, not self._owns_traces, stacklevel=4)
+                            # op_profile="auto" plans the trace again after its first call: keep it unedited.
+                            copy = not self._owns_traces or self.profiles_calls
+                            entry = _optimize(cf, self._config, copy, stacklevel=4)
                     self._cache[cf] = entry
         return entry
 
@@ -396,6 +400,17 @@ class LMSFunction:
                 )
             return self.python_function(*args, **kwargs)
         new_cf, _, device = self._entry(args, kwargs)
+        # Traced into a caller's function (LMSCallback's Keras step), the caller profiles the call.
+        if device is not None and self.profiles_calls and tf.executing_eagerly():
+            cf = self._tf_function.get_concrete_function(*args, **kwargs)
+            if cf not in self._profiled:
+                out: list[Any] = []
+                kernels = tfi.profile_kernels(lambda: out.append(self._run(new_cf, device, args, kwargs)))
+                self.replan_with_kernels(kernels, [cf])
+                return out[0]
+        return self._run(new_cf, device, args, kwargs)
+
+    def _run(self, new_cf: Any, device: str | None, args: tuple, kwargs: dict) -> Any:
         level = "MANUAL" if self._config.knobs.manual_memory_optimizer else None
         # Only for a rewritten step, and only where the layout optimizer would convert on its device.
         layout_off = device is not None and not self._config.knobs.layout_optimizer
@@ -404,6 +419,39 @@ class LMSFunction:
                 return new_cf(*args, **kwargs)
             with tf.device(device):
                 return new_cf(*args, **kwargs)
+
+    @property
+    def profiles_calls(self) -> bool:
+        """Whether the first rewritten call of each signature is profiled (``op_profile='auto'``)."""
+        return self._config.knobs.op_profile == AUTO_PROFILE
+
+    def replan_with_kernels(self, kernels: list[dict[str, Any]], traces: list[Any] | None = None) -> list[SwapPlan]:
+        """Plan again, with the op times of one profiled call (``kernels``:
+        :func:`tflms._tf_internal.profile_kernels`), each rewritten trace in ``traces`` (default:
+        all) that has not been profiled yet; ``op_profile='auto'`` calls this after a signature's
+        first call. The profile is saved (:func:`tflms.plan.profiles.auto_profile_path`) and the
+        new plan's ``op_profile`` knob names it. Returns the new plans."""
+        new_plans = []
+        with self._lock:
+            for cf in list(self._cache) if traces is None else traces:
+                entry = self._cache.get(cf)
+                if entry is None or cf in self._profiled or entry[2] is None:
+                    continue
+                self._profiled.add(cf)
+                _, plan, device = entry
+                model = plan.model
+                profile = profile_of_call(
+                    kernels, ops=set(model.dag) if model is not None else None, device=device, function=plan.function
+                )
+                path = auto_profile_path(plan.function, _signature_text(cf), device)
+                profile.save(path)
+                config = self._config.replace(op_profile=path)
+                with paused_gc():
+                    entry = _optimize(cf, config, not self._owns_traces, stacklevel=4)
+                self._cache[cf] = entry
+                log.info("tflms: %s: planned again with the op times of its first call (%s)", plan.function, path)
+                new_plans.append(entry[1])
+        return new_plans
 
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
         """The rewritten ConcreteFunction for these arguments (traced and planned on first use)."""

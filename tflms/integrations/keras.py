@@ -263,6 +263,7 @@ class LMSCallback(keras.callbacks.Callback):
         self._installation: _Installation | None = None
         self._shown = 0  # plans already reported
         self._checked_batch = False  # batch dimension of the fed data looked at
+        self._profiled = False  # op_profile="auto": the first call has been profiled
         self._measured_device: str | None = None  # device whose peak this epoch's logs report
         self._mode: Any = OneProcess()
         if horovod and self.config.offload:
@@ -380,6 +381,7 @@ class LMSCallback(keras.callbacks.Callback):
             self._installation = inst
             self._shown = 0
             self._checked_batch = False
+            self._profiled = False
             self.fingerprint = None
         model.train_function = inst.function
 
@@ -435,7 +437,8 @@ class LMSCallback(keras.callbacks.Callback):
                 LMSWarning,
                 stacklevel=4,
             )
-        run = tfi.keras_make_function(model, lms_step if lms else step, jit_compile=xla and not lms)
+        make = functools.partial(tfi.keras_make_function, model, lms_step if lms else step, jit_compile=xla and not lms)
+        run = make()
         model_ref = weakref.ref(model)
         level = "MANUAL" if lms and self.config.knobs.manual_memory_optimizer else None
         layout_off = lms and not self.config.knobs.layout_optimizer
@@ -443,6 +446,7 @@ class LMSCallback(keras.callbacks.Callback):
         installation: _Installation
 
         def train_function(iterator: Any) -> Any:
+            nonlocal run
             if not self._checked_batch:
                 self._checked_batch = True
                 if lms:
@@ -450,7 +454,16 @@ class LMSCallback(keras.callbacks.Callback):
             self._mode.before_run(model_ref, iterator)
             # Keras inlines the step into its own function, so the outer call's config counts.
             with tfi.memory_optimization(level, keep_explicit=True, layout_off=layout_off, device=device):
-                logs = run(iterator)
+                if lms and lms_step.profiles_calls and not self._profiled:
+                    # op_profile="auto": profile this first call, plan again, and let Keras trace anew.
+                    self._profiled = True
+                    out: list[Any] = []
+                    kernels = tfi.profile_kernels(lambda: out.append(run(iterator)))
+                    logs = out[0]
+                    if lms_step.replan_with_kernels(kernels):
+                        run = make()
+                else:
+                    logs = run(iterator)
             if lms and len(lms_step.plans) > self._shown:
                 self._report(installation)
             return logs

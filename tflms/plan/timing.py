@@ -32,6 +32,7 @@ from ..emulate.timeline import Link, Timeline, TimelineModel, timed_trigger_time
 from ..ir.devices import same_device
 from ..ir.graph import CONTROL_FLOW_OP_TYPES, GraphModel
 from .candidates import _ancestors_down_to, is_collective
+from .profiles import AUTO_PROFILE
 from .records import Swap, SwapIn, SwapPlan
 from .registry import replay
 
@@ -54,9 +55,10 @@ def _load(path: str, mtime: float) -> OpProfile:
 
 
 def load_profile(config: LMSConfig) -> OpProfile | None:
-    """The op profile ``Knobs.op_profile`` names (read once per file version), or ``None``."""
+    """The op profile ``Knobs.op_profile`` names (read once per file version), or ``None``
+    (also for ``'auto'`` before a call has been profiled: :mod:`tflms.plan.profiles`)."""
     path = config.knobs.op_profile
-    if path is None:
+    if path is None or path == AUTO_PROFILE:
         return None
     if not os.path.isfile(path):
         raise FileNotFoundError(

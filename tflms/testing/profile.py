@@ -26,13 +26,9 @@ from typing import Any
 
 from ..config import check_int
 from ..emulate.costs import OpProfile
+from ..plan.profiles import MAX_GAP, device_kernels_with_gaps, step_records
 
 __all__ = ["profile_ops", "profile_once", "signature", "device_kernels_with_gaps", "MAX_GAP"]
-
-#: The longest idle time of a GPU stream before a kernel that :func:`device_kernels_with_gaps`
-#: counts to that kernel's op, seconds: longer gaps are the step waiting for something else
-#: (the host, a transfer), not this op's launch.
-MAX_GAP = 1e-3
 
 _cache: dict[tuple[int, tuple], OpProfile] = {}
 
@@ -47,28 +43,6 @@ def signature(args: Sequence[Any]) -> tuple:
         else:
             out.append(repr(a))
     return tuple(out)
-
-
-def device_kernels_with_gaps(kernels: list[dict[str, Any]], max_gap: float = MAX_GAP) -> list[dict[str, Any]]:
-    """GPU kernel records (``source == 'device'``) with the idle time of their stream before them
-    (up to ``max_gap`` seconds) added to their ``duration_ns``: on one stream, the time from the
-    end of the kernel before to this one's start. The first kernel of a stream gets none.
-
-    >>> ks = [{"source": "device", "thread": "s", "time_ns": t, "duration_ns": 10, "op": o, "type": "X"}
-    ...       for t, o in ((0, "a"), (15, "b"), (10**8, "c"))]
-    >>> [k["duration_ns"] for k in device_kernels_with_gaps(ks)]  # b waited 5 ns; c's gap is too long
-    [10, 15, 10]
-    """
-    out = []
-    last_end: dict[str, int] = {}
-    for k in sorted((k for k in kernels if k.get("source") == "device"), key=lambda k: (k["thread"], k["time_ns"])):
-        k = dict(k)
-        before = last_end.get(k["thread"])
-        if before is not None and 0 < k["time_ns"] - before <= max_gap * 1e9:
-            k["duration_ns"] += k["time_ns"] - before
-        last_end[k["thread"]] = max(before or 0, k["time_ns"] + k["duration_ns"])
-        out.append(k)
-    return out
 
 
 def profile_ops(
@@ -101,12 +75,7 @@ def profile_ops(
         for _ in range(warmup):
             step(*args)
         for _ in range(steps):
-            kernels = tfi.profile_kernels(lambda: step(*args))
-            on_device = [k for k in kernels if k["source"] == "device"]
-            if on_device:
-                runs.append(device_kernels_with_gaps(on_device) if include_gaps else on_device)
-            else:
-                runs.append([k for k in kernels if k["source"] == "executor"])
+            runs.append(step_records(tfi.profile_kernels(lambda: step(*args)), include_gaps))
     name = ""
     gpus = [k for k in runs[0] if k.get("source") == "device"] if runs else []
     if gpus:
