@@ -9,7 +9,8 @@ blocks of width 256, vocabulary 8000, sequence 512), each under one real memory 
    lists (side by side, each in a fresh process under its own cap, with no profile);
 3. ``timed``, alone on the GPU, each in a fresh process: the plain step at that batch ``B``, then
    ``tflms.function`` with no budget option (``budget='auto'``: 0.9 of the cap) at ``B``, ``2B`` and
-   ``3B``. Each run trains two warm-up steps, profiles one step (the per-op profile,
+   ``3B``, with ``op_profile="auto"`` (``--op-profile``: tflms profiles its first call and plans again
+   with the measured op times). Each run trains two warm-up steps, profiles one step (the per-op profile,
    :func:`tflms.testing.profile.profile_ops`, saved beside the results as
    ``gpu_profile_<model>_<mode>_b<batch>.json``), then times ``--steps`` steps, and predicts the step
    time on the timeline (:mod:`tflms.emulate.timeline`) from that profile and the probed link, and
@@ -68,6 +69,7 @@ def measure_run(
     profile_dir: Path,
     gpu: bool,
     profile_step: bool = True,
+    op_profile: str | None = "auto",
 ) -> dict[str, Any]:
     """One run in this process: train, profile one step, time ``steps`` steps; predict step time and peak."""
     import tensorflow as tf
@@ -88,15 +90,19 @@ def measure_run(
         plan, step_graph, swaps, fences = None, graph, (), ()
         predicted_peak = tflms.Simulator(graph, tflms.LMSConfig().host).peak()
     else:
-        fn = tflms.function(train_step)  # no budget option: budget="auto"
+        fn = tflms.function(train_step, op_profile=op_profile)  # no budget option: budget="auto"
         plan = fn.get_plan(x, y)
-        graph = plan.model
-        step_graph, swaps, fences = replay(graph, plan), plan.swaps, plan.fences
-        predicted_peak = plan.peak_bytes_after
     plan_s = time.perf_counter() - t0
     scope = tf.device(device) if device else tf.device("/device:CPU:0")
     with scope:
+        t2 = time.perf_counter()
         losses = [float(fn(x, y)), float(fn(x, y))]  # warm-up: traces, instantiates, settles the allocator
+        first_calls_s = time.perf_counter() - t2  # with op_profile="auto": the profiled call and the new plan
+        if plan is not None:  # op_profile="auto" planned again after the first call: the plan that ran
+            plan = fn.get_plan(x, y)
+            graph = plan.model
+            step_graph, swaps, fences = replay(graph, plan), plan.swaps, plan.fences
+            predicted_peak = plan.peak_bytes_after
         try:  # the search's attempts only ask whether a batch trains: no profile (the estimate predicts)
             profile = profile_ops(fn, (x, y), steps=1, warmup=0, device=device) if profile_step else None
             profile_error = None
@@ -133,6 +139,8 @@ def measure_run(
         "profiled_ops": len(profile) if profile else 0,
         **({"profile_error": profile_error} if profile_error else {}),
         "plan_s": round(plan_s, 1),
+        "first_calls_s": round(first_calls_s, 1),
+        "plan_op_profile": None if plan is None else plan.options["op_profile"],
         "losses": losses,
     }
 
@@ -168,6 +176,7 @@ def _child(args: argparse.Namespace) -> int:
         profile_dir=Path(spec["profile_dir"]),
         gpu=True,
         profile_step=spec.get("profile", True),
+        op_profile=spec.get("op_profile", "auto"),
     )
     print(json.dumps(r), flush=True)
     return 0
@@ -230,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=10, help="search attempts side by side")
     parser.add_argument("--timeout", type=int, default=240, help="seconds per run")
     parser.add_argument("--deadline", type=float, default=480, help="seconds: skip runs that would end later")
+    parser.add_argument("--op-profile", default="auto", type=lambda v: None if v == "estimate" else v,
+                        help="what tflms plans with: 'auto' (profile the first call, plan again; default), "
+                        "'estimate' (the FLOP/byte estimate), or a profile's JSON")  # fmt: skip
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--link", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -264,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     result["runs"] = []
     save()
     print(f"  {json.dumps(link)}\nsearch: the plain step's largest batch under each cap", flush=True)
-    common = {"steps": 1, "link": link, "profile_dir": str(args.json.parent)}
+    common = {"steps": 1, "link": link, "profile_dir": str(args.json.parent), "op_profile": args.op_profile}
     grid = [{"model": m, "size": s, "cap_mib": cap, "mode": "plain", "batch": b, **common, "profile": False}
             for m, (s, cap, batches) in MODELS.items() for b in batches]  # fmt: skip
     with ThreadPoolExecutor(max(1, min(args.jobs, len(grid)))) as pool:
