@@ -9,6 +9,8 @@ of the data. Cases (``--cases``, run in this order in one process):
   with a new callback (made by ``tflms.LMSCallback(horovod=True)``). Writes
   ``initial.npz`` (rank 0, after the broadcast) and per rank the final state, the
   ``History`` and the batch logs.
+* ``offload``: the ``horovod`` case with ``offload="optimizer"``: the optimizer's state and
+  update on the host, so the gradients are averaged there. Writes ``offload_initial.npz``.
 * ``plain``: the negative control: the same CNN from the *same* seed on every rank,
   ``tflms.LMSCallback()`` without ``horovod``: nothing is averaged.
 * ``bn``: the CNN with BatchNormalization, ``steps_per_execution=2``; rank 1's
@@ -31,6 +33,7 @@ models and the data.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -41,7 +44,7 @@ B = jobkit.PER_RANK_BATCH
 STEPS = 4  # batches per epoch and rank
 EPOCHS = 2
 VAL_STEPS = 2
-CASES = ("horovod", "plain", "bn", "subclassed", "eager", "own_step")
+CASES = ("horovod", "offload", "plain", "bn", "subclassed", "eager", "own_step")
 MLP_FEATURES = 32
 
 
@@ -184,6 +187,8 @@ def rewritten_structure(cb, x, y) -> dict:
     ins = [op for op in ops if op.name.startswith(SWAP_IN_SCOPE + "/")]
     return {
         "horovod_ops": sorted(op.type for op in ops if op.type.startswith("Horovod")),
+        "horovod_devices": sorted({op.device for op in ops if op.type.startswith("Horovod")}),
+        "optimizer_state_devices": sorted({v.value.device for v in cb.model.optimizer.variables}),
         "n_swap_out": len(outs),
         "n_swap_in": len(ins),
         "swap_in_devices": sorted({op.device for op in ins}),
@@ -210,26 +215,28 @@ def save(out: str, name: str, arrays: list) -> None:
     np.savez(os.path.join(out, name), *arrays)
 
 
-def run_horovod(out: str, rank: int, size: int, report: dict) -> None:
+def run_horovod(out: str, rank: int, size: int, report: dict, offload: str | None = None) -> None:
     import tflms
     import tflms.integrations.horovod as lms_hvd
 
+    case = "offload" if offload else "horovod"
+    options = {**jobkit.LMS_OPTIONS, "offload": offload}
     model = compile_model(jobkit.build_cnn(rank_seed(rank)))
     x, y = shard(train_data(size), rank, size)
     val = shard(val_data(size), rank, size)
-    lms = lms_hvd.HorovodLMSCallback(verbose=True, **jobkit.LMS_OPTIONS)
+    lms = lms_hvd.HorovodLMSCallback(verbose=True, **options)
     pre, rec = Recorder.make(), Recorder.make()  # before and after the LMSCallback
     first = model.fit(
         x, y, batch_size=B, epochs=EPOCHS, shuffle=False, validation_data=val, callbacks=[pre, lms, rec]
     ).history
     initial = rec.at_begin[0]
     if rank == 0:
-        save(out, "initial.npz", initial)
-    again = tflms.LMSCallback(horovod=True, **jobkit.LMS_OPTIONS)  # a new callback: still no second broadcast
+        save(out, f"{case}_initial.npz" if offload else "initial.npz", initial)
+    again = tflms.LMSCallback(horovod=True, **options)  # a new callback: still no second broadcast
     assert type(again) is tflms.LMSCallback and again.horovod  # the same callback, in its Horovod mode
     second = model.fit(x, y, batch_size=B, epochs=1, shuffle=False, callbacks=[again, rec], verbose=0).history
-    save(out, f"horovod_rank{rank}.npz", [v.numpy() for v in state(model)])
-    report["horovod"] = {
+    save(out, f"{case}_rank{rank}.npz", [v.numpy() for v in state(model)])
+    report[case] = {
         "history": first,
         "history_second_fit": second,
         "batch_logs": rec.batch_logs,
@@ -373,6 +380,7 @@ def run_own_step(out: str, rank: int, size: int, report: dict) -> None:
 
 RUNNERS = {
     "horovod": run_horovod,
+    "offload": functools.partial(run_horovod, offload="optimizer"),
     "plain": run_plain,
     "bn": run_bn,
     "subclassed": run_subclassed,

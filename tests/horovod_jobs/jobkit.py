@@ -15,6 +15,7 @@ import tensorflow as tf
 import tflms
 
 DEVICE = "/device:CPU:1"
+HOST = "/device:CPU:0"
 PER_RANK_BATCH = 8
 IMAGE = (16, 16, 3)
 CLASSES = 10

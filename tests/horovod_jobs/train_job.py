@@ -5,7 +5,8 @@ Horovod, builds the CNN of jobkit with a rank-dependent seed, broadcasts
 rank 0's variables, then trains ``--steps`` steps through ``@tflms.function``
 from the same state once per tape: ``tflms.integrations.horovod.DistributedGradientTape`` on
 Keras variables (default groups, and 1 KiB groups) and ``hvd.DistributedGradientTape``
-on ``[v.value for v in ...]``. It writes ``<out>/<kind>_rank<r>.npz`` (final
+on ``[v.value for v in ...]``, and (``offload``) the first with ``offload="optimizer"``: the
+optimizer's state on the host, so the gradients are averaged there. It writes ``<out>/<kind>_rank<r>.npz`` (final
 model + optimizer state), ``<out>/initial.npz`` (rank 0, after the broadcast)
 and ``<out>/rank<r>.json`` (plans, structure of the rewritten graphs, helper
 results). ``--crash-rank R --crash-step S`` makes rank R raise at step S.
@@ -34,6 +35,7 @@ def rewritten_structure(lms_fn, x, y) -> dict:
     ins = [op for op in ops if op.name.startswith(SWAP_IN_SCOPE + "/")]
     return {
         "horovod_ops": sorted(op.type for op in ops if op.type.startswith("Horovod")),
+        "horovod_devices": sorted({op.device for op in ops if op.type.startswith("Horovod")}),
         "control_flow_ops": sorted(op.type for op in ops if op.type in ("If", "StatelessIf")),
         "swap_out_input_types": sorted(op.inputs[0].op.type for op in outs),
         "swap_in_trigger_types": sorted(c.type for op in ins for c in op.control_inputs),
@@ -123,7 +125,7 @@ def main() -> None:
     parser.add_argument("--crash-rank", type=int, default=-1)
     parser.add_argument("--crash-step", type=int, default=1)
     parser.add_argument("--crash-mode", choices=("raise", "exit"), default="raise", help="raise, or os._exit(3)")
-    parser.add_argument("--kinds", default="tflms,grouped,workaround")
+    parser.add_argument("--kinds", default="tflms,grouped,workaround,offload")
     parser.add_argument("--no-extras", action="store_true", help="skip the helper and collective checks")
     args = parser.parse_args()
 
@@ -159,7 +161,17 @@ def main() -> None:
     for kind in args.kinds.split(","):
         for v, value in zip(variables, initial):
             v.assign(value)
-        step = jobkit.lms_step(model, opt, kind)
+        if kind == "offload":  # the optimizer's state and update on the host, the gradients averaged there
+            from tflms.integrations.offload import build_optimizer
+
+            host_opt = build_optimizer(jobkit.make_optimizer(), model.trainable_variables, jobkit.HOST)
+            kind_state = jobkit.state(model, host_opt)
+            for v, value in zip(kind_state, initial):
+                v.assign(value)
+            step = jobkit.lms_step(model, host_opt, "tflms", offload="optimizer")
+        else:
+            kind_state = variables
+            step = jobkit.lms_step(model, opt, kind)
         x0, y0 = jobkit.shard(batches[0], rank)
         plan = step.get_plan(x0, y0)
         fingerprint = lms_hvd.assert_same_plan(plan)
@@ -172,7 +184,7 @@ def main() -> None:
                     os._exit(3)
                 raise RuntimeError(message)
             losses.append(float(step(*jobkit.shard(batch, rank))))
-        np.savez(os.path.join(args.out, f"{kind}_rank{rank}.npz"), *[v.numpy() for v in variables])
+        np.savez(os.path.join(args.out, f"{kind}_rank{rank}.npz"), *[v.numpy() for v in kind_state])
         report[kind] = {
             "fingerprint": fingerprint,
             "plan_json_sha256": hashlib.sha256(plan.to_json().encode()).hexdigest(),

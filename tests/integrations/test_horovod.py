@@ -94,7 +94,7 @@ def job(horovod_available, tmp_path_factory):
     return out, reports
 
 
-KINDS = ("tflms", "grouped", "workaround")
+KINDS = ("tflms", "grouped", "workaround", "offload")
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +128,15 @@ def test_ranks_end_identical_and_match_single_process(job, reference, kind):
     # Each rank's loss is on its half; their mean is the single-process loss.
     mean = np.mean([r[kind]["losses"] for r in reports], axis=0)
     np.testing.assert_allclose(mean, ref_losses, rtol=1e-6)
+
+
+def test_offload_averages_gradients_on_the_host(job):
+    """``offload="optimizer"``: the allreduce runs on the host, beside the update (the ranks' numbers: above)."""
+    _, reports = job
+    for r in reports:
+        structure = r["offload"]["structure"]
+        assert structure["horovod_ops"] and structure["horovod_devices"] == [jobkit.HOST]
+        assert r["tflms"]["structure"]["horovod_devices"] != [jobkit.HOST]  # without it, on the device
 
 
 @pytest.mark.parametrize("kind", ["grouped", "workaround"])

@@ -124,6 +124,29 @@ def test_ranks_end_identical_and_match_single_process(job, reference):
     assert _max_diff(rank0, rank0_alone["state"]) > 1e-3
 
 
+def test_offloaded_optimizer_averages_on_the_host_and_ranks_match_single_process(job, reference):
+    """``offload="optimizer"`` under Horovod: the allreduce and the update run on the host, every rank ends
+    with the same state, the single process's on the concatenated batch, and the device-side run's bits."""
+    out, reports, _ = job
+    _, together, _ = reference
+    rank0, rank1 = _load(out / "offload_rank0.npz"), _load(out / "offload_rank1.npz")
+    on_device = _load(out / "horovod_rank0.npz")
+    assert len(rank0) == len(rank1) == len(together["state"]) == len(on_device)
+    for a, b, c in zip(rank0, rank1, on_device):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)  # the same CPU kernels, on the host instead of the device
+    for got, want in zip(rank0, together["state"]):
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    for a, b in zip(_load(out / "offload_initial.npz"), _load(out / "initial.npz")):
+        np.testing.assert_array_equal(a, b)
+    for r in reports:
+        structure = r["offload"]["structure"]
+        assert structure["horovod_ops"] and structure["horovod_devices"] == [HOST]
+        assert {d.rsplit("/", 1)[-1] for d in structure["optimizer_state_devices"]} == {HOST.rsplit("/", 1)[-1]}
+        assert r["offload"]["history"] == r["horovod"]["history"]
+        assert r["offload"]["broadcasts"] == r["horovod"]["broadcasts"]  # once, the host's state included
+
+
 def test_history_and_batch_logs_are_averaged(job, reference):
     _, (r0, r1), _ = job
     _, together, _ = reference

@@ -266,11 +266,6 @@ class LMSCallback(keras.callbacks.Callback):
         self._profiled = False  # op_profile="auto": the first call has been profiled
         self._measured_device: str | None = None  # device whose peak this epoch's logs report
         self._mode: Any = OneProcess()
-        if horovod and self.config.offload:
-            raise ValueError(
-                "offload='optimizer' is not available with horovod=True yet: the averaged gradients would have to "
-                "reach the host. Pass offload=None, or train in one process. Received: offload='optimizer'"
-            )
         if horovod:
             from .horovod.fit import HorovodFit  # imports Horovod's integration only when asked
 
