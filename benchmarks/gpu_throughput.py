@@ -38,8 +38,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -184,14 +182,9 @@ def _child(args: argparse.Namespace) -> int:
 
 def _in_child(extra: list[str], timeout: float) -> tuple[dict | None, str]:
     """Run this script with ``extra`` in a fresh process: (its JSON result or None, its stderr's tail)."""
-    try:
-        r = subprocess.run([sys.executable, __file__, *extra], capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return None, f"timed out after {timeout:.0f} s"
-    for line in reversed(r.stdout.splitlines()):
-        if line.startswith("{"):
-            return json.loads(line), ""
-    return None, r.stderr[-3000:]
+    from report import run_script
+
+    return run_script(Path(__file__), extra, timeout)
 
 
 def _attempt(spec: dict[str, Any], timeout: float) -> dict[str, Any]:

@@ -51,6 +51,22 @@ def save_result(path: Path, benchmark: str, rows: list[dict], **fields: object) 
     print(f"wrote {path}")
 
 
+def run_script(script: Path, args: list[str], timeout: float) -> tuple[dict | None, str]:
+    """Run ``python script *args`` in a fresh process: (the last JSON object it printed on a line
+    of its own, or None; the tail of its stderr, or why it gave nothing)."""
+    import subprocess
+    import sys
+
+    try:
+        r = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout:.0f} s"
+    for line in reversed(r.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line), ""
+    return None, r.stderr[-3000:]
+
+
 def _header(data: dict) -> str:
     return f"{data['date']}, {data['machine']}, TensorFlow {data['tensorflow']}, tflms {data['tflms']}"
 

@@ -157,11 +157,13 @@ def build(
     seed: int = 0,
     *,
     layers: int | None = None,
+    width: int | None = None,
     offload_host: str | None = None,
 ) -> tuple[Any, Any, Any, Callable]:
     """``(model, x, y, train_step)`` for a model of :data:`MODELS`, seeded and deterministic.
 
     ``layers``: the number of blocks of a model of :data:`DEEP_MODELS` (default: the model's own).
+    ``width``: the GPT's width (default 256; 16 attention heads from width 1024 up, else 8).
     ``offload_host``: make the Adam state on that device (:func:`tflms.build_optimizer`), for a
     step traced with ``offload="optimizer"``; by default it is made beside the weights."""
     import keras
@@ -174,12 +176,15 @@ def build(
     size = size or default
     if layers is not None and name not in DEEP_MODELS:
         raise ValueError(f"layers is for {', '.join(DEEP_MODELS)} only. Received: name={name!r}, layers={layers!r}")
+    if width is not None and (name != "gpt" or isinstance(width, bool) or not isinstance(width, int) or width < 16):
+        raise ValueError(f"width is the GPT's, an integer >= 16. Received: name={name!r}, width={width!r}")
     keras.utils.set_random_seed(seed)
-    model = (
-        builder(size)
-        if layers is None
-        else (_transformer(size, layers=layers) if name != "gpt" else _gpt(size, layers=layers))
-    )
+    if name == "gpt" and width is not None:
+        model = _gpt(size, dim=width, heads=16 if width >= 1024 else 8, layers=layers or 4)
+    elif layers is None:
+        model = builder(size)
+    else:
+        model = _transformer(size, layers=layers) if name != "gpt" else _gpt(size, layers=layers)
     optimizer = keras.optimizers.Adam(1e-3)
     if offload_host is None:
         optimizer.build(model.trainable_variables)
