@@ -301,6 +301,16 @@ class SwapPlan:
         return self.link_seconds + self.recompute_seconds
 
     @property
+    def placement_seconds(self) -> float:
+        """Predicted step time of the placement (seconds; 0 without one): every device's compute, the
+        stages running one after another (no micro-batches), plus the bytes the devices receive at the
+        plan's ``link_bandwidth``."""
+        if not self.placement:
+            return 0.0
+        bandwidth, _ = self._link()
+        return sum(st.compute_seconds + st.received_bytes / bandwidth for st in self.placement)
+
+    @property
     def recomputed_bytes(self) -> int:
         """Bytes of the tensors recomputed instead of kept or swapped."""
         return sum(r.bytes for r in self.recomputes)
@@ -485,6 +495,12 @@ class SwapPlan:
                     f"  {st.device}: {len(st.ops)} ops, peak {format_bytes(st.peak_bytes)}, "
                     f"{st.compute_seconds * 1e3:.2f} ms, receives {format_bytes(st.received_bytes)}"
                 )
+            bandwidth, _ = self._link()
+            seconds = self.placement_seconds
+            lines.append(
+                f"  predicted step time {seconds * 1e3:.2f} ms: the stages one after another (no micro-batches), "
+                f"transfers at {bandwidth / 1e9:g} GB/s"
+            )
         if self.budget_text:
             lines.append(f"budget: {self.budget_text}")
         if self.reason:

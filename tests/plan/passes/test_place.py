@@ -209,3 +209,11 @@ def test_default_is_no_placement():
     assert plan.placement == () and "placement" not in plan.summary()
     short = LMSConfig(devices=["/gpu:0", "/gpu:1"]).devices
     assert LMSConfig(devices=tuple(DEVICES)).devices == short == tuple(DEVICES)
+
+
+def test_summary_gives_the_predicted_step_time_of_the_placement():
+    model = layered([8000, 500, 8000, 500, 500, 500])
+    plan = placement_plan(model, LMSConfig(devices=DEVICES, link_bandwidth=10**9))
+    expected = sum(st.compute_seconds + st.received_bytes / 1e9 for st in plan.placement)
+    assert plan.placement_seconds == pytest.approx(expected) and expected > 0
+    assert f"predicted step time {expected * 1e3:.2f} ms" in plan.summary()
