@@ -14,6 +14,9 @@ JSON object per model on its own line, prefixed ``RESULT ``:
 * ``again_same``: ``tflms.optimize`` of the rewritten function returns it unchanged, and
   ``replaced``: how many devices a second :func:`tflms.rewrite.apply.apply_placement` changed;
 * the plan's predicted peaks.
+
+A model named ``fit:NAME`` runs :func:`fit` instead: ``model.fit`` with and without
+``tflms.LMSCallback(devices=DEVICES)``.
 """
 
 from __future__ import annotations
@@ -102,6 +105,37 @@ def run(name: str) -> dict:
     }
 
 
+def fit(name: str) -> dict:
+    """``model.fit`` (2 epochs of 2 batches) plain and with ``LMSCallback(devices=DEVICES)`` from the
+    same initial state: the histories, the variables that differ, and the callback's placement."""
+    with tf.device(DEVICES[0]):
+        setup = zoo.ZOO[name]()
+    setup.model.compile(optimizer=setup.optimizer, loss=setup.loss, jit_compile=False)
+    n = setup.x.shape[0]
+    x = np.concatenate([setup.x.numpy()] * 2)
+    y = np.concatenate([setup.y.numpy()] * 2)
+
+    def run_fit(callbacks: list) -> tuple[dict, list]:
+        setup.reset()
+        with tf.device(DEVICES[0]):
+            history = setup.model.fit(x, y, batch_size=n, epochs=2, verbose=0, shuffle=False, callbacks=callbacks)
+        return history.history, [v.numpy() for v in setup.state()]
+
+    plain_history, plain_state = run_fit([])
+    cb = tflms.LMSCallback(devices=DEVICES)
+    placed_history, placed_state = run_fit([cb])
+    pairs = zip(setup.state(), plain_state, placed_state)
+    return {
+        "model": f"fit:{name}",
+        "plain_history": plain_history,
+        "placed_history": placed_history,
+        "weights_differ": [getattr(v, "path", v.name) for v, a, b in pairs if not np.array_equal(a, b)],
+        "n_stages": len(cb.plan.placement) if cb.plan is not None else 0,
+        "devices": [st.device for st in cb.plan.placement] if cb.plan is not None else [],
+    }
+
+
 if __name__ == "__main__":
     for model in sys.argv[1:]:
-        print("RESULT " + json.dumps(run(model)), flush=True)
+        result = fit(model[len("fit:") :]) if model.startswith("fit:") else run(model)
+        print("RESULT " + json.dumps(result), flush=True)

@@ -34,7 +34,7 @@ def _job(*models: str) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def small_models() -> dict[str, dict]:
-    return _job("cnn", "transformer", "unet3d")
+    return _job("cnn", "transformer", "unet3d", "fit:cnn")
 
 
 def _check(res: dict) -> None:
@@ -53,6 +53,12 @@ def _check(res: dict) -> None:
 @pytest.mark.parametrize("name", ["cnn", "transformer", "unet3d"])
 def test_placed_step_is_bit_identical_and_runs_where_the_plan_says(small_models, name):
     _check(small_models[name])
+
+
+def test_lms_callback_with_devices_fits_bit_identically(small_models):
+    res = small_models["fit:cnn"]
+    assert res["placed_history"] == res["plain_history"] and res["weights_differ"] == []
+    assert res["n_stages"] == 2 and res["devices"] == ["/device:CPU:1", "/device:CPU:2"]
 
 
 @pytest.mark.slow

@@ -379,6 +379,11 @@ class Simulator:
         run = self._runs[frozenset()]
         return [(root, start, run.end[root], nbytes) for root, (start, nbytes) in run.alloc.items()]
 
+    def in_place_reads(self) -> frozenset[tuple[str, int]]:
+        """The reads ``(op, input index)`` of the plain step whose op writes its output into that
+        input's buffer (rule 3), for :meth:`buffer_spans`' users."""
+        return frozenset(self._runs[frozenset()].forwarding)
+
     def largest_buffer(self) -> int:
         """Bytes of the largest device buffer of the step as run (0 for none): what
         :meth:`unplaced` needs as one contiguous chunk, whatever is swapped."""
