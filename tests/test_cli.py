@@ -111,7 +111,7 @@ def test_plan_serializes_by_default_and_writes_its_orders(tmp_path):
     r = tflms("plan", "MobileNetV3Small", *args, "--policy", "none")  # the schedule's orders alone
     assert r.returncode == 0, r.stderr[-2000:]
     plan = json.loads(path.read_text())
-    assert plan["options"]["serialize"] is True and plan["format_version"] == 6
+    assert plan["options"]["serialize"] is True and plan["format_version"] == 7
     assert len(plan["orders"]) >= 1 and all(set(o) == {"op", "after"} for o in plan["orders"])
     assert all(o["op"].startswith("gradient_tape/") for o in plan["orders"])  # backward ops only
     n = len(plan["orders"])

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .ir import devices
+from .ir.device_list import check_devices
 from .ir.devices import KNOWN_DEVICE_TYPES
 
 __all__ = [
@@ -442,6 +443,9 @@ class LMSConfig:
         offload: ``None`` (default) or ``"optimizer"``: the optimizer's state (its slot variables)
             lives on ``host``, its update runs there, each gradient is sent there as the backward
             pass makes it and each weight's change comes back (:mod:`tflms.plan.passes.offload`).
+        devices: ``None`` (default: one device) or two or more device strings: the step's ops are
+            placed on them in stages (:mod:`tflms.plan.passes.place`), ``devices[0]`` holding the
+            variables and the step's arguments; then nothing is swapped.
 
     The keyword names of :class:`Knobs` are accepted too (``LMSConfig(swapout_threshold=40)``
     sets ``knobs.swapout_threshold``), and so are the pass names as booleans
@@ -455,6 +459,7 @@ class LMSConfig:
     on_budget_miss: str = "raise"
     knobs: Knobs = Knobs()
     offload: str | None = None
+    devices: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -472,6 +477,7 @@ class LMSConfig:
                 "device and host must differ: tensors are swapped from device to host. "
                 f"Received: device={self.device!r}, host={self.host!r}"
             )
+        set_(self, "devices", check_devices(self.devices, host=self.host, device=self.device, offload=self.offload))
         if self.budget is not None and self.budget != "auto":
             set_(self, "budget", parse_bytes(self.budget, "budget"))
         set_(self, "policy", _check_policy(self.policy))
@@ -556,6 +562,7 @@ class LMSConfig:
             "policy": sorted(self.policy),
             "on_budget_miss": self.on_budget_miss,
             **({"offload": self.offload} if self.offload else {}),  # older plans' options have none
+            **({"devices": list(self.devices)} if self.devices else {}),
         }
         for k, v in dataclasses.asdict(self.knobs).items():
             if k not in CALL_KNOBS:

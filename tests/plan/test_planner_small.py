@@ -145,7 +145,7 @@ def test_plan_json_is_deterministic_and_roundtrips():
     assert p1.to_json() == p2.to_json() and p1.fingerprint() == p2.fingerprint()
     data = json.loads(p1.to_json())
     assert (
-        data["format_version"] == 6
+        data["format_version"] == 7
         and data["recomputes"] == data["fences"] == data["orders"] == data["sums"] == data["tiles"] == []
     )
     assert {"swaps", "peak_bytes_before", "peak_bytes_after", "options"} <= set(data)

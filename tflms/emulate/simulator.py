@@ -360,6 +360,30 @@ class Simulator:
         swaps = self._as_run(swaps)
         return self._run(swaps).unplaced(swaps, check_limit)
 
+    def buffer_spans(self) -> list[tuple[str, int, int, int]]:
+        """The device buffers of the plain step (rules 1-7, no swaps): ``(tensor, allocated at,
+        end, bytes)``, positions in :attr:`order`, ``end`` the first position where the buffer is
+        no longer counted; the variables (``model.variable_bytes``) and their copies by rule 6
+        are not listed. A search that moves ops between devices re-counts these per device
+        (:mod:`tflms.plan.passes.place`) instead of simulating each candidate.
+
+        >>> from tflms.ir.graph import GraphModel
+        >>> f32 = lambda n: ("float32", (n,), 4 * n, False)
+        >>> model = GraphModel.from_ops([
+        ...     {"name": "a", "type": "Relu", "inputs": [], "outputs": [f32(100)]},
+        ...     {"name": "b", "type": "Relu", "inputs": ["a:0"], "outputs": [f32(10)]},
+        ... ])
+        >>> Simulator(model).buffer_spans()  # a: freed 1 + LAG after its read by b; b: unread
+        [('a:0', 0, 3, 400), ('b:0', 1, 2, 40)]
+        """
+        run = self._runs[frozenset()]
+        return [(root, start, run.end[root], nbytes) for root, (start, nbytes) in run.alloc.items()]
+
+    def in_place_reads(self) -> frozenset[tuple[str, int]]:
+        """The reads ``(op, input index)`` of the plain step whose op writes its output into that
+        input's buffer (rule 3), for :meth:`buffer_spans`' users."""
+        return frozenset(self._runs[frozenset()].forwarding)
+
     def largest_buffer(self) -> int:
         """Bytes of the largest device buffer of the step as run (0 for none): what
         :meth:`unplaced` needs as one contiguous chunk, whatever is swapped."""

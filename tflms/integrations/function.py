@@ -245,6 +245,10 @@ def optimize(
 
 
 def _refuse_xla(concrete_function: Any, config: LMSConfig | None = None) -> None:
+    if config is not None and config.devices:
+        from .placement import refuse_xla
+
+        refuse_xla(config, tfi.must_compile_with_xla(concrete_function), repr(concrete_function.name.decode()))
     if config is not None and config.offload and tfi.must_compile_with_xla(concrete_function):
         raise ValueError(
             "offload='optimizer' cannot place the update of a step compiled with XLA: XLA compiles the whole "
@@ -271,6 +275,12 @@ def _optimize(
     if is_rewritten(graph):
         reason = "the function is already rewritten by tflms; left unchanged"
         return concrete_function, empty_plan(model, config, Simulator(model, config.host).peak(), reason), None
+    if config.devices:  # a placement instead of swaps (tflms.integrations.placement)
+        from .placement import placed_function
+
+        new_cf, plan = placed_function(concrete_function, model, config, copy)
+        _REWRITTEN[new_cf] = plan
+        return new_cf, plan, config.devices[0]
     # A device or host that does not exist is an error even when nothing is swapped.
     device = resolve_device(config)
     check_host(config)
@@ -335,6 +345,10 @@ class LMSFunction:
     ) -> None:
         self._config = config
         if isinstance(python_function, tf.types.experimental.PolymorphicFunction):
+            if config.devices:
+                from .placement import refuse_xla
+
+                refuse_xla(config, bool(getattr(python_function, "_jit_compile", None)), f"fn={python_function!r}")
             if getattr(python_function, "_jit_compile", None) and config.offload:
                 raise ValueError(
                     "offload='optimizer' cannot place the update of a tf.function compiled with XLA: XLA compiles "

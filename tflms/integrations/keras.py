@@ -178,7 +178,8 @@ class LMSCallback(keras.callbacks.Callback):
             :class:`tflms.horovod.HorovodLMSCallback` documents it (which is this callback
             with ``horovod=True`` and Horovod's own options); also for a subclass of this
             class. ``False`` (default): one process.
-        **options: :class:`tflms.LMSConfig` fields, e.g. ``device='/device:GPU:0'``,
+        **options: :class:`tflms.LMSConfig` fields, e.g. ``device='/device:GPU:0'`` or
+            ``devices=['/device:GPU:0', '/device:GPU:1']`` (the step placed across them),
             ``swapout_threshold=40``, ``batch_size=64``. Pass ``batch_size`` when the
             batches have no static size (a partial last batch, a dataset batched
             without ``drop_remainder``): the planner then needs it to size tensors,
@@ -266,6 +267,11 @@ class LMSCallback(keras.callbacks.Callback):
         self._profiled = False  # op_profile="auto": the first call has been profiled
         self._measured_device: str | None = None  # device whose peak this epoch's logs report
         self._mode: Any = OneProcess()
+        if horovod and self.config.devices:
+            raise ValueError(
+                "devices is not available with horovod=True yet: each rank would place its step on its own devices. "
+                f"Pass devices=None, or train in one process. Received: devices={list(self.config.devices)!r}"
+            )
         if horovod:
             from .horovod.fit import HorovodFit  # imports Horovod's integration only when asked
 

@@ -5,11 +5,11 @@ The planner and the rewriter meet only here. A plan can be printed
 :meth:`SwapPlan.from_json`), edited by hand, compared against a golden, and
 broadcast so that every Horovod rank applies the same plan.
 
-JSON format (``format_version`` 6; version 1, without ``recomputes``, version 2,
-without ``fences``, version 3, without ``orders``, version 4, without ``sums``, and version 5,
-without ``tiles``, are still read), a top-level object::
+JSON format (``format_version`` 7; version 1, without ``recomputes``, version 2,
+without ``fences``, version 3, without ``orders``, version 4, without ``sums``, version 5,
+without ``tiles``, and version 6, without ``placement``, are still read), a top-level object::
 
-    {"format_version": 6, "function": "...", "options": {...LMSConfig...},
+    {"format_version": 7, "function": "...", "options": {...LMSConfig...},
      "n_ops": 1234, "peak_bytes_before": ..., "peak_bytes_after": ...,
      "variable_bytes": ..., "reason": "",
      "swaps": [{"tensor": "conv1/Relu:0", "producer": "conv1/Relu",
@@ -28,7 +28,14 @@ without ``tiles``, are still read), a top-level object::
      "orders": [{"op": "gradient_tape/bn0/mul", "after": "gradient_tape/bn3/Sum"}],
      "sums": [{"op": "AddN_12", "terms": ["gradient_tape/a/mul", "gradient_tape/b/mul",
                                           "gradient_tape/c/Sum"]}],
-     "tiles": ["gradient_tape/bn/moments/Tile"]}
+     "tiles": ["gradient_tape/bn/moments/Tile"],
+     "placement": [{"device": "/device:GPU:0", "ops": ["conv1/Conv2D", ...], "peak_bytes": ...,
+                    "compute_seconds": 0.01, "received_bytes": ...}, ...]}
+
+A placement (``devices=[...]``, :mod:`tflms.plan.passes.place`) holds one stage per device: the ops
+that run there (every op of the step is in one stage; the ops on variables are listed with the
+variables' device, where TensorFlow's placer puts them) and what the simulator predicts for the
+device. A plan without one (``placement`` empty; every plan before version 7) runs on one device.
 
 A swap's consumer may be a recompute's clone (``tflms_recompute/<producer>/<group>/<op>``):
 the recompute reads a swapped tensor. The rewrite applies the recomputes first.
@@ -70,6 +77,7 @@ __all__ = [
     "Fence",
     "Order",
     "Sum",
+    "Stage",
     "SwapPlan",
     "FORMAT_VERSION",
     "RECOMPUTE_SCOPE",
@@ -80,10 +88,10 @@ __all__ = [
     "recompute_seconds",
 ]
 
-FORMAT_VERSION = 6
+FORMAT_VERSION = 7
 #: Plan format versions :meth:`SwapPlan.from_dict` reads (1: before recompute existed; 2: before fences;
-#: 3: before orders; 4: before sums; 5: before tiles).
-READ_VERSIONS = (1, 2, 3, 4, 5, 6)
+#: 3: before orders; 4: before sums; 5: before tiles; 6: before placement).
+READ_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 #: Name scope of the ops a recompute adds (clones of forward ops).
 RECOMPUTE_SCOPE = "tflms_recompute"
 #: Fixed cost of one recomputed op in seconds (a kernel launch), in the recompute cost model.
@@ -177,6 +185,20 @@ class Order:
     after: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One device of a placement: the ops that run on ``device`` (sorted names) and what the
+    simulator predicts for it: its peak (``peak_bytes``, variables included where they live), its
+    ops' compute time (``compute_seconds``) and the bytes it receives from the other devices per
+    step (``received_bytes``). See :mod:`tflms.plan.passes.place`."""
+
+    device: str
+    ops: tuple[str, ...]
+    peak_bytes: int
+    compute_seconds: float
+    received_bytes: int
+
+
 def recompute_seconds(recomputes: Iterable[Recompute], device_bandwidth: float) -> float:
     """Predicted compute time the recomputes add per step: per group, ``OP_LATENCY`` per op
     plus ``work_bytes / device_bandwidth`` (element-wise ops are memory-bound).
@@ -229,6 +251,7 @@ class SwapPlan:
     orders: tuple[Order, ...] = ()
     sums: tuple[Sum, ...] = ()
     tiles: tuple[str, ...] = ()
+    placement: tuple[Stage, ...] = ()
 
     def __post_init__(self) -> None:
         # Frozen means frozen: the options are a read-only view of a private copy.
@@ -276,6 +299,16 @@ class SwapPlan:
     def step_seconds(self) -> float:
         """Predicted time the plan adds to a step, at most: :attr:`link_seconds` + :attr:`recompute_seconds`."""
         return self.link_seconds + self.recompute_seconds
+
+    @property
+    def placement_seconds(self) -> float:
+        """Predicted step time of the placement (seconds; 0 without one): every device's compute, the
+        stages running one after another (no micro-batches), plus the bytes the devices receive at the
+        plan's ``link_bandwidth``."""
+        if not self.placement:
+            return 0.0
+        bandwidth, _ = self._link()
+        return sum(st.compute_seconds + st.received_bytes / bandwidth for st in self.placement)
 
     @property
     def recomputed_bytes(self) -> int:
@@ -327,6 +360,7 @@ class SwapPlan:
         d["orders"] = [dataclasses.asdict(o) for o in self.orders]
         d["sums"] = [dataclasses.asdict(x) for x in self.sums]
         d["tiles"] = list(self.tiles)
+        d["placement"] = [dataclasses.asdict(st) for st in self.placement]
         d["options"] = dict(self.options)
         return _jsonable(d)
 
@@ -390,6 +424,10 @@ class SwapPlan:
             orders=tuple(Order(op=o["op"], after=o["after"]) for o in d.get("orders", ())),
             sums=tuple(Sum(op=x["op"], terms=tuple(x["terms"])) for x in d.get("sums", ())),
             tiles=tuple(d.get("tiles", ())),
+            placement=tuple(
+                Stage(st["device"], tuple(st["ops"]), st["peak_bytes"], st["compute_seconds"], st["received_bytes"])
+                for st in d.get("placement", ())
+            ),
         )
 
     @classmethod
@@ -447,6 +485,21 @@ class SwapPlan:
             lines.append(
                 f"tiles left out: {len(self.tiles)} Tile/BroadcastTo ops of the backward pass, their values broadcast "
                 "by the ops that read them"
+            )
+        if self.placement:
+            lines.append(
+                f"placement on {len(self.placement)} devices (predicted per device: peak, compute, received per step):"
+            )
+            for st in self.placement:
+                lines.append(
+                    f"  {st.device}: {len(st.ops)} ops, peak {format_bytes(st.peak_bytes)}, "
+                    f"{st.compute_seconds * 1e3:.2f} ms, receives {format_bytes(st.received_bytes)}"
+                )
+            bandwidth, _ = self._link()
+            seconds = self.placement_seconds
+            lines.append(
+                f"  predicted step time {seconds * 1e3:.2f} ms: the stages one after another (no micro-batches), "
+                f"transfers at {bandwidth / 1e9:g} GB/s"
             )
         if self.budget_text:
             lines.append(f"budget: {self.budget_text}")

@@ -16,7 +16,10 @@ orders         ``orders``     before and with them  update orders (``order_updat
 ``offload="optimizer"`` (:mod:`tflms.plan.passes.offload`) is not a pass of this table: it is an
 option of the step, applied to the step before the planner runs any pass (by ``tflms.function``,
 ``tflms.optimize`` and ``LMSCallback``; by :func:`replay` from a plan's options) and to the
-TensorFlow graph before the plan (:func:`tflms.rewrite.apply.apply_offload`).
+TensorFlow graph before the plan (:func:`tflms.rewrite.apply.apply_offload`). Nor is a placement
+(``devices=[...]``, ``SwapPlan.placement``, :mod:`tflms.plan.passes.place`): it is decided instead of
+the passes, :func:`replay` gives each op its stage's device, and the rewrite sets the same devices on
+the TensorFlow graph (:func:`tflms.rewrite.apply.apply_placement`).
 
 A pass that is decided before the swaps runs when its ``policy`` name is in the config's
 policy (:data:`tflms.config.POLICIES`); :func:`prepare` runs them in registry order and logs
@@ -42,6 +45,7 @@ from ..config import LMSConfig
 from ..emulate.simulator import Simulator
 from ..ir.graph import GraphModel, with_orders, with_recomputes
 from .passes.offload import offload_decisions, with_offload
+from .passes.place import with_placement
 from .passes.recompute import with_planned_recomputes
 from .passes.schedule import with_update_orders
 from .passes.sums import with_split_sums
@@ -143,11 +147,12 @@ def prepare(
 def replay(model: GraphModel, plan: SwapPlan) -> GraphModel:
     """``model`` (the step ``plan`` was made from) as the plan changes it before swapping: the
     offload of its options first (``offload="optimizer"``: :mod:`tflms.plan.passes.offload`, which
-    the planner ran on the step before any pass), then every pass's decisions in registry order.
+    the planner ran on the step before any pass), then every pass's decisions in registry order,
+    then the placement (``devices=[...]``: each op's ``device`` its stage's, :mod:`tflms.plan.passes.place`).
     The simulator runs the swaps on it."""
     if plan.options.get("offload") == "optimizer":
         model = with_offload(model, offload_decisions(model), plan.options["host"])
     for p in PASSES:
         if p.replay is not None:
             model = p.replay(model, getattr(plan, p.field))
-    return model
+    return with_placement(model, plan.placement)

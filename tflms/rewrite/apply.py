@@ -82,6 +82,7 @@ __all__ = [
     "ORDER_SCOPE",
     "is_rewritten",
     "apply_offload",
+    "apply_placement",
 ]
 
 SWAP_OUT_SCOPE = "tflms_swapout"
@@ -116,7 +117,7 @@ def is_rewritten(graph: Any) -> bool:
     return any(op.name.startswith(scopes) or op.name.endswith(f"/{TILE_SUFFIX}") for op in ops) or any(
         (op.control_inputs and _swap_attr(op) == b"order")
         or (op.type == "AddV2" and _swap_attr(op) == b"sum")
-        or _swap_attr(op) == b"offload"
+        or _swap_attr(op) in (b"offload", b"place")
         for op in ops
     )
 
@@ -142,6 +143,37 @@ def apply_offload(graph: Any, ops: Any, host: str) -> int:
     if ops:
         log.info("tflms offload on %s: %d update ops placed on %s", graph.name, len(ops), host)
     return len(ops)
+
+
+def apply_placement(graph: Any, placement: Any) -> int:
+    """Place each op of ``graph`` on its stage's device (``placement``: the
+    :class:`~tflms.plan.records.Stage` records of a plan, :mod:`tflms.plan.passes.place`), in place;
+    return how many ops were given a device. TensorFlow's partitioner then sends each tensor that
+    crosses devices.
+
+    Each placed op is marked ``_tflms_swap="place"``. The ``Placeholder`` ops (the arguments and the
+    variables' handles) and the ops that read a resource (a variable's reads and writes) are not given a
+    device: TensorFlow's placer puts each beside its variable. Placing a graph again sets the same
+    devices: it changes nothing.
+    """
+    count = 0
+    for stage in placement:
+        for name in stage.ops:
+            try:
+                op = graph.get_operation_by_name(name)
+            except (KeyError, ValueError):
+                raise ValueError(
+                    f"the placement does not fit this function: no op {name!r}. Make the plan from the same traced "
+                    f"function. Received: graph {graph.name!r}"
+                ) from None
+            if op.type == "Placeholder" or any(t.dtype == tf.resource for t in op.inputs):
+                continue
+            tfi.set_device(op, stage.device)
+            tfi.set_attr(op, SWAP_ATTR, "place")
+            count += 1
+    if count:
+        log.info("tflms placement on %s: %d ops placed on %d devices", graph.name, count, len(placement))
+    return count
 
 
 def _swap_attr(op: Any) -> bytes | None:

@@ -122,7 +122,7 @@ def test_the_plan_records_its_sums_and_reads_older_formats():
     assert plan.peak_bytes_after < plan.peak_bytes_before
     assert "sums added as their terms arrive: 1 AddN ops (4 terms)" in plan.summary()
     data = json.loads(plan.to_json())
-    assert data["format_version"] == 6 and data["sums"] == [{"op": "AddN", "terms": list(plan.sums[0].terms)}]
+    assert data["format_version"] == 7 and data["sums"] == [{"op": "AddN", "terms": list(plan.sums[0].terms)}]
     assert SwapPlan.from_json(plan.to_json()) == plan
     old = {k: v for k, v in data.items() if k != "sums"}
     assert SwapPlan.from_json(json.dumps({**old, "format_version": 4})).sums == ()
