@@ -163,6 +163,7 @@ class Simulator:
         self._pushed_ops = frozenset(op for pair in self.pushdowns for op in pair)
         self._runs = {frozenset(): _Replay(executed, host, self._order)}
         self.executed, self.order, self.pos = executed, self._runs[frozenset()].order, self._runs[frozenset()].pos
+        self._caches = _Caches()
 
     def _ordered(self, orders: Sequence[Order]) -> Simulator:
         """A simulator of ``with_orders(self.model, orders)`` without re-deriving what orders
@@ -172,6 +173,12 @@ class Simulator:
         schedule's search, which tries many orders on one step (:mod:`tflms.plan.passes.schedule`)."""
         if self._order is not None:
             raise ValueError("a simulator with a given order cannot take ordering edges")
+        # The searches of make_plan's finish try the same orders on the same simulators again
+        # (one search per plan of the autotuner's step 5): the simulator made before is returned.
+        key = (id(self), tuple(orders))
+        known = self._caches.ordered.get(key)
+        if known is not None and known[0] is self:
+            return known[1]
         new = copy.copy(self)  # the host, the push-downs and the ops they rewrite carry over
         new.model = with_order_edges(self.model, orders)
         # The step as run is the model itself where no constant was pushed down.
@@ -181,6 +188,7 @@ class Simulator:
         base = _Replay(executed, self.host, None)
         new._runs = {frozenset(): base}  # noqa: SLF001 (a simulator's own state; the other runs are made lazily)
         new.executed, new.order, new.pos = base.model, base.order, base.pos
+        self._caches.keep(self._caches.ordered, key, (self, new))
         return new
 
     def _of(self, model: GraphModel) -> Simulator:
@@ -189,6 +197,7 @@ class Simulator:
         (it recomputes the levels, which the simulator does not read)."""
         new = copy.copy(self)
         new.model = model
+        new._caches = _Caches()  # noqa: SLF001 (its ordered simulators are of its own model)
         return new
 
     def _ordered_requested_peak(self, orders: Sequence[Order], swaps: Sequence[Swap] = ()) -> int:
@@ -197,8 +206,16 @@ class Simulator:
         if self._order is not None:
             raise ValueError("a simulator with a given order cannot take ordering edges")
         swaps = self._as_run(swaps)
-        schedule = self._gated_order([(o.after, o.op) for o in orders], self._gates(swaps))
-        return _Replay(self.executed, self.host, schedule).requested_peak(swaps)
+        edges, gates = [(o.after, o.op) for o in orders], self._gates(swaps)
+        # The schedule's search asks about the same orders for the plans of several thresholds.
+        key = (id(self), tuple(edges), gates)
+        known = self._caches.replays.get(key)
+        if known is not None and known[0] is self:
+            run = known[1]
+        else:
+            run = _Replay(self.executed, self.host, self._gated_order(edges, gates))
+            self._caches.keep(self._caches.replays, key, (self, run))
+        return run.requested_peak(swaps)
 
     def _as_run(self, swaps: Sequence[Swap]) -> Sequence[Swap]:
         """``swaps`` with each swap-in's consumers as reads of :attr:`executed` (rule 0)."""
@@ -369,6 +386,26 @@ class Simulator:
         """The whole predicted timeline (BFC chunk bytes, rule 8) with ``swaps`` applied."""
         swaps = self._as_run(swaps)
         return self._run(swaps).profile(swaps)
+
+
+class _Caches:
+    """What :meth:`Simulator._ordered` and :meth:`Simulator._ordered_requested_peak` made, for
+    the same calls again, shared along a chain of simulators with orders: the simulators with
+    orders, keyed by the simulator asked and the orders, and the replays, keyed by the simulator
+    asked, their extra edges and gates (the simulator asked is kept with the result, so that
+    its id stays its own). At most :attr:`SIZE` of each, the
+    oldest dropped first."""
+
+    SIZE = 16
+
+    def __init__(self) -> None:
+        self.ordered: dict = {}
+        self.replays: dict = {}
+
+    def keep(self, cache: dict, key: object, value: object) -> None:
+        cache[key] = value
+        while len(cache) > self.SIZE:
+            del cache[next(iter(cache))]
 
 
 def _moved_reads(

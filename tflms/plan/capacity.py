@@ -163,6 +163,7 @@ def max_batch_size(
 
     plain_fits: dict[int, bool] = {}  # per batch size: the plain step fits
     lms_fits: dict[int, bool] = {}  # per batch size: the plain step or some plan of the autotuner fits
+    fitted: list[int] = []  # the threshold of the plan that fitted at the last batch size that fitted with LMS
 
     def fits_without(batch: int) -> bool:
         """Whether the plain step fits at this batch size."""
@@ -180,7 +181,14 @@ def max_batch_size(
             def some_plan_fits() -> bool:
                 model = graph_of(batch)  # made again: the plain step's model is not kept
                 model, sim, *_ = prepare(model, cfg, Simulator(model, cfg.host))  # the step make_plan plans on
-                return serialized_search(model, cfg, sim, budget, exists_only=True)[0] is not None
+                if sim.floor()[0] > budget:  # no plan's peak is below it: nothing to search
+                    return False
+                # The plan that fitted at the last batch size is tried first (it often fits again):
+                # the answer is the search's either way (see serialized_search's ``first``).
+                tuned = serialized_search(model, cfg, sim, budget, exists_only=True, first=fitted)[0]
+                if tuned is not None:
+                    fitted[:] = [tuned.knobs.swapout_threshold]
+                return tuned is not None
 
             lms_fits[batch] = _timed(batch, "with", some_plan_fits)
         return lms_fits[batch]
