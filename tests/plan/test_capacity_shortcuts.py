@@ -65,10 +65,10 @@ def _searched(model, budget, monkeypatch, shortcuts):
 
 
 def test_the_shortcuts_give_the_full_searchs_answers(cnn, monkeypatch):
-    """At 8 MiB a plan tried first answers sizes that fit; at 40 MiB a size past the floor (128) is
-    answered without a search."""
+    """At 10 MiB a plan tried first answers a size that fits; at 40 MiB a size past the floor (128)
+    is answered without a search."""
     taken = {"floor": 0, "first": 0}
-    for budget_mib in (8, 40):
+    for budget_mib in (10, 40):
         budget = budget_mib * MIB
         fast, fast_answers, fast_taken = _searched(cnn, budget, monkeypatch, shortcuts=True)
         slow, slow_answers, slow_taken = _searched(cnn, budget, monkeypatch, shortcuts=False)

@@ -396,7 +396,7 @@ class _Caches:
     its id stays its own). At most :attr:`SIZE` of each, the
     oldest dropped first."""
 
-    SIZE = 16
+    SIZE = 8
 
     def __init__(self) -> None:
         self.ordered: dict = {}

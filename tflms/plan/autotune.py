@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -99,8 +99,15 @@ def _grid(model: GraphModel, config: LMSConfig, eligible: list[TensorInfo]) -> l
     """(threshold, ahead, groupby, the candidate swaps) of the search grid: each threshold and
     groupby with the latest prefetch (``ahead=1``), and ``config``'s own three knobs.
     ``eligible``: the tensors ``config`` lets be swapped (the knobs do not change them)."""
+    return list(_grid_entries(model, config, eligible))
+
+
+def _grid_entries(
+    model: GraphModel, config: LMSConfig, eligible: list[TensorInfo]
+) -> Iterator[tuple[int, int, int, list[Swap]]]:
+    """:func:`_grid`'s entries, in its order, each made when asked for."""
     everything = _swaps(model, _knobs(config, 0, 1, 0), eligible)
-    grid = []
+    made = set()
     for threshold in _thresholds(everything):
         for groupby in GROUPBYS:
             swaps = (
@@ -109,13 +116,13 @@ def _grid(model: GraphModel, config: LMSConfig, eligible: list[TensorInfo]) -> l
                 else _swaps(model, _knobs(config, threshold, 1, groupby), eligible)
             )
             if swaps:
-                grid.append((threshold, 1, groupby, swaps))
+                made.add((threshold, 1, groupby))
+                yield threshold, 1, groupby, swaps
     own = _own_knobs(config)
-    if own not in {entry[:3] for entry in grid}:
+    if own not in made:
         swaps = _swaps(model, _knobs(config, *own), eligible)
         if swaps:
-            grid.append((*own, swaps))
-    return grid
+            yield (*own, swaps)
 
 
 def _search(
@@ -335,7 +342,7 @@ def _step2_beats_plain(model: GraphModel, config: LMSConfig, sim: Simulator) -> 
     checked in an order of their own, stopping at the first."""
     plain = sim.peak()
     own = _own_knobs(config)
-    for threshold, ahead, groupby, swaps in _grid(model, config, _eligible(model, config)):
+    for threshold, ahead, groupby, swaps in _grid_entries(model, config, _eligible(model, config)):
         peaks = sim.prefix_peaks(swaps)
         ends = {int(np.argmin(peaks)), len(peaks) - 1 - int(np.argmin(peaks[::-1]))}
         if (threshold, ahead, groupby) == own:
