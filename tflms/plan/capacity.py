@@ -178,21 +178,23 @@ def max_batch_size(
 
     def fits_with(batch: int) -> bool:
         """Whether the plain step or some plan of the autotuner fits at this batch size: the
-        autotuner's search runs only for the batch sizes the search with LMS asks about."""
-        if batch not in lms_fits and not fits_without(batch):
+        autotuner's search runs only for the batch sizes the search with LMS asks about, and the
+        plain step is checked where no plan fits (or known to fit from the search without LMS)."""
+        if batch not in lms_fits:
 
             def some_plan_fits() -> bool:
                 model = graph_of(batch)  # made again: the plain step's model is not kept
                 model, sim, *_ = prepare(model, cfg, Simulator(model, cfg.host))  # the step make_plan plans on
-                if sim.floor()[0] > budget:  # no plan's peak is below it: nothing to search
-                    return False
-                # The plan of step 5 that fitted at the last batch size is tried first (it often fits
-                # again): the answer is the search's either way (see serialized_search's ``first``).
-                tuned, *_, lowest = serialized_search(model, cfg, sim, budget, exists_only=True, first=fitted)
-                if tuned is not None and lowest is None:  # it fitted only with orders (steps 4 and 5)
-                    threshold = tuned.knobs.swapout_threshold
-                    fitted[:] = [threshold, *(t for t in fitted if t != threshold)][:3]
-                return tuned is not None
+                if sim.floor()[0] <= budget:  # else no plan's peak is below it: nothing to search
+                    # The plans of step 5 that fitted at the last batch sizes are tried first (they
+                    # often fit again): the answer is the search's either way (serialized_search's ``first``).
+                    tuned, *_, lowest = serialized_search(model, cfg, sim, budget, exists_only=True, first=fitted)
+                    if tuned is not None:
+                        if lowest is None:  # it fitted only with orders (steps 4 and 5)
+                            threshold = tuned.knobs.swapout_threshold
+                            fitted[:] = [threshold, *(t for t in fitted if t != threshold)][:3]
+                        return True
+                return fits_without(batch)
 
             lms_fits[batch] = _timed(batch, "with", some_plan_fits)
         return lms_fits[batch]
