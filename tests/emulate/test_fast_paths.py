@@ -171,6 +171,27 @@ def test_an_ordered_simulator_predicts_what_a_simulator_of_the_ordered_step_pred
     assert ordered.peak() == fresh.peak() and ordered.requested_peak() == fresh.requested_peak()
 
 
+def test_a_simulator_keeps_what_its_orders_made_and_it_is_what_is_made_afresh():
+    """``_ordered`` and ``_ordered_requested_peak`` keep what they made for the same orders (the
+    autotuner's step 5 asks again for each plan it finishes): the same orders give the same
+    simulator, other orders of the same size their own one, each as a simulator made afresh of
+    the ordered step predicts; the requested peak of orders is the ordered step's."""
+    model = _update_feeder_model()
+    sim = Simulator(model)
+    a_after_b = (Order(op="gradient_tape/a", after="gradient_tape/b"),)
+    b_after_a = (Order(op="gradient_tape/b", after="gradient_tape/a"),)
+    fresh = {orders: Simulator(with_order_edges(model, orders)) for orders in (a_after_b, b_after_a)}
+    assert fresh[a_after_b].order != fresh[b_after_a].order
+    for _ in range(2):  # made, then kept
+        for orders in (a_after_b, b_after_a):
+            ordered = sim._ordered(orders)
+            assert ordered.order == fresh[orders].order and ordered.peak() == fresh[orders].peak()
+            assert sim._ordered_requested_peak(orders) == fresh[orders].requested_peak()
+    assert sim._ordered(a_after_b) is sim._ordered(a_after_b) is not sim._ordered(b_after_a)
+    kept = list(sim._caches.replays.values())  # the replays the requested peaks ran on
+    assert sorted(run.order for run in kept) == sorted(fresh[orders].order for orders in fresh)
+
+
 def test_the_push_down_exits_early_only_where_nothing_can_be_pushed_down():
     pushed = chained_pushdown_model()
     assert _has_nested_family(pushed) and with_constant_pushdown(pushed)[1]

@@ -279,7 +279,6 @@ class _Replay:
             + [(end, 1, k) for k, (_, end, *_) in enumerate(copies)]
             + [(w, 3, k) for k, (w, *_) in enumerate(copies)]
         )
-        events.append((n + LAG + 2, 0, -1))  # a last position, past every event
         rounded = [_rounded(span[2]) for span in spans]
         if limit is not None:  # in the peak's currency: the variables count at their bytes, not their chunks'
             chunks = [_rounded(nbytes) for _, nbytes in self.model.variables] or [_rounded(self.model.variable_bytes)]
@@ -299,6 +298,22 @@ class _Replay:
         nbytes_of = [span[2] for span in spans]
         hands = [span[3] for span in spans]
         takes_chunk = [span[5] < 0 and span[4] in in_place_outputs for span in spans]
+        # The events as one program per position, made once for all steps: (code, index) with code
+        # 0 free, 1 hand on (written in place), 2 free a copied variable's old chunk, 3 allocate,
+        # 4 allocate taking a chunk handed on there if it holds the buffer, 5 copy a variable.
+        program: list[tuple[int, list[tuple[int, int]]]] = []
+        last = None
+        for p, phase, k in events:
+            if p != last:
+                ops: list[tuple[int, int]] = []
+                program.append((p, ops))
+                last = p
+            if phase == 0:
+                ops.append((1 if hands[k] else 0, k))
+            elif phase == 2:
+                ops.append((4 if takes_chunk[k] else 3, k))
+            else:
+                ops.append((2 if phase == 1 else 5, k))
         best = np.zeros(n, dtype=np.int64)
         state = None  # the allocator's state after the previous step
         for _ in range(steps):
@@ -308,39 +323,38 @@ class _Replay:
             values: list[int] = []
             held = bfc.in_use - resident  # before the step's first event
             handed: list[int] = []
-            current = events[0][0]
-            for p, phase, k in events:
-                if p != current:  # the position before is done
+            for p, ops in program:
+                for code, k in ops:
+                    if code == 3:
+                        addr[k] = alloc(nbytes_of[k], rounded[k])
+                    elif code == 0:
+                        release(addr[k])
+                    elif code == 1:
+                        handed.append(addr[k])
+                    elif code == 4:
+                        chunk = handed.pop(0) if handed else None
+                        if chunk is not None and size[chunk] < rounded[k]:
+                            release(chunk)
+                            chunk = None
+                        addr[k] = alloc(nbytes_of[k], rounded[k]) if chunk is None else chunk
+                    elif code == 2:
+                        release(released[k])
+                    else:
+                        _, _, nbytes, _, handle = copies[k]
+                        new = alloc(nbytes)
+                        released[k] = chunk_of.get(handle, new)
+                        if handle in chunk_of:
+                            chunk_of[handle] = new
+                if handed:  # the position is done: chunks handed on that no output took are freed
                     for chunk in handed:
                         release(chunk)
                     handed = []
-                    if current < n:
-                        marks.append(current)
-                        values.append(bfc.in_use - resident)
-                        if stop is not None and values[-1] > stop:
-                            break
-                    current = p
-                if k < 0:
-                    break
-                if phase == 0:
-                    if hands[k]:
-                        handed.append(addr[k])
-                    else:
-                        release(addr[k])
-                elif phase == 1:
-                    release(released[k])
-                elif phase == 2:
-                    chunk = handed.pop(0) if handed and takes_chunk[k] else None
-                    if chunk is not None and size[chunk] < rounded[k]:
-                        release(chunk)
-                        chunk = None
-                    addr[k] = alloc(nbytes_of[k], rounded[k]) if chunk is None else chunk
-                else:
-                    _, _, nbytes, _, handle = copies[k]
-                    new = alloc(nbytes)
-                    released[k] = chunk_of.get(handle, new)
-                    if handle in chunk_of:
-                        chunk_of[handle] = new
+                if p < n:
+                    in_use = bfc.in_use - resident
+                    marks.append(p)
+                    values.append(in_use)
+                    if stop is not None and in_use > stop:
+                        break
             # Each position holds what the last position with events left.
             filled = np.zeros(n, dtype=np.int64)
             filled[marks] = np.arange(1, len(marks) + 1)

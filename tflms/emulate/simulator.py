@@ -163,6 +163,7 @@ class Simulator:
         self._pushed_ops = frozenset(op for pair in self.pushdowns for op in pair)
         self._runs = {frozenset(): _Replay(executed, host, self._order)}
         self.executed, self.order, self.pos = executed, self._runs[frozenset()].order, self._runs[frozenset()].pos
+        self._caches = _Caches()  # of this simulator only: nothing in it refers back to it
 
     def _ordered(self, orders: Sequence[Order]) -> Simulator:
         """A simulator of ``with_orders(self.model, orders)`` without re-deriving what orders
@@ -172,7 +173,14 @@ class Simulator:
         schedule's search, which tries many orders on one step (:mod:`tflms.plan.passes.schedule`)."""
         if self._order is not None:
             raise ValueError("a simulator with a given order cannot take ordering edges")
+        # The searches of make_plan's finish try the same orders on the same simulators again
+        # (one search per plan of the autotuner's step 5): the simulator made before is returned.
+        key = tuple(orders)
+        known = self._caches.ordered.get(key)
+        if known is not None:
+            return known
         new = copy.copy(self)  # the host, the push-downs and the ops they rewrite carry over
+        new._caches = _Caches()  # noqa: SLF001 (its own)
         new.model = with_order_edges(self.model, orders)
         # The step as run is the model itself where no constant was pushed down.
         executed = new.model if self.executed is self.model else with_order_edges(self.executed, orders)
@@ -181,6 +189,7 @@ class Simulator:
         base = _Replay(executed, self.host, None)
         new._runs = {frozenset(): base}  # noqa: SLF001 (a simulator's own state; the other runs are made lazily)
         new.executed, new.order, new.pos = base.model, base.order, base.pos
+        self._caches.keep(self._caches.ordered, key, new)
         return new
 
     def _of(self, model: GraphModel) -> Simulator:
@@ -189,6 +198,7 @@ class Simulator:
         (it recomputes the levels, which the simulator does not read)."""
         new = copy.copy(self)
         new.model = model
+        new._caches = _Caches()  # noqa: SLF001 (its ordered simulators are of its own model)
         return new
 
     def _ordered_requested_peak(self, orders: Sequence[Order], swaps: Sequence[Swap] = ()) -> int:
@@ -197,8 +207,14 @@ class Simulator:
         if self._order is not None:
             raise ValueError("a simulator with a given order cannot take ordering edges")
         swaps = self._as_run(swaps)
-        schedule = self._gated_order([(o.after, o.op) for o in orders], self._gates(swaps))
-        return _Replay(self.executed, self.host, schedule).requested_peak(swaps)
+        edges, gates = [(o.after, o.op) for o in orders], self._gates(swaps)
+        # The schedule's search asks about the same orders for the plans of several thresholds.
+        key = (tuple(edges), gates)
+        run = self._caches.replays.get(key)
+        if run is None:
+            run = _Replay(self.executed, self.host, self._gated_order(edges, gates))
+            self._caches.keep(self._caches.replays, key, run)
+        return run.requested_peak(swaps)
 
     def _as_run(self, swaps: Sequence[Swap]) -> Sequence[Swap]:
         """``swaps`` with each swap-in's consumers as reads of :attr:`executed` (rule 0)."""
@@ -393,6 +409,25 @@ class Simulator:
         """The whole predicted timeline (BFC chunk bytes, rule 8) with ``swaps`` applied."""
         swaps = self._as_run(swaps)
         return self._run(swaps).profile(swaps)
+
+
+class _Caches:
+    """What :meth:`Simulator._ordered` and :meth:`Simulator._ordered_requested_peak` of one
+    simulator made, for the same calls again: the simulators with orders, keyed by the orders, and
+    the replays, keyed by their extra edges and gates. At most :attr:`SIZE` of each, the oldest
+    dropped first. A simulator's caches hold only what it made (nothing refers back to it), so a
+    chain of simulators with orders is freed with the first of them, without the cyclic collector."""
+
+    SIZE = 16
+
+    def __init__(self) -> None:
+        self.ordered: dict = {}
+        self.replays: dict = {}
+
+    def keep(self, cache: dict, key: object, value: object) -> None:
+        cache[key] = value
+        while len(cache) > self.SIZE:
+            del cache[next(iter(cache))]
 
 
 def _moved_reads(

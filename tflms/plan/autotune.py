@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -98,8 +99,15 @@ def _grid(model: GraphModel, config: LMSConfig, eligible: list[TensorInfo]) -> l
     """(threshold, ahead, groupby, the candidate swaps) of the search grid: each threshold and
     groupby with the latest prefetch (``ahead=1``), and ``config``'s own three knobs.
     ``eligible``: the tensors ``config`` lets be swapped (the knobs do not change them)."""
+    return list(_grid_entries(model, config, eligible))
+
+
+def _grid_entries(
+    model: GraphModel, config: LMSConfig, eligible: list[TensorInfo]
+) -> Iterator[tuple[int, int, int, list[Swap]]]:
+    """:func:`_grid`'s entries, in its order, each made when asked for."""
     everything = _swaps(model, _knobs(config, 0, 1, 0), eligible)
-    grid = []
+    made = set()
     for threshold in _thresholds(everything):
         for groupby in GROUPBYS:
             swaps = (
@@ -108,13 +116,13 @@ def _grid(model: GraphModel, config: LMSConfig, eligible: list[TensorInfo]) -> l
                 else _swaps(model, _knobs(config, threshold, 1, groupby), eligible)
             )
             if swaps:
-                grid.append((threshold, 1, groupby, swaps))
+                made.add((threshold, 1, groupby))
+                yield threshold, 1, groupby, swaps
     own = _own_knobs(config)
-    if own not in {entry[:3] for entry in grid}:
+    if own not in made:
         swaps = _swaps(model, _knobs(config, *own), eligible)
         if swaps:
-            grid.append((*own, swaps))
-    return grid
+            yield (*own, swaps)
 
 
 def _search(
@@ -206,7 +214,12 @@ _Lowest = tuple[LMSConfig | None, tuple[Order, ...], Simulator]
 
 
 def serialized_search(
-    model: GraphModel, config: LMSConfig, sim: Simulator, budget: int, exists_only: bool = False
+    model: GraphModel,
+    config: LMSConfig,
+    sim: Simulator,
+    budget: int,
+    exists_only: bool = False,
+    first: Sequence[int] = (),
 ) -> tuple[LMSConfig | None, int, tuple[Order, ...], Simulator, _Lowest | None]:
     """:func:`_search`, and with ``config.knobs.serialize``, when no plan fits: ordering edges for the
     lowest plan (:func:`tflms.plan.passes.schedule.memory_orders`), then the search again on the step with them
@@ -222,7 +235,17 @@ def serialized_search(
     ``on_budget_miss='best'`` plans with; None when a plan fits.
     ``exists_only``: whether the config is None tells whether some plan fits, as without it; a
     fitting config may differ (see :func:`_search`), and so may the lowest peak when a plan fits.
+    ``first`` (with ``exists_only``): thresholds whose plans of step 5 (:func:`_finish_other_knobs`)
+    are finished before anything else, e.g. the threshold that fitted at a nearby batch size
+    (:func:`tflms.plan.capacity.max_batch_size`): one that fits answers at the cost of one finished
+    plan, where the search would have reached and fitted it in step 5; one that does not is not
+    finished again in step 5.
     """
+    tried: dict[int, int] = {}  # threshold -> the finished peak of its plan of step 5
+    if exists_only and first and config.knobs.serialize:
+        fitted = _first_fit(model, config, sim, budget, first, tried)
+        if fitted is not None:
+            return fitted, tried[fitted.knobs.swapout_threshold], (), sim, None
     tuned, lowest, lowest_swaps, lowest_knobs = _search(model, config, sim, budget, exists_only)
     if tuned is not None or not config.knobs.serialize or not lowest_swaps:
         return tuned, lowest, (), sim, (lowest_knobs, (), sim)
@@ -244,14 +267,14 @@ def serialized_search(
     if finished is not None and finished <= budget:
         return lowest_knobs, min(lowest, finished), orders, ordered_sim, None
     lowest = lowest if finished is None else min(lowest, finished)
-    other_knobs, other = _finish_other_knobs(model, config, sim, budget)
+    other_knobs, other = _finish_other_knobs(model, config, sim, budget, tried)
     if other_knobs is not None:
         return other_knobs, min(lowest, other), (), sim, None
     return None, min(lowest, other), orders, ordered_sim, (lowest_knobs, orders, ordered_sim)
 
 
 def _finish_other_knobs(
-    model: GraphModel, config: LMSConfig, sim: Simulator, budget: int
+    model: GraphModel, config: LMSConfig, sim: Simulator, budget: int, tried: dict[int, int] | None = None
 ) -> tuple[LMSConfig | None, float]:
     """Step 5 for the other plans of the grid, on the step without step 4's orders: each
     threshold with the latest prefetch and ``config``'s grouping, all of its candidates, the
@@ -262,21 +285,72 @@ def _finish_other_knobs(
     is another matter: ResNet50 224² at batch 1,424 (``swap_gradients``, ``split_sums``,
     ``drop_tiles``, 16 GiB, one process on a CPU), the lowest plan of step 4 finished at 18.1
     GiB, and the plan of threshold 320 on the step without step 4's orders at 14.9 GiB
-    (predicted)."""
+    (predicted).
+
+    ``tried``: threshold -> finished peak of the plans finished before on the same ``sim`` (by
+    :func:`_first_fit`), not finished again."""
     lowest = math.inf
+    tried = {} if tried is None else tried
+    for threshold, knobs in _other_plans(model, config, budget):
+        peak = tried[threshold] if threshold in tried else _finished_peak(sim, knobs)
+        lowest = min(lowest, peak)
+        if peak <= budget:
+            return knobs, peak
+    return None, lowest
+
+
+def _other_plans(model: GraphModel, config: LMSConfig, budget: int) -> list[tuple[int, LMSConfig]]:
+    """``(threshold, tuned knobs)`` of the plans :func:`_finish_other_knobs` finishes, in its order:
+    each threshold with the latest prefetch and ``config``'s grouping, all of its candidates, the
+    fewest swaps first, one threshold per set of swaps."""
     seen: set[tuple[Swap, ...]] = set()
     eligible = _eligible(model, config)
+    plans = []
     for threshold in reversed(_thresholds(_swaps(model, _knobs(config, 0, 1, 0), eligible))):
         swaps = _swaps(model, _knobs(config, threshold, 1, config.knobs.swapin_groupby), eligible)
         if not swaps or tuple(swaps) in seen:
             continue
         seen.add(tuple(swaps))
-        knobs = _tuned(config, budget, threshold, 1, config.knobs.swapin_groupby, len(swaps))
-        peak = _finished_peak(sim, knobs)
-        lowest = min(lowest, peak)
-        if peak <= budget:
-            return knobs, peak
-    return None, lowest
+        plans.append((threshold, _tuned(config, budget, threshold, 1, config.knobs.swapin_groupby, len(swaps))))
+    return plans
+
+
+def _first_fit(
+    model: GraphModel, config: LMSConfig, sim: Simulator, budget: int, first: Sequence[int], tried: dict[int, int]
+) -> LMSConfig | None:
+    """The knobs of the first plan of step 5 among the thresholds ``first`` whose finished peak fits
+    ``budget``, where :func:`serialized_search` without ``first`` would reach step 5 if nothing before
+    it fitted; else None. Each finished peak goes into ``tried`` (threshold -> peak).
+
+    Step 5 finishes these same plans on the same ``sim`` (:func:`_other_plans`), so a plan that fits
+    here fits there, and a search that finds nothing before step 5 gets there unless the lowest plan
+    of step 2 is the plain step (:func:`_step2_beats_plain`)."""
+    plans = dict(_other_plans(model, config, budget))
+    for threshold in dict.fromkeys(first):
+        if threshold not in plans or threshold in tried:
+            continue
+        tried[threshold] = _finished_peak(sim, plans[threshold])
+        if tried[threshold] <= budget and (sim.peak() <= budget or _step2_beats_plain(model, config, sim)):
+            return plans[threshold]
+    return None
+
+
+def _step2_beats_plain(model: GraphModel, config: LMSConfig, sim: Simulator) -> bool:
+    """Whether the lowest plan of :func:`_search` (step 2) has swaps: whether one of the prefixes
+    it checks accurately when nothing fits (the ends of each grid entry's lowest fast peaks, and all
+    candidates for ``config``'s own knobs) has a predicted peak below the plain step's. Those are
+    checked in an order of their own, stopping at the first."""
+    plain = sim.peak()
+    own = _own_knobs(config)
+    for threshold, ahead, groupby, swaps in _grid_entries(model, config, _eligible(model, config)):
+        peaks = sim.prefix_peaks(swaps)
+        ends = {int(np.argmin(peaks)), len(peaks) - 1 - int(np.argmin(peaks[::-1]))}
+        if (threshold, ahead, groupby) == own:
+            ends.add(len(swaps))
+        for n in sorted(ends):
+            if peaks[n] < plain and sim.peak(swaps[:n], above=plain) < plain:
+                return True
+    return False
 
 
 def _finished_peak(sim: Simulator, config: LMSConfig) -> int:

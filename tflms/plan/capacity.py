@@ -11,7 +11,6 @@ from typing import Any
 from .._util import format_sizes, paused_gc
 from ..config import LMSConfig, parse_bytes
 from ..emulate.simulator import Simulator
-from ..ir.graph import GraphModel
 from ..ir.trace import graph_source
 from .autotune import serialized_search
 from .registry import prepare
@@ -155,32 +154,47 @@ def max_batch_size(
         raise ValueError(f"bound must be True or False. Received: bound={bound!r}")
     graph_of = graph_source(step)
 
-    def planned_of(batch: int) -> GraphModel:
-        """The step the bound is searched on: the policy's passes that change what the step
-        holds (split sums, tiles left out) applied, as the planner applies them."""
-        model = graph_of(batch)
-        return prepare(model, cfg, Simulator(model, cfg.host), only=("split_sums", "drop_tiles"))[0]
+    def planned_of(batch: int) -> Simulator:
+        """A simulator of the step the bound is searched on: the policy's passes that change what
+        the step holds (split sums, tiles left out) applied, as the planner applies them. Those two
+        passes read no simulator (each makes one of the step it changes, which is returned): one is
+        made here only where neither changed the step."""
+        planned, sim, _ = prepare(graph_of(batch), cfg, None, only=("split_sums", "drop_tiles"))  # type: ignore[arg-type]
+        return sim if sim is not None else Simulator(planned, cfg.host)
 
     plain_fits: dict[int, bool] = {}  # per batch size: the plain step fits
     lms_fits: dict[int, bool] = {}  # per batch size: the plain step or some plan of the autotuner fits
+    fitted: list[int] = []  # thresholds of the plans of step 5 that fitted at the last batch sizes, latest first
 
     def fits_without(batch: int) -> bool:
         """Whether the plain step fits at this batch size."""
         if batch not in plain_fits:
-            plain_fits[batch] = _timed(batch, "without", lambda: Simulator(graph_of(batch), cfg.host).peak() <= budget)
+            plain_fits[batch] = _timed(
+                batch, "without", lambda: Simulator(graph_of(batch), cfg.host).peak(above=budget) <= budget
+            )
             if plain_fits[batch]:
                 lms_fits[batch] = True
         return plain_fits[batch]
 
     def fits_with(batch: int) -> bool:
         """Whether the plain step or some plan of the autotuner fits at this batch size: the
-        autotuner's search runs only for the batch sizes the search with LMS asks about."""
-        if batch not in lms_fits and not fits_without(batch):
+        autotuner's search runs only for the batch sizes the search with LMS asks about, and the
+        plain step is checked where no plan fits (or known to fit from the search without LMS)."""
+        if batch not in lms_fits:
 
             def some_plan_fits() -> bool:
                 model = graph_of(batch)  # made again: the plain step's model is not kept
                 model, sim, *_ = prepare(model, cfg, Simulator(model, cfg.host))  # the step make_plan plans on
-                return serialized_search(model, cfg, sim, budget, exists_only=True)[0] is not None
+                if sim.floor()[0] <= budget:  # else no plan's peak is below it: nothing to search
+                    # The plans of step 5 that fitted at the last batch sizes are tried first (they
+                    # often fit again): the answer is the search's either way (serialized_search's ``first``).
+                    tuned, *_, lowest = serialized_search(model, cfg, sim, budget, exists_only=True, first=fitted)
+                    if tuned is not None:
+                        if lowest is None:  # it fitted only with orders (steps 4 and 5)
+                            threshold = tuned.knobs.swapout_threshold
+                            fitted[:] = [threshold, *(t for t in fitted if t != threshold)][:3]
+                        return True
+                return fits_without(batch)
 
             lms_fits[batch] = _timed(batch, "with", some_plan_fits)
         return lms_fits[batch]
@@ -192,7 +206,7 @@ def max_batch_size(
         without_lms=without,
         with_lms=with_lms,
         limit=limit,
-        bound=_bound(planned_of, budget, cfg.host, limit, with_lms) if bound else None,
+        bound=_bound(planned_of, budget, limit, with_lms) if bound else None,
     )
 
 
@@ -206,15 +220,16 @@ def batch_bound(step: Any, budget: int | str, *, host: str | None = None, limit:
     """
     budget = parse_bytes(budget, "budget")
     _check_limit(limit)
-    return _bound(graph_source(step), budget, host, limit, start)
+    graph_of = graph_source(step)
+    return _bound(lambda batch: Simulator(graph_of(batch), host), budget, limit, start)
 
 
-def _bound(graph_of: Callable[[int], GraphModel], budget: int, host: str | None, limit: int, start: int) -> int:
-    from .._util import paused_gc
+def _bound(simulator_of: Callable[[int], Simulator], budget: int, limit: int, start: int) -> int:
+    """The largest batch whose step (``simulator_of(batch)``, a simulator of it) has a floor within ``budget``."""
 
     def floor_fits(batch: int) -> bool:
         with paused_gc():
-            fits = Simulator(graph_of(batch), host).floor()[0] <= budget
+            fits = simulator_of(batch).floor()[0] <= budget
         log.info("max_batch_size: batch %d: the largest op's working set %s", batch, "fits" if fits else "does not fit")
         return fits
 
