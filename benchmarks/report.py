@@ -789,6 +789,24 @@ def offload_capacity(data: dict) -> str:
     return "\n".join(lines)
 
 
+def placement_capacity(data: dict) -> str:
+    """Largest side or batch per device count (``benchmarks/placement_capacity.py``), all predicted."""
+    lines = [
+        "| model | budget per device | measure | devices | way | largest | x plain |",
+        "|---|---|---|---:|---|---:|---:|",
+    ]
+    for r in data["rows"]:
+        plain = r.get("plain_there")
+        ratio = r.get("ratio_to_plain") or (r["largest"] / plain if plain else None)
+        way = r["way"] + (f" (planned {r['planned']})" if r.get("planned") else "")
+        lines.append(
+            f"| {r['model']} | {r['budget']} | {r['measure']} | {r['devices']} | {way} | {r['largest']:,} "
+            f"| {'-' if ratio is None else f'{ratio:.2f}'} |"
+        )
+    notes = data.get("notes")
+    return "\n".join(lines + (["", notes] if isinstance(notes, str) else []))
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "pass_speed": pass_speed,
     "capacity": capacity,
@@ -808,6 +826,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "update_orders": simulator_accuracy,
     "peak_anatomy": peak_anatomy,
     "offload_capacity": offload_capacity,
+    "placement_capacity": placement_capacity,
     "gpu": gpu,
     "gpu_fences": gpu_fences,
     "gpu_densenet121": gpu_runs,
@@ -974,6 +993,14 @@ SECTIONS: list[tuple[str, str, str]] = [
         "process, and the deepest offloaded model once more without a cap: its losses are the reference. "
         "**Measured (test bed)** against **predicted**; step times share the 2 CPU cores with the host "
         "process.",
+    ),
+    (
+        "placement_capacity",
+        "Placement across devices (predicted)",
+        "The largest 3D U-Net side and the largest batch of ResNet152 and of the zoo's transformer under 16 GiB "
+        "per device, on one device and placed on 2 and 4 by tflms's placer (`benchmarks/placement_capacity.py`), "
+        "next to swapping alone on one device. **Predicted** (the simulator per device); the placed rows have no "
+        "swaps, except the one that says so, whose swaps the rewrite does not apply yet.",
     ),
     (
         "testbed_time",
