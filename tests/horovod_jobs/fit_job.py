@@ -11,6 +11,8 @@ of the data. Cases (``--cases``, run in this order in one process):
   ``History`` and the batch logs.
 * ``offload``: the ``horovod`` case with ``offload="optimizer"``: the optimizer's state and
   update on the host, so the gradients are averaged there. Writes ``offload_initial.npz``.
+* ``placed``: the ``horovod`` case with ``devices=jobkit.PLACED``: each rank places its step on
+  its own two devices. Writes ``placed_initial.npz``.
 * ``plain``: the negative control: the same CNN from the *same* seed on every rank,
   ``tflms.LMSCallback()`` without ``horovod``: nothing is averaged.
 * ``bn``: the CNN with BatchNormalization, ``steps_per_execution=2``; rank 1's
@@ -44,7 +46,7 @@ B = jobkit.PER_RANK_BATCH
 STEPS = 4  # batches per epoch and rank
 EPOCHS = 2
 VAL_STEPS = 2
-CASES = ("horovod", "offload", "plain", "bn", "subclassed", "eager", "own_step")
+CASES = ("horovod", "offload", "placed", "plain", "bn", "subclassed", "eager", "own_step")
 MLP_FEATURES = 32
 
 
@@ -189,6 +191,7 @@ def rewritten_structure(cb, x, y) -> dict:
         "horovod_ops": sorted(op.type for op in ops if op.type.startswith("Horovod")),
         "horovod_devices": sorted({op.device for op in ops if op.type.startswith("Horovod")}),
         "optimizer_state_devices": sorted({v.value.device for v in cb.model.optimizer.variables}),
+        "op_devices": sorted({op.device for op in ops}),
         "n_swap_out": len(outs),
         "n_swap_in": len(ins),
         "swap_in_devices": sorted({op.device for op in ins}),
@@ -215,12 +218,14 @@ def save(out: str, name: str, arrays: list) -> None:
     np.savez(os.path.join(out, name), *arrays)
 
 
-def run_horovod(out: str, rank: int, size: int, report: dict, offload: str | None = None) -> None:
+def run_horovod(out: str, rank: int, size: int, report: dict, offload: str | None = None, placed: bool = False) -> None:
     import tflms
     import tflms.integrations.horovod as lms_hvd
 
-    case = "offload" if offload else "horovod"
+    case = "offload" if offload else "placed" if placed else "horovod"
     options = {**jobkit.LMS_OPTIONS, "offload": offload}
+    if placed:  # each rank places its step on its own two devices
+        options = {k: v for k, v in options.items() if k != "device"} | {"devices": list(jobkit.PLACED)}
     model = compile_model(jobkit.build_cnn(rank_seed(rank)))
     x, y = shard(train_data(size), rank, size)
     val = shard(val_data(size), rank, size)
@@ -231,7 +236,7 @@ def run_horovod(out: str, rank: int, size: int, report: dict, offload: str | Non
     ).history
     initial = rec.at_begin[0]
     if rank == 0:
-        save(out, f"{case}_initial.npz" if offload else "initial.npz", initial)
+        save(out, "initial.npz" if case == "horovod" else f"{case}_initial.npz", initial)
     again = tflms.LMSCallback(horovod=True, **options)  # a new callback: still no second broadcast
     assert type(again) is tflms.LMSCallback and again.horovod  # the same callback, in its Horovod mode
     second = model.fit(x, y, batch_size=B, epochs=1, shuffle=False, callbacks=[again, rec], verbose=0).history
@@ -381,6 +386,7 @@ def run_own_step(out: str, rank: int, size: int, report: dict) -> None:
 RUNNERS = {
     "horovod": run_horovod,
     "offload": functools.partial(run_horovod, offload="optimizer"),
+    "placed": functools.partial(run_horovod, placed=True),
     "plain": run_plain,
     "bn": run_bn,
     "subclassed": run_subclassed,

@@ -16,6 +16,8 @@ import tflms
 
 DEVICE = "/device:CPU:1"
 HOST = "/device:CPU:0"
+#: The two devices a rank places its step on (kind ``placed``).
+PLACED = ("/device:CPU:1", "/device:CPU:2")
 PER_RANK_BATCH = 8
 IMAGE = (16, 16, 3)
 CLASSES = 10
@@ -24,9 +26,10 @@ LMS_OPTIONS = {"device": DEVICE, "swapout_threshold": 3, "swapin_ahead": 2, "min
 
 
 def split_cpu() -> None:
-    """/device:CPU:1 plays the GPU, /device:CPU:0 the host (as in tests/conftest.py)."""
+    """/device:CPU:1 plays the GPU, /device:CPU:0 the host (as in tests/conftest.py); /device:CPU:2
+    is a second device for a placed step (:data:`PLACED`)."""
     cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 3)
     tf.config.experimental.enable_op_determinism()
 
 
@@ -119,6 +122,8 @@ def lms_step(model: keras.Model, opt: keras.optimizers.Optimizer, tape_kind: str
     """
     loss = loss_fn()
     options = {**LMS_OPTIONS, **options}
+    if options.get("devices"):  # a placed step names its devices instead of one device
+        options.pop("device")
 
     if tape_kind in ("tflms", "grouped"):
         import tflms.integrations.horovod as lms_hvd

@@ -6,7 +6,9 @@ rank 0's variables, then trains ``--steps`` steps through ``@tflms.function``
 from the same state once per tape: ``tflms.integrations.horovod.DistributedGradientTape`` on
 Keras variables (default groups, and 1 KiB groups) and ``hvd.DistributedGradientTape``
 on ``[v.value for v in ...]``, and (``offload``) the first with ``offload="optimizer"``: the
-optimizer's state on the host, so the gradients are averaged there. It writes ``<out>/<kind>_rank<r>.npz`` (final
+optimizer's state on the host, so the gradients are averaged there, and (``placed``) the first with
+``devices=jobkit.PLACED``: each rank places its step on its own two devices. It writes
+``<out>/<kind>_rank<r>.npz`` (final
 model + optimizer state), ``<out>/initial.npz`` (rank 0, after the broadcast)
 and ``<out>/rank<r>.json`` (plans, structure of the rewritten graphs, helper
 results). ``--crash-rank R --crash-step S`` makes rank R raise at step S.
@@ -36,6 +38,7 @@ def rewritten_structure(lms_fn, x, y) -> dict:
     return {
         "horovod_ops": sorted(op.type for op in ops if op.type.startswith("Horovod")),
         "horovod_devices": sorted({op.device for op in ops if op.type.startswith("Horovod")}),
+        "op_devices": sorted({op.device for op in ops}),
         "control_flow_ops": sorted(op.type for op in ops if op.type in ("If", "StatelessIf")),
         "swap_out_input_types": sorted(op.inputs[0].op.type for op in outs),
         "swap_in_trigger_types": sorted(c.type for op in ins for c in op.control_inputs),
@@ -125,7 +128,7 @@ def main() -> None:
     parser.add_argument("--crash-rank", type=int, default=-1)
     parser.add_argument("--crash-step", type=int, default=1)
     parser.add_argument("--crash-mode", choices=("raise", "exit"), default="raise", help="raise, or os._exit(3)")
-    parser.add_argument("--kinds", default="tflms,grouped,workaround,offload")
+    parser.add_argument("--kinds", default="tflms,grouped,workaround,offload,placed")
     parser.add_argument("--no-extras", action="store_true", help="skip the helper and collective checks")
     args = parser.parse_args()
 
@@ -169,6 +172,9 @@ def main() -> None:
             for v, value in zip(kind_state, initial):
                 v.assign(value)
             step = jobkit.lms_step(model, host_opt, "tflms", offload="optimizer")
+        elif kind == "placed":  # each rank places its step on its own two devices
+            kind_state = variables
+            step = jobkit.lms_step(model, opt, "tflms", devices=list(jobkit.PLACED))
         else:
             kind_state = variables
             step = jobkit.lms_step(model, opt, kind)

@@ -94,7 +94,7 @@ def job(horovod_available, tmp_path_factory):
     return out, reports
 
 
-KINDS = ("tflms", "grouped", "workaround", "offload")
+KINDS = ("tflms", "grouped", "workaround", "offload", "placed")
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +139,17 @@ def test_offload_averages_gradients_on_the_host(job):
         assert r["tflms"]["structure"]["horovod_devices"] != [jobkit.HOST]  # without it, on the device
 
 
+def test_each_rank_places_its_step_on_its_own_two_devices(job):
+    """``devices=``: every rank runs its step across its two devices (the ranks' numbers: above), and
+    trains the same bits as the one-device step."""
+    out, reports = job
+    for r in reports:
+        devices = r["placed"]["structure"]["op_devices"]
+        assert set(jobkit.PLACED) <= set(devices) and jobkit.HOST not in devices
+    for a, b in zip(_load(out / "placed_rank0.npz"), _load(out / "tflms_rank0.npz")):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("kind", ["grouped", "workaround"])
 def test_every_tape_gives_the_same_update(job, kind):
     out, _ = job
@@ -156,11 +167,14 @@ def test_broadcast_of_keras_variables(job):
 @pytest.mark.parametrize("kind", KINDS)
 def test_plan_is_identical_on_every_rank(job, kind):
     _, (r0, r1) = job
-    assert r0[kind]["n_swaps"] >= 3 and r0[kind]["n_swap_ins"] >= 3
     assert r0[kind]["plan_json_sha256"] == r1[kind]["plan_json_sha256"]
     assert r0[kind]["fingerprint"] == r1[kind]["fingerprint"]
-    # The rewritten graphs hold exactly the planned swap ops on both ranks.
     assert r0[kind]["structure"] == r1[kind]["structure"]
+    if kind == "placed":  # a placement swaps nothing (test_each_rank_places_its_step_on_its_own_two_devices)
+        assert r0[kind]["n_swaps"] == r0[kind]["structure"]["n_swap_out"] == 0
+        return
+    assert r0[kind]["n_swaps"] >= 3 and r0[kind]["n_swap_ins"] >= 3
+    # The rewritten graphs hold exactly the planned swap ops on both ranks.
     assert r0[kind]["structure"]["n_swap_out"] == r0[kind]["n_swaps"]
     assert r0[kind]["structure"]["n_swap_in"] == r0[kind]["n_swap_ins"]
     # Each rank's device was given explicitly (/device:CPU:1): its swap ops sit on the default host.

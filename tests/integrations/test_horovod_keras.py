@@ -147,6 +147,25 @@ def test_offloaded_optimizer_averages_on_the_host_and_ranks_match_single_process
         assert r["offload"]["broadcasts"] == r["horovod"]["broadcasts"]  # once, the host's state included
 
 
+def test_placed_fit_on_every_rank_matches_single_process(job, reference):
+    """``devices=`` under Horovod: each rank places its step on its own two devices; the ranks end
+    identical, equal to the single process and, bit for bit, to the one-device Horovod run."""
+    out, reports, _ = job
+    _, together, _ = reference
+    rank0, rank1 = _load(out / "placed_rank0.npz"), _load(out / "placed_rank1.npz")
+    on_one = _load(out / "horovod_rank0.npz")
+    assert len(rank0) == len(rank1) == len(together["state"]) == len(on_one)
+    for a, b, c in zip(rank0, rank1, on_one):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+    for got, want in zip(rank0, together["state"]):
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    for r in reports:
+        devices = r["placed"]["structure"]["op_devices"]
+        assert set(jobkit.PLACED) <= set(devices) and jobkit.HOST not in devices
+        assert r["placed"]["history"] == r["horovod"]["history"]
+
+
 def test_history_and_batch_logs_are_averaged(job, reference):
     _, (r0, r1), _ = job
     _, together, _ = reference

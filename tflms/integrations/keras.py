@@ -267,11 +267,6 @@ class LMSCallback(keras.callbacks.Callback):
         self._profiled = False  # op_profile="auto": the first call has been profiled
         self._measured_device: str | None = None  # device whose peak this epoch's logs report
         self._mode: Any = OneProcess()
-        if horovod and self.config.devices:
-            raise ValueError(
-                "devices is not available with horovod=True yet: each rank would place its step on its own devices. "
-                f"Pass devices=None, or train in one process. Received: devices={list(self.config.devices)!r}"
-            )
         if horovod:
             from .horovod.fit import HorovodFit  # imports Horovod's integration only when asked
 
