@@ -65,8 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         batch=args.batch,
         cap_mib=args.cap_mib,
         notes=[
-            "device 0 is the measured process (variables, update, first stage), device 1 a DeviceWorker; the peaks "
-            "are per step after none skipped (3 steps), each read from its own allocator",
+            "device 0 is the measured process (variables, update, first stage), device 1 a DeviceWorker; each "
+            "peak is the largest of the three steps, read from that device's own allocator",
             f"placed losses equal the uncapped plain step's bit for bit: {same}",
         ],
     )

@@ -807,6 +807,26 @@ def placement_capacity(data: dict) -> str:
     return "\n".join(lines + (["", notes] if isinstance(notes, str) else []))
 
 
+def placement_testbed(data: dict) -> str:
+    """The two-device test bed: plain uncapped, plain capped, placed capped (``benchmarks/placement_testbed.py``)."""
+    lines = [
+        f"_the zoo's {data['model']}, {data['size']} px, batch {data['batch']}, Adam; peaks: the largest of the "
+        "steps, each device's from its own allocator_",
+        "",
+        "| step | cap per device | status | device 0 | device 1 | predicted |",
+        "|---|---|---|---:|---:|---|",
+    ]
+    for r in data["rows"]:
+        peaks = r.get("peak_mib_per_device") or []
+        cells = [f"{p:,.1f} MiB" if p else "-" for p in peaks] or ["-", "-"]
+        predicted = ", ".join(_mib(p) for p in r["predicted"]) if r.get("predicted") else "-"
+        cap = f"{r['cap_mib']} MiB" if r["cap_mib"] else "none"
+        way = "placed on 2 devices" if r["mode"] == "placed" else "plain, one device"
+        lines.append(f"| {way} | {cap} | {r['status']} | {cells[0]} | {cells[1]} | {predicted} |")
+    lines += ["", *(f"- {note}" for note in data.get("notes", []))]
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "pass_speed": pass_speed,
     "capacity": capacity,
@@ -827,6 +847,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "peak_anatomy": peak_anatomy,
     "offload_capacity": offload_capacity,
     "placement_capacity": placement_capacity,
+    "placement_testbed": placement_testbed,
     "gpu": gpu,
     "gpu_fences": gpu_fences,
     "gpu_densenet121": gpu_runs,
@@ -993,6 +1014,14 @@ SECTIONS: list[tuple[str, str, str]] = [
         "process, and the deepest offloaded model once more without a cap: its losses are the reference. "
         "**Measured (test bed)** against **predicted**; step times share the 2 CPU cores with the host "
         "process.",
+    ),
+    (
+        "placement_testbed",
+        "Placement on the two-device test bed",
+        "A step that runs out of memory under one real cap, trained across two devices under the same cap "
+        "each (`benchmarks/placement_testbed.py`): the measured process is device 0 (the variables, the "
+        "update and the first stage), a second capped process device 1, each with its own BFC allocator; "
+        "each row a fresh run of three steps. **Measured (test bed)** against **predicted**.",
     ),
     (
         "placement_capacity",
