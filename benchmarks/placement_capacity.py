@@ -11,7 +11,7 @@ Models (the ones of ``benchmarks/capacity.py``, Adam, float32):
 
 * ``unet3d``: the 3D U-Net, the largest cubic input side at batch 1 (multiples of 16);
 * ``resnet152``: keras.applications ResNet-152, 224x224x3, the largest batch;
-* ``bert``: the zoo's transformer (``tflms.testing.zoo``: width 256, 2 blocks, sequence 256;
+* ``transformer``: the zoo's transformer (``tflms.testing.zoo``: width 256, 2 blocks, sequence 256;
   a BERT-ish encoder small enough to trace per batch quickly), the largest batch.
 
 Each placement is chosen by the placer's search (requested bytes) and checked with the allocator
@@ -123,7 +123,7 @@ def unet_rows(budget: int, label: str, ks: list[int], rel_tol: float) -> list[di
 def _batch_source(name: str):
     """``(graph_of(batch) -> GraphModel, the Keras model to keep alive)`` for a batch model."""
     keras.utils.set_random_seed(0)
-    if name == "bert":
+    if name == "transformer":
         from tflms.testing.zoo import MODELS
 
         model = MODELS["transformer"][0](256)
@@ -215,11 +215,11 @@ def swapping_rows(budget_label: str) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["unet3d", "bert", "resnet152"], help="which models")
+    parser.add_argument("--models", nargs="+", default=["unet3d", "transformer", "resnet152"], help="which models")
     parser.add_argument("--budgets", nargs="+", default=["16GiB"], help="device memory budgets, each device's")
     parser.add_argument("--devices", nargs="+", type=int, default=[2, 4], help="numbers of devices")
     parser.add_argument("--rel-tol", type=float, default=0.02, help="search precision (default 2%%)")
-    parser.add_argument("--swap", action="store_true", help="also search swapping alone for bert (minutes)")
+    parser.add_argument("--swap", action="store_true", help="also search swapping alone for the transformer (minutes)")
     parser.add_argument(
         "--refine", type=int, default=REFINE_DEFAULT, help="place()'s refine: cuts simulated before choosing"
     )
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             if name == "unet3d":
                 new = unet_rows(budget, label, args.devices, args.rel_tol)
             else:
-                new = batch_rows(name, budget, label, args.devices, args.rel_tol, args.swap and name == "bert")
+                new = batch_rows(name, budget, label, args.devices, args.rel_tol, args.swap and name == "transformer")
             for r in new:
                 print(f"  -> {r['way']}: {r['measure']} {r['largest']} (x{r['ratio_to_plain']})", flush=True)
             rows += new
@@ -252,8 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         notes=(
             "Placement by tflms.plan.passes.place (stages of consecutive forward ops, backward ops with their "
             "forward op, variables and the optimizer update on devices[0]); no swaps on top. Each size's placement "
-            "is checked with the allocator emulation per device. 'bert' is tflms.testing.zoo's transformer "
-            "(width 256, 2 blocks, sequence 256), not BERT-base. Swapping-alone rows for unet3d and resnet152 "
+            "is checked with the allocator emulation per device. 'transformer' is tflms.testing.zoo's "
+            "(width 256, 2 blocks, sequence 256), a BERT-like encoder far smaller than BERT-base. "
+            "Swapping-alone rows for unet3d and resnet152 "
             "are copied from capacity.json (their own date)."
         ),
     )  # fmt: skip
