@@ -154,7 +154,9 @@ def place_weights(model: Any, host: str) -> list[Any]:
     Each variable's value is made again as a ``tf.Variable`` on ``host`` (same value, dtype, name
     and trainability) and the Keras variable reads and writes it from then on; the variables
     already on ``host`` are left. Call it before the step is first traced (a traced step keeps
-    reading the old variables) and before the optimizer is built (:func:`build_optimizer`).
+    reading the old variables) and before the optimizer is built (:func:`build_optimizer`): Keras's
+    optimizer knows each variable by its ``tf.Variable`` (refused, ``ValueError``, for a model
+    whose ``optimizer`` is built).
     Non-trainable variables (a BatchNorm's moving statistics) stay where they are: the update
     does not write them, and the step reads them on the device. Raises ``ValueError`` for a
     non-trainable variable given in a list.
@@ -177,6 +179,14 @@ def place_weights(model: Any, host: str) -> list[Any]:
                 f"Received: variables with {frozen[0].path!r} (trainable=False)"
             )
     else:
+        optimizer = getattr(model, "optimizer", None)
+        if optimizer is not None and getattr(optimizer, "built", False):
+            raise ValueError(
+                "offload='weights' must move the weights before the optimizer is built (Keras's optimizer "
+                "knows each variable by its tf.Variable), but the model's optimizer is built. Call "
+                "place_weights(model, host) before the first step, or compile the model with a new optimizer. "
+                f"Received: model={model.name!r} with a built {type(optimizer).__name__}"
+            )
         variables = list(model.trainable_variables)
     moved = []
     for v in variables:
@@ -197,12 +207,15 @@ def check_weights_on_host(graph: Any, weights: Sequence[str], host: str) -> None
     handles = {id(external): internal.name for external, internal in graph.captures}
     wanted = set(weights)
     written = [v for v in graph.variables if handles.get(id(getattr(v, "handle", None))) in wanted]
-    frozen = [v for v in written if not v.trainable]
+    # A variable that the step reads without watching it (a non-trainable one) is not in graph.variables.
+    unlisted = sorted(wanted - {handles.get(id(getattr(v, "handle", None))) for v in graph.variables})
+    frozen = [v.name for v in written if not v.trainable] + unlisted
     if frozen:
         raise ValueError(
             f"offload='weights' moves the trainable variables that the update writes to the host, but the step "
-            f"also writes {frozen[0].name!r} after its backward pass, which is not trainable. Write it in the "
-            f"forward pass, make it trainable, or use offload='optimizer'. Received: offload='weights'"
+            f"reads {frozen[0]!r} in its forward pass and writes it from the gradients, and it is not trainable. "
+            f"Make it trainable, write it in the forward pass, or use offload='optimizer'. "
+            f"Received: offload='weights'"
         )
     away = [v for v in written if not same_device(v.device, host)]
     if away:

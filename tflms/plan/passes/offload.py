@@ -134,6 +134,7 @@ def offload_decisions(model: GraphModel, weights: bool = False) -> OffloadDecisi
     update (no variable is written after the backward pass).
     """
     dag = model.dag
+    value = "weights" if weights else "optimizer"
     update = _update_side(model)
     fused = [n for n in update if dag.nodes[n]["type"].startswith(FUSED_UPDATE_PREFIX)]
     flow = [n for n in update if dag.nodes[n]["type"] in CONTROL_FLOW_TYPES]
@@ -144,9 +145,9 @@ def offload_decisions(model: GraphModel, weights: bool = False) -> OffloadDecisi
             else f"control flow in its update ({flow[0]!r}, {dag.nodes[flow[0]]['type']}: e.g. a LossScaleOptimizer)"
         )
         raise ValueError(
-            f"offload='optimizer' cannot offload this step's optimizer: the step has {what}. Use a Keras 3 "
+            f"offload={value!r} cannot offload this step's optimizer: the step has {what}. Use a Keras 3 "
             "optimizer such as Adam, AdamW or SGD (those checked: tflms.integrations.offload.CHECKED_OPTIMIZERS) "
-            "without loss scaling or gradient accumulation, or offload=None. Received: offload='optimizer'"
+            f"without loss scaling or gradient accumulation, or offload=None. Received: offload={value!r}"
         )
     handles = {t for t, _ in model.variables}
     users: dict[str, set[str]] = {}
@@ -160,9 +161,9 @@ def offload_decisions(model: GraphModel, weights: bool = False) -> OffloadDecisi
                   for n in update)  # fmt: skip
     if not written or not handles:
         raise ValueError(
-            "offload='optimizer' found no optimizer update in this step: no variable is written after the "
+            f"offload={value!r} found no optimizer update in this step: no variable is written after the "
             "backward pass. Offload a training step (forward, gradients and the optimizer's apply_gradients in "
-            "one function), or pass offload=None. Received: offload='optimizer'"
+            f"one function), or pass offload=None. Received: offload={value!r}"
         )
     ops = tuple(n for n in update if not _resource_inputs(model, n) and dag.nodes[n]["type"] != "Placeholder")
     if weights:
@@ -181,7 +182,11 @@ def _weight_decisions(
     dag = model.dag
     writes = ("AssignVariableOp", "AssignSubVariableOp", "AssignAddVariableOp")
     written = {model.inputs_of[n][0] for n in update if dag.nodes[n]["type"] in writes}
-    weights = tuple(t for t, _ in model.variables if t in written and t not in state)
+    state_set = set(state)
+    listed = [t for t, _ in model.variables]  # the trainable ones; a non-trainable one may be unlisted
+    weights = tuple([t for t in listed if t in written and t not in state_set]) + tuple(
+        sorted(t for t in written if t not in state_set and t not in listed)
+    )
     on_host = set(weights) | set(state)
     resource_ops = tuple(n for n in dag if any(t in on_host for t in _resource_inputs(model, n)))
     side = weight_side(model, weights, update)

@@ -16,7 +16,8 @@ What the step looks like with the weights offloaded (decided from the step alone
   grouped (a group spans at most :data:`GROUPBY` levels: the forward use and the backward use of
   a weight are two groups), and each group's copy is sent by a host ``Identity`` with a control
   input from a **trigger**, a device op about :data:`AHEAD` levels before the group's first
-  consumer, on a path to it. The copy lands on the device (an ``Identity`` there, named as a
+  consumer, on a path to it, and not among the group's nearest inputs (:data:`NEAR`: an op fused
+  with a consumer would wait for itself). The copy lands on the device (an ``Identity`` there, named as a
   swap-in's landing) and the group reads it; it is freed after the group's last reader. So only
   the weights of the layers being computed are on the device at a time. A group with no device
   op before it (the first layer's) has no trigger: its copy is sent when the step starts;
@@ -46,6 +47,8 @@ __all__ = ["AHEAD", "GROUPBY", "WEIGHT_IN_SCOPE", "weight_in_name", "weight_side
 AHEAD = 3
 #: The device ops reading one weight tensor within this many levels of the first share one copy.
 GROUPBY = 5
+#: A trigger is never within this many data edges upstream of the ops its copy feeds (:func:`_near_inputs`).
+NEAR = 2
 #: Name scope of the host ``Identity`` that sends a weight's copy (its swap-in).
 WEIGHT_IN_SCOPE = "tflms_weightin"
 #: Ops never chosen as a trigger: they are not a point in the step's time (no inputs), Grappler
@@ -98,8 +101,8 @@ def weight_transfers(model: GraphModel, side: Collection[str], host_ops: Collect
     """The copies of the weight side's tensors that device ops read: one :class:`Swap` per tensor
     (its producer on the host), one :class:`SwapIn` per group of its device consumers (see the
     module doc), in graph order. ``host_ops``: every op that runs on the host (``side`` included)."""
-    dag, nodes = model.dag, model.dag.nodes
-    on_host = set(host_ops) | set(side)
+    nodes = model.dag.nodes
+    on_host = set(host_ops) | set(side) | _constant(model)
     swaps = []
     for op in side:
         for name in model.outputs_of[op]:
@@ -116,7 +119,8 @@ def weight_transfers(model: GraphModel, side: Collection[str], host_ops: Collect
             swap_ins = []
             for group in groups:
                 level, first, _ = group[0]
-                trigger = _trigger(model, first, level - AHEAD, on_host)
+                near = _near_inputs(model, [c for _, c, _ in group])
+                trigger = _trigger(model, first, level - AHEAD, on_host | near)
                 swap_ins.append(
                     SwapIn(
                         consumers=tuple((c, i) for _, c, i in group),
@@ -141,9 +145,34 @@ def weight_transfers(model: GraphModel, side: Collection[str], host_ops: Collect
     return tuple(swaps)
 
 
+def _constant(model: GraphModel) -> set[str]:
+    """The ops that read only constants (and the ``Const`` ops): Grappler folds them, and drops the
+    control edges they would send (seen: the GPT's position embedding's copy, gated by an op of its
+    constant indices, left the host at the step's start)."""
+    dag, found = model.dag, set()
+    for n in nx.topological_sort(dag):
+        preds = dag.pred[n]
+        if dag.nodes[n]["type"] == "Const" or (preds and all(u in found for u in preds)):
+            found.add(n)
+    return found
+
+
+def _near_inputs(model: GraphModel, consumers: list[str], hops: int = NEAR) -> set[str]:
+    """The ops within ``hops`` data edges upstream of ``consumers``: never their trigger. Grappler's
+    remapper and oneDNN fuse an op with the ops that read it (``Conv2D`` + ``BiasAdd`` + ``Relu``,
+    ``MatMul`` + ``BiasAdd``): a trigger fused with a consumer of its own copy would wait for itself
+    (seen: the small CNN's step hung with a kernel's ``Conv2D`` triggering its bias's copy)."""
+    dag, found, frontier = model.dag, set(), list(consumers)
+    for _ in range(hops):
+        frontier = [u for n in frontier for u, e in dag.pred[n].items() if not e["control"] and u not in found]
+        found.update(frontier)
+    return found
+
+
 def _trigger(model: GraphModel, consumer: str, target: int, on_host: set[str]) -> str | None:
     """The trigger of a group whose first reader is ``consumer``: its lowest-level device ancestor
-    at level ``target`` or above; when there is none, its highest-level device ancestor below;
+    (not in ``on_host``, which holds the ops ruled out) at level ``target`` or above; when there is
+    none, its highest-level device ancestor below;
     ``None`` when it has no device ancestor (the group's copy is then sent at the step's start)."""
     dag = model.dag
     nodes = dag.nodes
