@@ -284,15 +284,17 @@ def offload_gpt(
     seq: int = 64,
     offload: bool | str = False,
     steps: int = 3,
-    budget: str = "64GiB",
+    budget: str | None = "64GiB",
     min_bytes: int | None = None,
+    serialize: bool | None = None,
 ) -> dict[str, Any]:
     """The GPT of tflms.testing.zoo with ``layers`` blocks, Adam: one warm-up step and ``steps`` more,
     plain (``tf.function``, the Adam state beside the weights) or with ``offload="optimizer"``
     (``offload=True`` too: the state made on the host worker) or ``offload="weights"`` (the
     model made there as well), through ``tflms.function`` with
     ``budget`` (by default one that swaps nothing: the offload alone; a lower one swaps activations
-    too, those of ``min_bytes`` or more when given). Returns ``losses``, the steady-state measured
+    too, and ``None`` every candidate; those of ``min_bytes`` or more when given, with the
+    memory-aware schedule unless ``serialize=False``). Returns ``losses``, the steady-state measured
     ``peak`` (warm-up excluded), the ``predicted`` peak of the step that ran, the median
     ``step_seconds`` and the weights' bytes."""
     import time
@@ -313,6 +315,7 @@ def offload_gpt(
         x, y = tf.identity(x), tf.identity(y)
     if offload:
         knobs = {} if min_bytes is None else {"min_bytes": min_bytes}
+        knobs.update({} if serialize is None else {"serialize": serialize})
         run = tflms.function(step, device=testbed.DEVICE, host=testbed.HOST, offload=offload, budget=budget, **knobs)
         predicted = run.get_plan(x, y).peak_bytes_after
     else:
@@ -328,7 +331,9 @@ def offload_gpt(
             seconds.append(time.perf_counter() - start)
             peaks.append(testbed.memory()["peak"])
     weights = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
+    plan = run.get_plan(x, y) if offload else None
     return {
+        "swaps": 0 if plan is None else len(plan.swaps),
         "losses": losses,
         "peak": max(peaks[1:]),
         "peaks": peaks,

@@ -340,7 +340,8 @@ class LMSFunction:
             if getattr(python_function, "_jit_compile", None) and config.offload:
                 raise ValueError(
                     f"offload={config.offload!r} cannot place the update of a tf.function compiled with XLA: XLA "
-                    "compiles the whole step for one device. Pass the plain function or tf.function(fn, jit_compile=False). "
+                    "compiles the whole step for one device. Pass the plain function or "
+                    "tf.function(fn, jit_compile=False). "
                     f"Received: offload={config.offload!r} with fn={python_function!r} and jit_compile=True"
                 )
             if getattr(python_function, "_jit_compile", None):
