@@ -1,4 +1,5 @@
-"""``offload="optimizer"``: the optimizer's state and its update on the host, decided on the graph model.
+"""``offload="optimizer"`` (and ``"weights"``): the optimizer's state and its update on the host, decided
+on the graph model.
 
 What the step looks like with the optimizer offloaded (:func:`offload_decisions` decides it from
 the step alone, so a plan's ``offload`` option is enough to make it again):
@@ -22,6 +23,13 @@ rewrite places the same ops on the TensorFlow graph (:func:`tflms.rewrite.apply.
 Each tensor that a device op reads from the host (a weight's change, SGD's momentum) is received
 by a ``_Recv`` op of the model on the device, which holds it until its assign. Not modelled: a
 gradient held on the device after its last reader until the link has sent it.
+
+With ``offload="weights"`` (``offload_decisions(model, weights=True)``) the weights, their reads
+and their assigns go to the host as well, and each weight reaches the device through host-gated
+copies (:attr:`OffloadDecisions.transfers`, made by :mod:`tflms.plan.passes.offload_weights`):
+:func:`with_offload` adds, per copy, the host ``Identity`` that waits for its trigger and the device
+op that receives it (a ``_Recv`` named as the rewrite's landing), which the simulator allocates from
+the copy's arrival to its group's last reader.
 
 Example on a hand-built step (a weight ``w`` read by the forward pass, its slot ``m`` read and
 written only by the update):
