@@ -74,8 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     cap = parse_bytes(args.cap, "cap")
     modes = [None if o == "none" else o for o in args.offloads]
     rows = [_run(depth, offload, cap, args) for depth in args.depths for offload in modes]
-    if args.keep and RESULT.exists():
-        saved = json.loads(RESULT.read_text())
+    saved = json.loads(RESULT.read_text()) if args.keep and RESULT.exists() else {"rows": [], "notes": []}
+    if args.keep:
         run = {(r["depth"], r["offload"]) for r in rows}
         rows = [r for r in saved["rows"] if (r["depth"], r["offload"]) not in run and not r.get("reference")] + rows
         rows += [r for r in saved["rows"] if r.get("reference") and r.get("reference_for") not in modes]
@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     deepest = {o: max((d for d, m in trained if m == o), default=None) for o in (None, "optimizer", "weights")}
     params = {r["depth"]: r["weight_bytes"] // 4 for r in rows if "weight_bytes" in r}
     notes = []
+    if args.keep:  # what the kept references showed
+        notes += [n for n in saved["notes"] if n.startswith("losses of") and not any(repr(m) in n for m in modes)]
     for offload in [m for m in modes if m is not None and deepest[m] is not None and not args.no_reference]:
         reference = _run(deepest[offload], None, None, args)
         reference["reference"] = f"uncapped plain run of the deepest model offload={offload!r} trains"
