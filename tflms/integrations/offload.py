@@ -180,7 +180,8 @@ def place_weights(model: Any, host: str) -> list[Any]:
             )
     else:
         optimizer = getattr(model, "optimizer", None)
-        if optimizer is not None and getattr(optimizer, "built", False):
+        away = [v for v in model.trainable_variables if not same_device(v.value.device, host)]
+        if away and optimizer is not None and getattr(optimizer, "built", False):  # a second fit passes
             raise ValueError(
                 "offload='weights' must move the weights before the optimizer is built (Keras's optimizer "
                 "knows each variable by its tf.Variable), but the model's optimizer is built. Call "
