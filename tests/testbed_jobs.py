@@ -279,13 +279,24 @@ def gpt_steps(batch: int = 8, steps: int = 2, options: dict[str, Any] | None = N
 
 
 def offload_gpt(
-    layers: int = 8, batch: int = 2, seq: int = 64, offload: bool = False, steps: int = 3
+    layers: int = 8,
+    batch: int = 2,
+    seq: int = 64,
+    offload: bool | str = False,
+    steps: int = 3,
+    budget: str | None = "64GiB",
+    min_bytes: int | None = None,
+    serialize: bool | None = None,
 ) -> dict[str, Any]:
     """The GPT of tflms.testing.zoo with ``layers`` blocks, Adam: one warm-up step and ``steps`` more,
-    plain (``tf.function``, the Adam state beside the weights) or with ``offload="optimizer"`` (the
-    state made on the host worker, ``tflms.function`` with a budget that swaps nothing: the offload
-    alone). Returns ``losses``, the steady-state measured ``peak`` (warm-up excluded), the
-    ``predicted`` peak of the step that ran, the median ``step_seconds`` and the weights' bytes."""
+    plain (``tf.function``, the Adam state beside the weights) or with ``offload="optimizer"``
+    (``offload=True`` too: the state made on the host worker) or ``offload="weights"`` (the
+    model made there as well), through ``tflms.function`` with
+    ``budget`` (by default one that swaps nothing: the offload alone; a lower one swaps activations
+    too, and ``None`` every candidate; those of ``min_bytes`` or more when given, with the
+    memory-aware schedule unless ``serialize=False``). Returns ``losses``, the steady-state measured
+    ``peak`` (warm-up excluded), the ``predicted`` peak of the step that ran, the median
+    ``step_seconds`` and the weights' bytes."""
     import time
 
     import numpy as np
@@ -295,10 +306,17 @@ def offload_gpt(
     from tflms import testbed
     from tflms.testing.zoo import build
 
+    offload = "optimizer" if offload is True else (offload or None)
     tf.config.experimental.enable_op_determinism()
-    model, x, y, step = build("gpt", batch, seq, layers=layers, offload_host=testbed.HOST if offload else None)
+    # offload="weights": the model is made on the host worker (its weights may not fit the device).
+    with tf.device(testbed.HOST if offload == "weights" else testbed.DEVICE):
+        model, x, y, step = build("gpt", batch, seq, layers=layers, offload_host=testbed.HOST if offload else None)
+    with tf.device(testbed.DEVICE):
+        x, y = tf.identity(x), tf.identity(y)
     if offload:
-        run = tflms.function(step, device=testbed.DEVICE, host=testbed.HOST, offload="optimizer", budget="64GiB")
+        knobs = {} if min_bytes is None else {"min_bytes": min_bytes}
+        knobs.update({} if serialize is None else {"serialize": serialize})
+        run = tflms.function(step, device=testbed.DEVICE, host=testbed.HOST, offload=offload, budget=budget, **knobs)
         predicted = run.get_plan(x, y).peak_bytes_after
     else:
         run = tf.function(step)
@@ -313,7 +331,9 @@ def offload_gpt(
             seconds.append(time.perf_counter() - start)
             peaks.append(testbed.memory()["peak"])
     weights = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
+    plan = run.get_plan(x, y) if offload else None
     return {
+        "swaps": 0 if plan is None else len(plan.swaps),
         "losses": losses,
         "peak": max(peaks[1:]),
         "peaks": peaks,

@@ -215,8 +215,8 @@ DEVICE_FLOPS = 50e12
 TRIGGER_RULES = ("levels", "timeline")
 #: Values of ``on_budget_miss``.
 BUDGET_MISS_ACTIONS = ("raise", "best")
-#: Values of ``offload``: what lives on the host besides swapped tensors (``"weights"`` is not available yet).
-OFFLOAD_VALUES = (None, "optimizer")
+#: Values of ``offload``: what lives on the host besides swapped tensors.
+OFFLOAD_VALUES = (None, "optimizer", "weights")
 #: Knobs that change how a rewritten step is called, not the plan: not in a plan's options.
 CALL_KNOBS = ("manual_memory_optimizer", "layout_optimizer")
 
@@ -443,6 +443,9 @@ class LMSConfig:
         offload: ``None`` (default) or ``"optimizer"``: the optimizer's state (its slot variables)
             lives on ``host``, its update runs there, each gradient is sent there as the backward
             pass makes it and each weight's change comes back (:mod:`tflms.plan.passes.offload`).
+            ``"weights"``: the weights (trainable variables) live on ``host`` too, and each comes
+            to the device for its forward use and again for its backward use, host-gated, a few
+            levels ahead (:mod:`tflms.plan.passes.offload_weights`).
         devices: ``None`` (default: one device) or two or more device strings: the step's ops are
             placed on them in stages (:mod:`tflms.plan.passes.place`), ``devices[0]`` holding the
             variables and the step's arguments; then nothing is swapped.
@@ -463,13 +466,8 @@ class LMSConfig:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        if self.offload == "weights":
-            raise ValueError(
-                "offload='weights' is not available yet: only the optimizer's state can live on the host. "
-                "Pass offload='optimizer' or offload=None. Received: offload='weights'"
-            )
         if not isinstance(self.offload, (str, type(None))) or self.offload not in OFFLOAD_VALUES:
-            raise ValueError(f"offload must be None or 'optimizer'. {_received('offload', self.offload)}")
+            raise ValueError(f"offload must be None, 'optimizer' or 'weights'. {_received('offload', self.offload)}")
         set_(self, "device", _check_device("device", self.device, allow_none=True))
         set_(self, "host", _check_device("host", self.host, allow_none=False))
         if self.device is not None and devices.same_device(self.device, self.host):

@@ -251,7 +251,7 @@ def _refuse_xla(concrete_function: Any, config: LMSConfig | None = None) -> None
         refuse_xla(config, tfi.must_compile_with_xla(concrete_function), repr(concrete_function.name.decode()))
     if config is not None and config.offload and tfi.must_compile_with_xla(concrete_function):
         raise ValueError(
-            "offload='optimizer' cannot place the update of a step compiled with XLA: XLA compiles the whole "
+            f"offload={config.offload!r} cannot place the update of a step compiled with XLA: XLA compiles the whole "
             "step for one device. Trace it without XLA: tf.function(step) or tf.function(step, "
             f"jit_compile=False). Received: offload={config.offload!r} with jit_compile=True"
         )
@@ -297,7 +297,7 @@ def _optimize(
     new_graph = tfi.copy_graph(concrete_function) if copy else graph
     new_graph.name = f"{graph.name}_tflms"
     if offload is not None:
-        apply_offload(new_graph, offload.ops, config.host)
+        apply_offload(new_graph, offload.ops, config.host, offload.transfers, device)
     counts = apply_plan(new_graph, plan, device=device, host=config.host)
     new_cf = tfi.rebuild(concrete_function, new_graph)
     _REWRITTEN[new_cf] = plan
@@ -317,14 +317,17 @@ def _optimize(
 
 
 def _offload(model: GraphModel, graph: Any, config: LMSConfig) -> OffloadDecisions | None:
-    """The placements of ``offload="optimizer"`` (checked against where the optimizer's state
-    lives), or ``None`` without an offload."""
+    """The placements of ``offload="optimizer"`` or ``"weights"`` (checked against where the
+    optimizer's state and the weights live), or ``None`` without an offload."""
     if config.offload is None:
         return None
-    from .offload import check_state_on_host
+    from .offload import check_state_on_host, check_weights_on_host
 
-    decisions = offload_decisions(model)
-    check_state_on_host(graph, decisions.variables, config.host)
+    decisions = offload_decisions(model, weights=config.offload == "weights")
+    weights = set(decisions.weights)
+    check_state_on_host(graph, [t for t in decisions.variables if t not in weights], config.host)
+    if weights:
+        check_weights_on_host(graph, decisions.weights, config.host)
     return decisions
 
 
@@ -351,8 +354,9 @@ class LMSFunction:
                 refuse_xla(config, bool(getattr(python_function, "_jit_compile", None)), f"fn={python_function!r}")
             if getattr(python_function, "_jit_compile", None) and config.offload:
                 raise ValueError(
-                    "offload='optimizer' cannot place the update of a tf.function compiled with XLA: XLA compiles "
-                    "the whole step for one device. Pass the plain function or tf.function(fn, jit_compile=False). "
+                    f"offload={config.offload!r} cannot place the update of a tf.function compiled with XLA: XLA "
+                    "compiles the whole step for one device. Pass the plain function or "
+                    "tf.function(fn, jit_compile=False). "
                     f"Received: offload={config.offload!r} with fn={python_function!r} and jit_compile=True"
                 )
             if getattr(python_function, "_jit_compile", None):

@@ -187,7 +187,10 @@ class LMSCallback(keras.callbacks.Callback):
             callback builds the model's optimizer with its state on the host at train begin
             (:func:`tflms.build_optimizer`; the Keras 3 optimizers checked are
             :data:`tflms.integrations.offload.CHECKED_OPTIMIZERS`), and the
-            optimizer's update runs there (:mod:`tflms.plan.passes.offload`).
+            optimizer's update runs there (:mod:`tflms.plan.passes.offload`). With
+            ``offload="weights"`` it first moves the model's trainable variables to the host
+            (:func:`tflms.integrations.offload.place_weights`; the model must fit the device
+            once, as built, and its optimizer must not be built yet).
 
     Epoch logs (Keras ``logs``, hence ``History`` and the progress bar): where the
     compute device reports its memory (``tf.config.experimental.get_memory_info``:
@@ -267,6 +270,12 @@ class LMSCallback(keras.callbacks.Callback):
         self._profiled = False  # op_profile="auto": the first call has been profiled
         self._measured_device: str | None = None  # device whose peak this epoch's logs report
         self._mode: Any = OneProcess()
+        if horovod and self.config.offload == "weights":
+            raise ValueError(
+                "offload='weights' is not available with horovod=True yet: each rank's weights would live on its "
+                "host and its copies be averaged there. Pass offload='optimizer' (averaged on the host) or None. "
+                "Received: offload='weights'"
+            )
         if horovod:
             from .horovod.fit import HorovodFit  # imports Horovod's integration only when asked
 
@@ -410,11 +419,14 @@ class LMSCallback(keras.callbacks.Callback):
 
     def _build_optimizer(self, model: keras.Model) -> None:
         """``offload="optimizer"``: build the model's optimizer with its slots on the host, before
-        Keras first traces the step (it would build it there, beside the weights)."""
+        Keras first traces the step (it would build it there, beside the weights);
+        ``offload="weights"``: move the trainable variables to the host first."""
         from .function import check_host
-        from .offload import build_optimizer
+        from .offload import build_optimizer, place_weights
 
         check_host(self.config)
+        if self.config.offload == "weights":
+            place_weights(model, self.config.host)
         build_optimizer(model.optimizer, model.trainable_variables, self.config.host)
 
     def _build(self, model: keras.Model, keras_function: Callable[[Any], Any], lms: bool = True) -> _Installation:
@@ -555,7 +567,10 @@ def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
         + (f"; {_count(len(plan.orders), 'ordering edge')}" if plan.orders else "")
         + (f"; {_count(len(plan.sums), 'sum')} added as the terms arrive" if plan.sums else "")
         + (f"; {_count(len(plan.tiles), 'tile')} left out" if plan.tiles else "")
-        + ("; the optimizer's state and update on the host" if plan.options.get("offload") else ""),
+        + {
+            "optimizer": "; the optimizer's state and update on the host",
+            "weights": "; the weights, the optimizer's state and update on the host",
+        }.get(plan.options.get("offload"), ""),
         f"predicted device peak (simulator): {format_bytes(before)} -> {format_bytes(after)} "
         f"({abs(less):.0f}% {'less' if less >= 0 else 'more'})"
         + (f"; measured peak of the first step: {format_bytes(measured_peak)}" if measured_peak else "")

@@ -122,26 +122,64 @@ def is_rewritten(graph: Any) -> bool:
     )
 
 
-def apply_offload(graph: Any, ops: Any, host: str) -> int:
+def apply_offload(graph: Any, ops: Any, host: str, transfers: Any = (), device: str | None = None) -> int:
     """Place the update ops ``ops`` (names, :attr:`tflms.plan.passes.offload.OffloadDecisions.ops`)
-    of ``graph`` on ``host``, in place, for ``offload="optimizer"``; return how many were placed.
+    of ``graph`` on ``host``, in place, for ``offload="optimizer"`` or ``"weights"``; return how
+    many were placed.
 
     Each op is marked ``_tflms_swap="offload"``. The ops on variables (reads, assigns) are not
     given a device: TensorFlow's placer puts each beside its variable, so a weight's assign stays
-    on the device and reads the change computed on the host.
+    beside the weight and reads the change computed on the host.
+
+    ``transfers`` (:attr:`~tflms.plan.passes.offload.OffloadDecisions.transfers`, with
+    ``offload="weights"``): for each swap-in of each, a host ``Identity`` (the send, named
+    :func:`tflms.plan.passes.offload_weights.weight_in_name`) reads the weight's host tensor with a
+    control input from the swap-in's trigger, and an ``Identity`` on ``device`` (the landing,
+    :func:`tflms.plan.passes.offload.weight_landing_name`) reads it; the group's consumers are
+    rewired to the landing. The gate sits on the host side of the transfer, as a swap-in's does
+    (see the module doc), so the copy leaves the host only after the trigger ran.
     """
-    for name in ops:
+    from ..plan.passes.offload import weight_landing_name
+    from ..plan.passes.offload_weights import weight_in_name
+
+    def op_named(name: str) -> Any:
         try:
-            op = graph.get_operation_by_name(name)
+            return graph.get_operation_by_name(name)
         except (KeyError, ValueError):
             raise ValueError(
-                f"offload='optimizer' does not fit this function: no op {name!r}. Decide it on the same traced "
+                f"offload does not fit this function: no op {name!r}. Decide it on the same traced "
                 f"function. Received: graph {graph.name!r}"
             ) from None
+
+    for name in ops:
+        op = op_named(name)
         tfi.set_device(op, host)
         tfi.set_attr(op, SWAP_ATTR, "offload")
-    if ops:
-        log.info("tflms offload on %s: %d update ops placed on %s", graph.name, len(ops), host)
+    n_in = 0
+    for swap in transfers:
+        tensor = op_named(swap.producer).outputs[int(swap.tensor.rpartition(":")[2])]
+        for k, swap_in in enumerate(swap.swap_ins):
+            with graph.as_default(), tf.control_dependencies(None):
+                with tf.device(host):
+                    send = tf.identity(tensor, name=weight_in_name(swap.tensor, k))
+                with tf.device(device or ""):
+                    land = tf.identity(send, name=weight_landing_name(swap.tensor, k))
+            for op, kind in ((send.op, "offload"), (land.op, "landing")):
+                tfi.set_attr(op, "_grappler_do_not_remove", True)
+                tfi.set_attr(op, SWAP_ATTR, kind)
+            if swap_in.trigger is not None:
+                tfi.add_control_input(send.op, op_named(swap_in.trigger))
+            for op_name, index in swap_in.consumers:
+                consumer = op_named(op_name)
+                if index >= len(consumer.inputs) or consumer.inputs[index].name != tensor.name:
+                    raise ValueError(
+                        f"offload does not fit this function: input {index} of {op_name!r} is not {swap.tensor!r}. "
+                        f"Decide it on the same traced function. Received: graph {graph.name!r}"
+                    )
+                tfi.update_input(consumer, index, land)
+            n_in += 1
+    if ops or n_in:
+        log.info("tflms offload on %s: %d ops placed on %s, %d weight copies gated", graph.name, len(ops), host, n_in)
     return len(ops)
 
 
