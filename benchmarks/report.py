@@ -1009,9 +1009,10 @@ SECTIONS: list[tuple[str, str, str]] = [
     (
         "offload_capacity",
         "Deeper models with the optimizer on the host (test bed)",
-        'A GPT-style decoder of growing depth under one real cap, plain and with `offload="optimizer"` '
-        "(Adam's slots and update on the host; `benchmarks/offload_capacity.py`), each row a fresh measured "
-        "process, and the deepest offloaded model once more without a cap: its losses are the reference. "
+        'A GPT-style decoder of growing depth under one real cap, plain, with `offload="optimizer"` '
+        '(Adam\'s slots and update on the host) and with `offload="weights"` (the weights there too; '
+        "`benchmarks/offload_capacity.py`), each row a fresh measured process, and the deepest offloaded models "
+        "once more without a cap: their losses are the reference. "
         "**Measured (test bed)** against **predicted**; step times share the 2 CPU cores with the host "
         "process.",
     ),

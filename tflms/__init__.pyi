@@ -4,7 +4,7 @@ from .emulate.simulator import MemoryProfile, Simulator, simulate
 from .errors import BudgetError, LMSWarning, TflmsError
 from .integrations.function import LMSFunction, function, manual_memory_optimizer, optimize, resolve_device
 from .integrations.keras import LMSCallback
-from .integrations.offload import build_optimizer
+from .integrations.offload import build_optimizer, place_weights
 from .ir.graph import GraphModel
 from .plan.capacity import BatchSizeResult, max_batch_size
 from .plan.planner import make_plan
