@@ -37,16 +37,20 @@ class Setup:
             v.assign(value)
 
     def step_fn(self) -> Callable:
-        model, loss_fn, opt = self.model, self.loss, self.optimizer
+        return train_step_of(self.model, self.loss, self.optimizer)
 
-        def train_step(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
 
-        return train_step
+def train_step_of(model: keras.Model, loss_fn: Callable, optimizer: keras.optimizers.Optimizer) -> Callable:
+    """The training step the tests rewrite: forward under a tape, gradients, ``apply_gradients``."""
+
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return train_step
 
 
 def run_steps(setup: Setup, step: Callable, n: int = 3, device: str | None = "/device:CPU:1"):

@@ -92,3 +92,9 @@ def test_fit_profiles_the_first_step_and_trains_bit_identically(profiled_calls):
 def test_bad_op_profile_is_one_clear_error():
     with pytest.raises(ValueError, match=r"op_profile must be .*'auto'.*Received: op_profile=3"):
         tflms.LMSConfig(op_profile=3)
+
+
+def test_auto_profile_with_horovod_is_refused():
+    """Each rank would plan again from its own times: the ranks' plans could differ."""
+    with pytest.raises(ValueError, match=r"op_profile='auto' is not available with horovod=True.*Received: op_"):
+        tflms.LMSCallback(op_profile="auto", horovod=True)

@@ -21,6 +21,7 @@ from tflms.ir.graph import GraphModel
 from tflms.plan.passes.offload import offload_decisions
 from tflms.testing.zoo import MODELS
 
+import zoo
 from conftest import DEVICE, HOST
 
 pytestmark = pytest.mark.integration
@@ -68,16 +69,7 @@ class Setup:
             v.assign(value)
 
     def step_fn(self, optimizer):
-        model, loss_fn = self.model, self.loss_fn
-
-        def train_step(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
-        return train_step
+        return zoo.train_step_of(self.model, self.loss_fn, optimizer)
 
     def run(self, name: str, offload: bool, **options):
         """Losses and final variables of ``STEPS`` steps, and the (rewritten) step."""

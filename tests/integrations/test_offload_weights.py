@@ -18,6 +18,7 @@ from tflms.integrations.offload import place_weights
 from tflms.ir.devices import same_device
 from tflms.testing.zoo import MODELS, _gpt
 
+import zoo
 from conftest import DEVICE, HOST
 
 pytestmark = pytest.mark.integration
@@ -56,16 +57,7 @@ class Setup:
             v.assign(value)
 
     def step_fn(self, optimizer):
-        model, loss_fn = self.model, self.loss_fn
-
-        def train_step(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
-
-        return train_step
+        return zoo.train_step_of(self.model, self.loss_fn, optimizer)
 
     def run(self, name: str, offload: str | None, **options):
         self.reset()
@@ -206,7 +198,7 @@ def test_a_batchnorm_models_moving_statistics_stay_on_the_device():
             with tf.device(DEVICE):
                 optimizer.build(model.trainable_variables)
 
-        train_step = _step(model, loss_fn, optimizer)
+        train_step = zoo.train_step_of(model, loss_fn, optimizer)
         step = (
             tflms.function(train_step, device=DEVICE, host=HOST, offload=offload, **ROOMY)
             if offload
@@ -219,17 +211,6 @@ def test_a_batchnorm_models_moving_statistics_stay_on_the_device():
     assert frozen and all(same_device(v.value.device, DEVICE) for v in frozen)
     assert all(same_device(v.value.device, HOST) for v in model.trainable_variables)
     _assert_same(out[0], out[1])
-
-
-def _step(model, loss_fn, optimizer):
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    return train_step
 
 
 # -- errors ---------------------------------------------------------------------------------------

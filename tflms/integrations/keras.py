@@ -270,6 +270,13 @@ class LMSCallback(keras.callbacks.Callback):
         self._profiled = False  # op_profile="auto": the first call has been profiled
         self._measured_device: str | None = None  # device whose peak this epoch's logs report
         self._mode: Any = OneProcess()
+        if horovod and self.config.knobs.op_profile == "auto":
+            raise ValueError(
+                "op_profile='auto' is not available with horovod=True: each rank would profile its own first step "
+                "and plan again from its own times, so the ranks' plans could differ. Profile one rank's step "
+                "(tflms.testing.profile.profile_ops(...).save(path)) and pass op_profile=path on every rank. "
+                "Received: op_profile='auto'"
+            )
         if horovod and self.config.offload == "weights":
             raise ValueError(
                 "offload='weights' is not available with horovod=True yet: each rank's weights would live on its "
