@@ -147,9 +147,9 @@ def prepare(
 def replay(model: GraphModel, plan: SwapPlan) -> GraphModel:
     """``model`` (the step ``plan`` was made from) as the plan changes it before swapping: the
     offload of its options first (``offload="optimizer"`` or ``"weights"``:
-    :mod:`tflms.plan.passes.offload`, which the planner ran on the step before any pass), then every pass's decisions in registry order,
-    then the placement (``devices=[...]``: each op's ``device`` its stage's, :mod:`tflms.plan.passes.place`).
-    The simulator runs the swaps on it."""
+    :mod:`tflms.plan.passes.offload`, which the planner ran on the step before any pass), then
+    every pass's decisions in registry order, then the placement (``devices=[...]``: each op's
+    ``device`` its stage's, :mod:`tflms.plan.passes.place`). The simulator runs the swaps on it."""
     offload = plan.options.get("offload")
     if offload in ("optimizer", "weights"):
         decisions = offload_decisions(model, weights=offload == "weights")
