@@ -370,22 +370,22 @@ def _acyclic(sim: Simulator, swaps: Sequence[Swap], orders: Sequence[Order]) -> 
     return not any(_closes_cycle(dag, edges) for dag in dags)
 
 
-#: Per DAG: (node count, edge count, each op's index in a topological order of it; None if it has
-#: a cycle). A model's DAG is not edited once made (an order makes a new one); the counts are a guard.
-_TOPO: weakref.WeakKeyDictionary[nx.DiGraph, tuple[int, int, dict[str, int] | None]] = weakref.WeakKeyDictionary()
+#: Per DAG: (node count when made, each op's index in a topological order of it; None if it has a
+#: cycle). A model's DAG is not edited once made (an order makes a new one, :func:`with_orders`); the
+#: node count is a cheap guard (as for the fused pairs of :mod:`tflms.emulate.fusion`).
+_TOPO: weakref.WeakKeyDictionary[nx.DiGraph, tuple[int, dict[str, int] | None]] = weakref.WeakKeyDictionary()
 
 
 def _topo_index(dag: nx.DiGraph) -> dict[str, int] | None:
     """Each op's index in a topological order of ``dag`` (kept per DAG); None if ``dag`` has a cycle."""
-    size = (dag.number_of_nodes(), dag.number_of_edges())
     known = _TOPO.get(dag)
-    if known is not None and known[:2] == size:
-        return known[2]
+    if known is not None and known[0] == dag.number_of_nodes():
+        return known[1]
     try:
         index: dict[str, int] | None = {op: i for i, op in enumerate(nx.topological_sort(dag))}
     except nx.NetworkXUnfeasible:
         index = None
-    _TOPO[dag] = (*size, index)
+    _TOPO[dag] = (dag.number_of_nodes(), index)
     return index
 
 
