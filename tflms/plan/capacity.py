@@ -157,10 +157,8 @@ def max_batch_size(
     def planned_of(batch: int) -> Simulator:
         """A simulator of the step the bound is searched on: the policy's passes that change what
         the step holds (split sums, tiles left out) applied, as the planner applies them. Those two
-        passes read no simulator (each makes one of the step it changes, which is returned): one is
-        made here only where neither changed the step."""
-        planned, sim, _ = prepare(graph_of(batch), cfg, None, only=("split_sums", "drop_tiles"))  # type: ignore[arg-type]
-        return sim if sim is not None else Simulator(planned, cfg.host)
+        passes read no simulator: one is made of the last step only (``prepare`` without one)."""
+        return prepare(graph_of(batch), cfg, None, only=("split_sums", "drop_tiles"))[1]
 
     plain_fits: dict[int, bool] = {}  # per batch size: the plain step fits
     lms_fits: dict[int, bool] = {}  # per batch size: the plain step or some plan of the autotuner fits
@@ -184,7 +182,8 @@ def max_batch_size(
 
             def some_plan_fits() -> bool:
                 model = graph_of(batch)  # made again: the plain step's model is not kept
-                model, sim, *_ = prepare(model, cfg, Simulator(model, cfg.host))  # the step make_plan plans on
+                # The step make_plan plans on; one simulator, of it (none of the steps before each pass).
+                model, sim, *_ = prepare(model, cfg, None)
                 if sim.floor()[0] <= budget:  # else no plan's peak is below it: nothing to search
                     # The plans of step 5 that fitted at the last batch sizes are tried first (they
                     # often fit again): the answer is the search's either way (serialized_search's ``first``).

@@ -57,7 +57,7 @@ __all__ = ["PASSES", "Pass", "op_count_change", "prepare", "replay"]
 log = logging.getLogger("tflms.passes")
 
 #: ``(model, config, simulator of it) -> (model with the pass applied, its decisions, simulator of that)``.
-Prepare = Callable[[GraphModel, LMSConfig, Simulator], tuple[GraphModel, tuple, Simulator]]
+Prepare = Callable[[GraphModel, LMSConfig, Simulator | None], tuple[GraphModel, tuple, Simulator | None]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,19 +83,28 @@ class Pass:
 def _resimulated(
     pass_: Callable[[GraphModel], tuple[GraphModel, list]],
 ) -> Prepare:
-    def prepare(model: GraphModel, config: LMSConfig, sim: Simulator) -> tuple[GraphModel, tuple, Simulator]:
+    def prepare(
+        model: GraphModel, config: LMSConfig, sim: Simulator | None
+    ) -> tuple[GraphModel, tuple, Simulator | None]:
         new, decisions = pass_(model)
-        return new, tuple(decisions), Simulator(new, config.host) if decisions else sim
+        if not decisions:
+            return new, (), sim
+        # Without a simulator to keep up to date (sim None), none is made: prepare makes one at the end.
+        return new, tuple(decisions), Simulator(new, config.host) if sim is not None else None
 
     return prepare
 
 
-def _prepare_recompute(model: GraphModel, config: LMSConfig, sim: Simulator) -> tuple[GraphModel, tuple, Simulator]:
+def _prepare_recompute(
+    model: GraphModel, config: LMSConfig, sim: Simulator | None
+) -> tuple[GraphModel, tuple, Simulator | None]:
     return _resimulated(lambda m: with_planned_recomputes(m, config))(model, config, sim)
 
 
-def _prepare_orders(model: GraphModel, config: LMSConfig, sim: Simulator) -> tuple[GraphModel, tuple, Simulator]:
-    return with_update_orders(model, sim)
+def _prepare_orders(
+    model: GraphModel, config: LMSConfig, sim: Simulator | None
+) -> tuple[GraphModel, tuple, Simulator | None]:
+    return with_update_orders(model, sim if sim is not None else Simulator(model, config.host))
 
 
 #: The passes, in the order in which they are decided before the swaps and applied.
@@ -127,12 +136,14 @@ def op_count_change(before: GraphModel, after: GraphModel) -> str:
 
 
 def prepare(
-    model: GraphModel, config: LMSConfig, sim: Simulator, only: Collection[str] | None = None
+    model: GraphModel, config: LMSConfig, sim: Simulator | None, only: Collection[str] | None = None
 ) -> tuple[GraphModel, Simulator, dict[str, tuple]]:
     """The step that swaps are planned on: ``model`` with the passes of ``config.policy`` that
     are decided before the swaps applied, in registry order (of them ``only`` those named, if
     given). Returns ``(model, a simulator of it, {plan field: decisions})``; ``sim``
-    (``model``'s) is returned when nothing changed."""
+    (``model``'s) is returned when nothing changed. With ``sim=None`` a simulator is made only
+    where a pass reads one, and once at the end (``Simulator(model, config.host)`` of the
+    result), not one per pass that changes the step: for callers that only need the last."""
     decided: dict[str, tuple] = {}
     for p in PASSES:
         if p.prepare is None or p.policy not in config.policy or (only is not None and p.name not in only):
@@ -141,7 +152,7 @@ def prepare(
         model, decisions, sim = p.prepare(model, config, sim)
         decided[p.field] = tuple(decisions)
         log.info("tflms pass %s on %s: %s", p.name, model.name, op_count_change(before, model))
-    return model, sim, decided
+    return model, sim if sim is not None else Simulator(model, config.host), decided
 
 
 def replay(model: GraphModel, plan: SwapPlan) -> GraphModel:

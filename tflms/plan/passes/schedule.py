@@ -53,7 +53,8 @@ with it as one kernel (:func:`tflms.ir.graph.fused_partners`): that would change
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
@@ -365,12 +366,88 @@ def _acyclic(sim: Simulator, swaps: Sequence[Swap], orders: Sequence[Order]) -> 
     for its trigger (edges the step's graph model does not have) and both graph models (as
     written, and as run after Grappler's push-down)."""
     edges = [(o.after, o.op) for o in orders] + _trigger_edges(swaps)
-    for dag in (sim.model.dag, sim.executed.dag):
-        g = nx.DiGraph(dag.edges)
-        g.add_edges_from(edges)
-        if not nx.is_directed_acyclic_graph(g):
-            return False
-    return True
+    dags = (sim.model.dag,) if sim.executed.dag is sim.model.dag else (sim.model.dag, sim.executed.dag)
+    return not any(_closes_cycle(dag, edges) for dag in dags)
+
+
+#: Per DAG: (node count when made, each op's index in a topological order of it; None if it has a
+#: cycle). A model's DAG is not edited once made (an order makes a new one, :func:`with_orders`); the
+#: node count is a cheap guard (as for the fused pairs of :mod:`tflms.emulate.fusion`).
+_TOPO: weakref.WeakKeyDictionary[nx.DiGraph, tuple[int, dict[str, int] | None]] = weakref.WeakKeyDictionary()
+
+
+def _topo_index(dag: nx.DiGraph) -> dict[str, int] | None:
+    """Each op's index in a topological order of ``dag`` (kept per DAG); None if ``dag`` has a cycle."""
+    known = _TOPO.get(dag)
+    if known is not None and known[0] == dag.number_of_nodes():
+        return known[1]
+    try:
+        index: dict[str, int] | None = {op: i for i, op in enumerate(nx.topological_sort(dag))}
+    except nx.NetworkXUnfeasible:
+        index = None
+    _TOPO[dag] = (dag.number_of_nodes(), index)
+    return index
+
+
+def _has_path(dag: nx.DiGraph, source: str, target: str) -> bool:
+    """``nx.has_path(dag, source, target)``, answered from a topological order of ``dag``
+    (:func:`_topo_index`): no path where ``source`` comes after ``target`` in it, else a search
+    that leaves out the ops after ``target``. The schedule's passes ask it many times of one DAG."""
+    index = _topo_index(dag)
+    if index is None or source not in index or target not in index:
+        return nx.has_path(dag, source, target)
+    limit = index[target]
+    if index[source] >= limit:
+        return source == target
+    succ = dag.succ
+    seen, stack = {source}, [source]
+    while stack:
+        for m in succ[stack.pop()]:
+            if m == target:
+                return True
+            if m not in seen and index[m] < limit:
+                seen.add(m)
+                stack.append(m)
+    return False
+
+
+def _closes_cycle(dag: nx.DiGraph, edges: Iterable[tuple[str, str]]) -> bool:
+    """Whether ``dag`` with ``edges`` added (``(before, after)`` pairs, ops outside ``dag``
+    included) has a cycle: none where each edge runs forward in a topological order of ``dag``
+    (:func:`_topo_index`); else a cycle of an acyclic ``dag`` passes through one of ``edges``, so
+    it lies among the ops the edges' ends reach: a topological sort of those (Kahn's) finds it."""
+    edges = list(edges)
+    index = _topo_index(dag)
+    if index is None:
+        return True
+    if all(u in index and v in index and index[u] < index[v] for u, v in edges):
+        return False
+    extra: dict[str, list[str]] = {}
+    for u, v in edges:
+        extra.setdefault(u, []).append(v)
+
+    def successors(n: str) -> list[str]:
+        return [*dag.succ[n], *extra.get(n, ())] if n in dag else extra.get(n, [])
+
+    indegree: dict[str, int] = {}
+    frontier = list({v for _, v in edges})
+    reached = set(frontier)
+    while frontier:  # the reached ops, and their in-degrees among them (repeated edges counted)
+        for m in successors(frontier.pop()):
+            indegree[m] = indegree.get(m, 0) + 1
+            if m not in reached:
+                reached.add(m)
+                frontier.append(m)
+    ready = [n for n in reached if n not in indegree]
+    done = 0
+    while ready:
+        n = ready.pop()
+        done += 1
+        for m in successors(n):
+            indegree[m] -= 1
+            if indegree[m] == 0:
+                ready.append(m)
+    return done < len(reached)
 
 
 def _room_orders(sim: Simulator, swaps: Sequence[Swap]) -> tuple[Order, ...]:
@@ -524,7 +601,7 @@ def _later_trigger(
                 model, [*((op, c) for c, _ in si.consumers), *(fused[1] if fused else ())], fused[0] if fused else ()
             )
         ):
-            return None if any(nx.has_path(model.dag, c, op) for c, _ in si.consumers) else op
+            return None if any(_has_path(model.dag, c, op) for c, _ in si.consumers) else op
     return None
 
 
