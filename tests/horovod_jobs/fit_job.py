@@ -229,7 +229,7 @@ def run_horovod(out: str, rank: int, size: int, report: dict, offload: str | Non
     model = compile_model(jobkit.build_cnn(rank_seed(rank)))
     x, y = shard(train_data(size), rank, size)
     val = shard(val_data(size), rank, size)
-    lms = lms_hvd.HorovodLMSCallback(verbose=True, **options)
+    lms = lms_hvd.HorovodLMSCallback(verbose=case == "horovod", **options)  # one case prints (test_only_rank_0_prints)
     pre, rec = Recorder.make(), Recorder.make()  # before and after the LMSCallback
     first = model.fit(
         x, y, batch_size=B, epochs=EPOCHS, shuffle=False, validation_data=val, callbacks=[pre, lms, rec]
