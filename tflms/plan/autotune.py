@@ -175,14 +175,12 @@ def _search(
             break
     if best is None:
         # The lowest accurate peak among the deepest prefixes of each grid entry (best fast peaks
-        # first); the one-step emulation is a lower bound of it, cheaper to compute.
+        # first); each emulation stops once it is over the lowest so far.
         lowest_swaps: list[Swap] = []
         lowest_knobs = None
         for fast, knobs, n in sorted(deepest):
             if fast >= lowest:
                 break
-            if sim.peak(grid[knobs][:n], steps=1, above=lowest) >= lowest:
-                continue
             peak = sim.peak(grid[knobs][:n], above=lowest)
             if peak < lowest:
                 lowest, lowest_swaps, lowest_knobs = peak, grid[knobs][:n], _tuned(config, budget, *knobs, n)
@@ -204,9 +202,9 @@ def _tuned(config: LMSConfig, budget: int, threshold: int, ahead: int, groupby: 
 
 
 def _fits(sim: Simulator, swaps: list[Swap], budget: int) -> bool:
-    """Whether the predicted peak of ``swaps`` is within ``budget``: the one-step emulation
-    first, a lower bound (:meth:`Simulator.peak`), so that most misses cost one step."""
-    return sim.peak(swaps, steps=1, above=budget) <= budget and sim.peak(swaps, above=budget) <= budget
+    """Whether the predicted peak of ``swaps`` is within ``budget`` (the emulation stops at the
+    first position over it, so that most misses cost part of one step)."""
+    return sim.peak(swaps, above=budget) <= budget
 
 
 #: The lowest plan of a search that found none within the budget: ``(knobs, orders, simulator)``.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -164,20 +165,33 @@ def max_batch_size(
     lms_fits: dict[int, bool] = {}  # per batch size: the plain step or some plan of the autotuner fits
     fitted: list[int] = []  # thresholds of the plans of step 5 that fitted at the last batch sizes, latest first
 
+    plain_peaks: dict[int, int] = {}  # per batch size: the plain step's predicted peak
+
+    def plain_peak(batch: int) -> int:
+        """The plain step's predicted peak at this batch size (what :func:`_largest_within` searches on)."""
+        if batch not in plain_peaks:
+            peak = [0]
+
+            def fits() -> bool:
+                peak[0] = Simulator(graph_of(batch), cfg.host).peak()
+                return peak[0] <= budget
+
+            plain_fits[batch] = _timed(batch, "without", fits)
+            plain_peaks[batch] = peak[0]
+        return plain_peaks[batch]
+
     def fits_without(batch: int) -> bool:
         """Whether the plain step fits at this batch size."""
         if batch not in plain_fits:
-            plain_fits[batch] = _timed(
-                batch, "without", lambda: Simulator(graph_of(batch), cfg.host).peak(above=budget) <= budget
-            )
-            if plain_fits[batch]:
-                lms_fits[batch] = True
+            plain_fits[batch] = Simulator(graph_of(batch), cfg.host).peak(above=budget) <= budget
         return plain_fits[batch]
 
     def fits_with(batch: int) -> bool:
         """Whether the plain step or some plan of the autotuner fits at this batch size: the
         autotuner's search runs only for the batch sizes the search with LMS asks about, and the
         plain step is checked where no plan fits (or known to fit from the search without LMS)."""
+        if batch not in lms_fits and batch <= max((b for b, fit in plain_fits.items() if fit), default=0):
+            lms_fits[batch] = True  # the plain step fits there (it fits at a batch at least as large)
         if batch not in lms_fits:
 
             def some_plan_fits() -> bool:
@@ -198,7 +212,7 @@ def max_batch_size(
             lms_fits[batch] = _timed(batch, "with", some_plan_fits)
         return lms_fits[batch]
 
-    without = largest_fitting(fits_without, limit, rel_tol)
+    without = _largest_within(plain_peak, budget, limit, rel_tol, start=32)
     with_lms = largest_fitting(fits_with, limit, rel_tol)
     return BatchSizeResult(
         budget=budget,
@@ -226,13 +240,69 @@ def batch_bound(step: Any, budget: int | str, *, host: str | None = None, limit:
 def _bound(simulator_of: Callable[[int], Simulator], budget: int, limit: int, start: int) -> int:
     """The largest batch whose step (``simulator_of(batch)``, a simulator of it) has a floor within ``budget``."""
 
-    def floor_fits(batch: int) -> bool:
+    def floor_of(batch: int) -> int:
         with paused_gc():
-            fits = simulator_of(batch).floor()[0] <= budget
-        log.info("max_batch_size: batch %d: the largest op's working set %s", batch, "fits" if fits else "does not fit")
-        return fits
+            floor = simulator_of(batch).floor()[0]
+        fits = "fits" if floor <= budget else "does not fit"
+        log.info("max_batch_size: batch %d: the largest op's working set %s", batch, fits)
+        return floor
 
-    return largest_fitting(floor_fits, limit, start=max(1, start))
+    return _largest_within(floor_of, budget, limit, start=max(1, start))
+
+
+def _largest_within(
+    value: Callable[[int], float], budget: int, limit: int, rel_tol: float = 0.0, start: int = 1
+) -> int:
+    """Largest b in [1, limit] with ``value(b) <= budget``, for a non-decreasing ``value``; 0 if none.
+
+    :func:`largest_fitting` with the values, not only whether they fit: the peaks and floors of a
+    step grow almost linearly with its batch size, so each probe is where a line through two known
+    values crosses ``budget`` (the last two probes, then the two ends of the bracket of what fits
+    and what does not). A probe on the same side as the one before is at least twice as far from
+    that side's end as the last step there (a gallop); once both ends are known, two probes that
+    did not halve the bracket are followed by a bisection. So the search needs a few probes near a
+    line, and at worst (a step function) up to about three times :func:`largest_fitting`'s.
+    ``rel_tol`` and ``start`` as there.
+
+    >>> _largest_within(lambda b: 3 * b + 7, budget=1000, limit=4096)
+    331
+    >>> _largest_within(lambda b: b * b, budget=1000, limit=100, start=64), _largest_within(lambda b: 9, 5, 100)
+    (31, 0)
+    """
+    lo, hi = 0, limit + 1  # lo fits (0: nothing known), hi does not (limit + 1: nothing known)
+    known: dict[int, float] = {}
+    b, last, gap = max(1, min(start, limit)), None, 1
+    mark, slow = None, 0  # the bracket's width when it was last halved; probes since
+    while hi - lo > max(1, int(lo * rel_tol)):
+        known[b] = v = value(b)
+        fits = v <= budget
+        if fits:
+            lo = b
+        else:
+            hi = b
+        if hi == 1:
+            return 0
+        gap = gap * 2 if fits == last else 1
+        last = fits
+        # The line: through the bracket's ends once both are known, else through the last two probes.
+        ends = (lo, hi) if lo in known and hi in known else tuple(list(known)[-2:])
+        guess = None
+        if len(ends) == 2 and known[ends[0]] != known[ends[1]]:
+            (b1, v1), (b2, v2) = ((e, known[e]) for e in ends)
+            guess = math.floor(b2 + (budget - v2) * (b2 - b1) / (v2 - v1))
+        if fits:  # the crossing, or further up than the last step up if the line says less
+            guess = max(guess or 0, lo + gap, 2 * lo if hi > limit and len(known) == 1 else 0)
+        else:
+            guess = min(hi if guess is None else guess, hi - gap, hi // 2 if lo == 0 and len(known) == 1 else hi)
+        if 0 < lo and hi <= limit:  # bracketed: bisect after two probes that did not halve it
+            if mark is None or hi - lo <= mark // 2:
+                mark, slow = hi - lo, 0
+            else:
+                slow += 1
+            if slow >= 2:
+                guess = (lo + hi) // 2
+        b = min(max(guess, lo + 1), hi - 1, limit)
+    return lo
 
 
 def _check_limit(limit: Any) -> None:
