@@ -11,6 +11,7 @@ are expected.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
@@ -54,12 +55,16 @@ def refuse_xla(config: LMSConfig, compiled: bool, what: str) -> None:
         )
 
 
-def placed_function(concrete_function: Any, model: GraphModel, config: LMSConfig, copy: bool) -> tuple[Any, SwapPlan]:
+def placed_function(
+    concrete_function: Any, model: GraphModel, config: LMSConfig, copy: bool, host_ops: Sequence[str] | None = None
+) -> tuple[Any, SwapPlan]:
     """``(new concrete function, plan)``: ``concrete_function`` (traced, with graph model ``model``)
     placed on ``config.devices``. ``copy=False`` places the ops of ``concrete_function.graph``
-    itself (see :func:`tflms.optimize`)."""
+    itself (see :func:`tflms.optimize`). Copy-only ops run on ``config.host`` where the placer
+    predicts that this lowers the largest device peak, or, with ``host_ops`` (names of
+    :func:`tflms.plan.passes.place.copy_ops`), those ops exactly."""
     check_devices_exist(config)
-    plan = placement_plan(model, config)
+    plan = placement_plan(model, config, host_ops)
     graph = concrete_function.graph
     new_graph = tfi.copy_graph(concrete_function) if copy else graph
     new_graph.name = f"{graph.name}_tflms"
