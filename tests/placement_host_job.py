@@ -5,7 +5,9 @@
 Run as ``python tests/placement_host_job.py MODEL [MODEL ...]`` (models of ``tests/zoo.py``); prints
 one JSON object per model on its own line, prefixed ``RESULT ``. Each model's step is placed on the
 two devices with the ``ConcatV2`` ops of its ``Concatenate`` layers and the ``Slice`` ops of their
-gradients on the host (``host_ops``, :func:`tflms.integrations.placement.placed_function`):
+gradients on the host (``host_ops``, :func:`tflms.integrations.placement.placed_function`). A model
+named ``swap:NAME`` is placed so too under a budget of 0.6 times the placement's largest predicted
+device peak (``on_budget_miss="best"``), so that swaps are planned and applied per device:
 
 * ``plain_losses``/``placed_losses`` and ``weights_differ``: 3 Adam steps of the plain step and of
   the placed one from the same initial state, and the variables (weights and optimizer state) that
@@ -14,7 +16,9 @@ gradients on the host (``host_ops``, :func:`tflms.integrations.placement.placed_
   TensorFlow ran (the partition graphs of the placed step's first call), each with the devices it
   ran on; ``misplaced``: placed ops that ran on another device than the plan says;
 * ``ran``: per device (host included), how many of the ops the plan puts there ran there;
-* the plan's stages (device, number of ops, predicted peak).
+* the plan's stages (device, number of ops, predicted peak); ``swapped``: per device, the tensors
+  whose swap-ins land there; ``swap_ops``: per kind (``out``, ``in``, ``landing``), how many ran
+  and how many ran on another device than the rewrite set (``swap_misplaced``).
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ import tensorflow as tf
 
 import tflms
 from tflms import _tf_internal as tfi
-from tflms.integrations.placement import placed_function
+from tflms.integrations.placement import device_plans, placed_function
 from tflms.ir.devices import same_device
-from tflms.plan.passes.place import copy_ops
+from tflms.plan.passes.place import copy_ops, placement_plan
+from tflms.rewrite.apply import SWAP_ATTR
 
 import zoo
 
@@ -46,7 +51,16 @@ def _placed_by_rewrite(op: tf.Operation) -> bool:
     return op.type != "Placeholder" and not any(t.dtype == tf.resource for t in op.inputs)
 
 
+def _swap_kind(op: tf.Operation) -> str | None:
+    try:
+        return op.get_attr(SWAP_ATTR).decode()
+    except ValueError:
+        return None
+
+
 def run(name: str) -> dict:
+    swap = name.startswith("swap:")
+    name = name.removeprefix("swap:")
     with tf.device(DEVICES[0]):
         setup = zoo.ZOO[name]()
     plain = tf.function(setup.step_fn())
@@ -55,6 +69,9 @@ def run(name: str) -> dict:
     model = tflms.GraphModel.from_func_graph(cf.graph)
     host_ops = [op for op in copy_ops(model, min_bytes=0) if "concatenate" in op.split("/")[-2]]
     config = tflms.LMSConfig(devices=DEVICES, host=HOST)
+    if swap:
+        largest = placement_plan(model, config, host_ops).peak_bytes_after
+        config = config.replace(budget=int(0.6 * largest), on_budget_miss="best")
     placed, plan = placed_function(cf, model, config, copy=True, host_ops=host_ops)
     where = {op: st.device for st in plan.placement for op in st.ops}
     names = {op.name for op in placed.graph.get_operations() if _placed_by_rewrite(op)}
@@ -70,12 +87,32 @@ def run(name: str) -> dict:
         for op, devices in seen.items()
         if op in names and op in where and not all(same_device(d, where[op]) for d in devices)
     ]
+    swap_ops: dict[str, list[int]] = {}
+    swap_misplaced = []
+    for op in placed.graph.get_operations():
+        kind = _swap_kind(op)
+        if kind in ("out", "in", "landing"):
+            counts = swap_ops.setdefault(kind, [0, 0])
+            counts[0] += 1
+            if op.name in seen:
+                counts[1] += 1
+                if not all(same_device(d, op.device) for d in seen[op.name]):
+                    swap_misplaced.append((op.name, op.device, seen[op.name]))
     placed_losses, placed_state = zoo.run_steps(setup, placed, n=STEPS, device=DEVICES[0])
     pairs = zip(setup.state(), plain_state, placed_state)
     differ = [getattr(v, "path", v.name) for v, a, b in pairs if not np.array_equal(a, b)]
     on_host = sorted(op for op, d in where.items() if same_device(d, HOST))
     return {
-        "model": name,
+        "model": ("swap:" if swap else "") + name,
+        "budget": config.budget,
+        "peak_bytes_after": plan.peak_bytes_after,
+        "swapped": {d: [s.tensor for s in sub.swaps] for d, sub in device_plans(plan)},
+        "swapped_from_elsewhere": [
+            s.tensor for d, sub in device_plans(plan) for s in sub.swaps if not same_device(where[s.producer], d)
+        ],
+        "n_orders": len(plan.orders),
+        "swap_ops": swap_ops,
+        "swap_misplaced": swap_misplaced[:5],
         "plain_losses": plain_losses.tolist(),
         "placed_losses": placed_losses.tolist(),
         "weights_differ": differ,

@@ -71,6 +71,21 @@ def test_unet3d_with_its_concatenates_on_the_host_is_bit_identical_and_runs_wher
     assert res["ran"][HOST] == 6 and min(res["ran"]["/device:CPU:1"], res["ran"]["/device:CPU:2"]) >= 50, res["ran"]
 
 
+def test_unet3d_placed_with_swaps_per_device_is_bit_identical_and_swaps_where_the_plan_says():
+    # A budget below the placement's largest predicted device peak: swaps planned on each device's model.
+    res = _job("swap:unet3d", job=HOST_JOB)["swap:unet3d"]
+    assert res["placed_losses"] == res["plain_losses"], res
+    assert res["weights_differ"] == [] and res["n_state"] > 0
+    assert sorted(res["swapped"]) == ["/device:CPU:1", "/device:CPU:2"] and all(res["swapped"].values())
+    # A tensor made on another device (the host's Concatenate) swapped for the device that reads it.
+    assert res["swapped_from_elsewhere"], res["swapped"]
+    n_swaps = sum(len(v) for v in res["swapped"].values())
+    assert res["swap_ops"] == {kind: [n_swaps, n_swaps] for kind in ("out", "in", "landing")}, res["swap_ops"]
+    assert res["swap_misplaced"] == [] and res["n_misplaced"] == 0, (res["swap_misplaced"], res["misplaced"])
+    assert res["peak_bytes_after"] < max(peak for d, _, peak in res["stages"] if d != HOST)
+    assert "then swaps planned per device" in res["reason"]
+
+
 def test_lms_callback_with_devices_fits_bit_identically(small_models):
     res = small_models["fit:cnn"]
     assert res["placed_history"] == res["plain_history"] and res["weights_differ"] == []
