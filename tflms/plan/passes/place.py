@@ -83,6 +83,7 @@ __all__ = [
     "CANDIDATES",
     "COPY_OP_TYPES",
     "HOST_MIN_BYTES",
+    "HOST_TRIES",
     "REFINE",
     "REFINE_SLACK",
     "StagePeaks",
@@ -115,6 +116,8 @@ REFINE_SLACK = 0.35
 COPY_OP_TYPES = frozenset({"ConcatV2", "Pack", "Unpack", "Slice", "Split", "SplitV"})
 #: The smallest output (bytes, all outputs together) of a copy-only op that :func:`place` tries on the host.
 HOST_MIN_BYTES = 1 << 20
+#: How many copy-only ops (the largest) :func:`place` tries on the host, each with a simulation per device.
+HOST_TRIES = 8
 
 
 def _resource_op(model: GraphModel, op: str) -> bool:
@@ -415,8 +418,8 @@ def _on_host(
     host_ops: Sequence[str] | None,
     exact: bool,
 ) -> tuple[Stage, ...]:
-    """``placed`` (of ``stage``) with copy-only ops on ``host``: ``host_ops``, or else each of
-    :func:`copy_ops`, largest first, that lowers the largest predicted device peak."""
+    """``placed`` (of ``stage``) with copy-only ops on ``host``: ``host_ops``, or else each of the
+    :data:`HOST_TRIES` largest of :func:`copy_ops` that lowers the largest predicted device peak."""
     k_devices = len(devices)
     if host_ops is not None:
         named = list(host_ops)
@@ -428,7 +431,7 @@ def _on_host(
             )
         return evaluate(model, devices, {**stage, **dict.fromkeys(named, k_devices)}, exact, host)
     best = placed
-    for op in copy_ops(model):
+    for op in copy_ops(model)[:HOST_TRIES]:
         trial = {**stage, op: k_devices}
         option = evaluate(model, devices, trial, exact, host)
         if _largest(option, k_devices) < _largest(best, k_devices):
@@ -484,8 +487,9 @@ def place(
 
     With ``host`` (a device string, not one of ``devices``), copy-only ops may then run there (the
     module doc): the ``host_ops`` named (each of :data:`COPY_OP_TYPES`), or with ``host_ops=None``
-    each of :func:`copy_ops` whose move lowers the largest predicted device peak, tried largest
-    first. The host's stage, when it has ops, follows the devices' (:func:`device_stages` leaves it out).
+    each of the :data:`HOST_TRIES` largest of :func:`copy_ops` whose move lowers the largest
+    predicted device peak, tried largest first. The host's stage, when it has ops, follows the
+    devices' (:func:`device_stages` leaves it out).
     """
     k_devices = len(devices)
     if k_devices < 2:
