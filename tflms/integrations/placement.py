@@ -13,7 +13,9 @@ planned per device (:func:`placed_swap_plan`): the planner runs on each device's
 device's swaps, fences and ordering edges are applied to the placed graph with that device as
 the one the swap-ins land on (:func:`tflms.rewrite.apply.apply_plan`), the swap ops on the host.
 A tensor a device receives from another is swapped as the sender's tensor: the host's copy is
-taken from the device that makes it, and only the receiving device's readers read the swap-in.
+taken from the device that makes it, and only the receiving device's readers read the swap-in. A
+swap-in trigger or ordering edge that names a receive names the op that sends it instead (an
+ordering edge that delays a receive delays its sender; the rewrite refuses one that closes a cycle).
 """
 
 from __future__ import annotations
