@@ -2,7 +2,8 @@
 
 For each model, device memory budget and number of devices K it reports the largest size whose
 *predicted* largest device peak fits the budget when the step is placed by tflms's placer
-(``devices=[...]``, :mod:`tflms.plan.passes.place`; no swaps), next to the plain single-device
+(``devices=[...]``, :mod:`tflms.plan.passes.place`; copy-only ops on the host where that lowers
+the largest device peak; no swaps), next to the plain single-device
 step's largest size (predicted, recomputed here) and, from ``results/capacity.json``, swapping
 alone on one device (predicted, with that file's date and settings). Every figure is a prediction
 of the tflms simulator, not a measurement.
@@ -15,7 +16,10 @@ Models (the ones of ``benchmarks/capacity.py``, Adam, float32):
   a BERT-ish encoder small enough to trace per batch quickly), the largest batch.
 
 Each placement is chosen by the placer's search (requested bytes) and checked with the allocator
-emulation per device (``Stage.peak_bytes``). Variables and the update live on ``devices[0]``.
+emulation per device (``Stage.peak_bytes``). Variables and the update live on ``devices[0]``. For
+the 3D U-Net on 2 devices it also reports the placement with swaps planned per device within the
+budget, as ``tflms.function(step, devices=..., budget=...)`` plans and the rewrite applies them
+(:func:`tflms.integrations.placement.placed_swap_plan`).
 
 Usage::
 
@@ -37,14 +41,15 @@ from report import save_result
 
 import tflms
 from tflms.config import parse_bytes
+from tflms.integrations.placement import placed_swap_plan
 from tflms.ir.trace import keras_step_source, keras_train_step
 from tflms.plan.capacity import graph_source, largest_fitting
-from tflms.plan.passes.place import ELSEWHERE, device_model, place
 from tflms.plan.passes.place import REFINE as REFINE_DEFAULT
-from tflms.plan.planner import make_plan
+from tflms.plan.passes.place import device_stages, place
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SIDE_STEP = 16
+HOST = "/device:CPU:0"
 
 
 #: ``place``'s ``refine`` for the run (``--refine``).
@@ -52,25 +57,22 @@ REFINE = [REFINE_DEFAULT]
 
 
 def largest_peak(model: tflms.GraphModel, k: int) -> int:
-    """The largest predicted device peak of the placer's placement of ``model`` on ``k`` devices."""
-    stages = place(model, [f"/device:GPU:{i}" for i in range(k)], refine=REFINE[0])
-    return max(st.peak_bytes for st in stages)
+    """The largest predicted device peak of the placer's placement of ``model`` on ``k`` devices
+    (copy-only ops on the host where that lowers it)."""
+    stages = place(model, [f"/device:GPU:{i}" for i in range(k)], refine=REFINE[0], host=HOST)
+    return max(st.peak_bytes for st in device_stages(stages, HOST))
 
 
-def swapped_peaks(model: tflms.GraphModel, k: int, budget: int) -> list[int]:
-    """The placer's placement of ``model`` on ``k`` devices, then swaps planned on each device's model
-    (:func:`tflms.plan.passes.place.device_model`, the other devices in the host's role) within
-    ``budget``: each device's predicted peak after its swaps. A prediction only: the rewrite does not
-    apply swaps together with a placement."""
-    stages = place(model, [f"/device:GPU:{i}" for i in range(k)], refine=REFINE[0])
-    stage = {op: i for i, st in enumerate(stages) for op in st.ops}
-    config = tflms.LMSConfig(budget=budget, host=ELSEWHERE, on_budget_miss="best")
-    peaks = []
+def swapped_peak(model: tflms.GraphModel, k: int, budget: int) -> int:
+    """The largest predicted device peak of ``model`` placed on ``k`` devices with swaps planned per
+    device within ``budget``, as ``devices=`` with a budget plans them and the rewrite applies them
+    (:func:`tflms.integrations.placement.placed_swap_plan`)."""
+    config = tflms.LMSConfig(
+        devices=[f"/device:GPU:{i}" for i in range(k)], host=HOST, budget=budget, on_budget_miss="best"
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", tflms.LMSWarning)
-        for i in range(k):
-            peaks.append(make_plan(device_model(model, stage, i), config).peak_bytes_after)
-    return peaks
+        return placed_swap_plan(model, config).peak_bytes_after
 
 
 def _timed_fits(label: str, size: int, fits: bool, t0: float) -> bool:
@@ -109,13 +111,13 @@ def unet_rows(budget: int, label: str, ks: list[int], rel_tol: float) -> list[di
 
         def swapped_fits(n: int, k: int = k) -> bool:
             t0 = time.perf_counter()
-            fits = max(swapped_peaks(model_at(n), k, budget)) <= budget
+            fits = swapped_peak(model_at(n), k, budget) <= budget
             return _timed_fits(f"side on {k} devices with swaps per device", n * SIDE_STEP, fits, t0)
 
         t0 = time.perf_counter()
         swapped = SIDE_STEP * largest_fitting(swapped_fits, 1024 // SIDE_STEP, rel_tol, start=placed // SIDE_STEP)
         row = _row("unet3d", label, budget, "side (b=1)", k, swapped, plain, time.perf_counter() - t0)
-        row["way"] = f"placed on {k} devices, then swaps planned per device (not applied by the rewrite yet)"
+        row["way"] = f"placed on {k} devices, then swaps planned per device (applied by the rewrite)"
         rows.append(row)
     return rows
 
@@ -251,7 +253,10 @@ def main(argv: list[str] | None = None) -> int:
         rel_tol=args.rel_tol,
         notes=(
             "Placement by tflms.plan.passes.place (stages of consecutive forward ops, backward ops with their "
-            "forward op, variables and the optimizer update on devices[0]); no swaps on top. Each size's placement "
+            "forward op, variables and the optimizer update on devices[0]); no swaps on top. The unet3d rows let "
+            "copy-only ops (ConcatV2, Slice...) run on the host where that lowers the largest device peak, and "
+            "their 'swaps planned per device' row is what devices= with a budget plans and the rewrite applies "
+            "(tflms.integrations.placement.placed_swap_plan). Each size's placement "
             "is checked with the allocator emulation per device. 'transformer' is tflms.testing.zoo's "
             "(width 256, 2 blocks, sequence 256), a BERT-like encoder far smaller than BERT-base. "
             "Swapping-alone rows for unet3d and resnet152 "

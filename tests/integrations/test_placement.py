@@ -23,10 +23,11 @@ from conftest import DEVICE, HOST, TESTS
 pytestmark = pytest.mark.integration
 
 JOB = TESTS / "placement_job.py"
+HOST_JOB = TESTS / "placement_host_job.py"
 
 
-def _job(*models: str) -> dict[str, dict]:
-    r = subprocess.run([sys.executable, str(JOB), *models], capture_output=True, text=True, timeout=1800)
+def _job(*models: str, job=JOB) -> dict[str, dict]:
+    r = subprocess.run([sys.executable, str(job), *models], capture_output=True, text=True, timeout=1800)
     assert r.returncode == 0, r.stderr[-3000:]
     results = [json.loads(line[len("RESULT ") :]) for line in r.stdout.splitlines() if line.startswith("RESULT ")]
     return {res["model"]: res for res in results}
@@ -53,6 +54,36 @@ def _check(res: dict) -> None:
 @pytest.mark.parametrize("name", ["cnn", "transformer", "unet3d"])
 def test_placed_step_is_bit_identical_and_runs_where_the_plan_says(small_models, name):
     _check(small_models[name])
+
+
+def test_unet3d_with_its_concatenates_on_the_host_is_bit_identical_and_runs_where_the_plan_says():
+    res = _job("unet3d", job=HOST_JOB)["unet3d"]
+    assert res["placed_losses"] == res["plain_losses"], res
+    assert res["weights_differ"] == [] and res["n_state"] > 0
+    # Both skip Concatenates (ConcatV2) and the Slice ops of their gradients are the host's stage ...
+    assert sorted(res["asked"]) == res["host_ops"] and len(res["host_ops"]) == 6
+    assert res["host_types"] == ["ConcatV2", "Slice"]
+    assert [d for d, _, _ in res["stages"]] == ["/device:CPU:1", "/device:CPU:2", HOST]
+    # ... and ran there, every placed op ran where the plan says, and each device ran its share.
+    assert set(res["host_ran"]) == set(res["host_ops"])
+    assert all(d.endswith("device:CPU:0") for devices in res["host_ran"].values() for d in devices)
+    assert res["n_misplaced"] == 0, res["misplaced"]
+    assert res["ran"][HOST] == 6 and min(res["ran"]["/device:CPU:1"], res["ran"]["/device:CPU:2"]) >= 50, res["ran"]
+
+
+def test_unet3d_placed_with_swaps_per_device_is_bit_identical_and_swaps_where_the_plan_says():
+    # A budget below the placement's largest predicted device peak: swaps planned on each device's model.
+    res = _job("swap:unet3d", job=HOST_JOB)["swap:unet3d"]
+    assert res["placed_losses"] == res["plain_losses"], res
+    assert res["weights_differ"] == [] and res["n_state"] > 0
+    assert sorted(res["swapped"]) == ["/device:CPU:1", "/device:CPU:2"] and all(res["swapped"].values())
+    # A tensor made on another device (the host's Concatenate) swapped for the device that reads it.
+    assert res["swapped_from_elsewhere"], res["swapped"]
+    n_swaps = sum(len(v) for v in res["swapped"].values())
+    assert res["swap_ops"] == {kind: [n_swaps, n_swaps] for kind in ("out", "in", "landing")}, res["swap_ops"]
+    assert res["swap_misplaced"] == [] and res["n_misplaced"] == 0, (res["swap_misplaced"], res["misplaced"])
+    assert res["peak_bytes_after"] < max(peak for d, _, peak in res["stages"] if d != HOST)
+    assert "then swaps planned per device" in res["reason"]
 
 
 def test_lms_callback_with_devices_fits_bit_identically(small_models):

@@ -13,9 +13,13 @@ What a placement looks like (GPipe's shape, without micro-batches):
   variable; the **update** ops that read no variable run on ``devices[0]`` too, beside the
   optimizer's state, so each gradient is sent there as the backward pass makes it;
 * ops without data inputs (constants) go with their first consumer, and an op that no rule places
-  (a sum of the backward pass outside any layer's scope) with the ops it feeds, else those feeding it.
-  Ops that only copy (``Concatenate``, ``Slice``, ``Pack``) are forward ops like any other and stay
-  with their neighbours.
+  (a sum of the backward pass outside any layer's scope) with the ops it feeds, else those feeding it;
+* ops that only copy (:data:`COPY_OP_TYPES`: a ``Concatenate``'s ``ConcatV2`` and the ``Slice`` ops
+  of its gradient, ``Pack``, ``Split``...) may run on the **host** instead (``host=``): they give the
+  same bits on any device, and a device then holds their output (received from the host) or their
+  inputs (sent there), not both at once. :func:`place` puts there those that lower the largest
+  predicted device peak (``host_ops=None``), or the ones named (``host_ops``); the host's stage
+  comes last in the result, after one stage per device.
 
 Each device's peak is predicted by the simulator on the **device model** of the stage
 (:func:`device_model`): the ops placed elsewhere allocate nothing there (the simulator's rule 5,
@@ -70,12 +74,16 @@ from ...emulate.costs import op_seconds
 from ...emulate.replay import LAG
 from ...emulate.simulator import Simulator
 from ...errors import BudgetError, LMSWarning
+from ...ir.devices import same_device
 from ...ir.graph import ALIAS_OP_TYPES, BACKWARD_SCOPES, GraphModel, op_records
 from ..records import Stage, SwapPlan
 
 __all__ = [
     "ELSEWHERE",
     "CANDIDATES",
+    "COPY_OP_TYPES",
+    "HOST_MIN_BYTES",
+    "HOST_TRIES",
     "REFINE",
     "REFINE_SLACK",
     "StagePeaks",
@@ -83,7 +91,9 @@ __all__ = [
     "device_model",
     "evaluate",
     "forward_order",
+    "copy_ops",
     "cut_positions",
+    "device_stages",
     "layer_of",
     "place",
     "placement_plan",
@@ -101,6 +111,13 @@ CANDIDATES = 24
 REFINE = 4
 #: How far above the search's optimum (a fraction) a cut may be to be simulated.
 REFINE_SLACK = 0.35
+#: Op types that only copy their inputs' bytes into their outputs: the same bits on any device, so
+#: :func:`place` may run them on the host.
+COPY_OP_TYPES = frozenset({"ConcatV2", "Pack", "Unpack", "Slice", "Split", "SplitV"})
+#: The smallest output (bytes, all outputs together) of a copy-only op that :func:`place` tries on the host.
+HOST_MIN_BYTES = 1 << 20
+#: How many copy-only ops (the largest) :func:`place` tries on the host, each with a simulation per device.
+HOST_TRIES = 8
 
 
 def _resource_op(model: GraphModel, op: str) -> bool:
@@ -331,14 +348,27 @@ def _crossing(model: GraphModel, stage: Mapping[str, int]) -> tuple[int, int]:
 
 
 def evaluate(
-    model: GraphModel, devices: Sequence[str], stage: Mapping[str, int], exact: bool = True
+    model: GraphModel,
+    devices: Sequence[str],
+    stage: Mapping[str, int],
+    exact: bool = True,
+    host: str | None = None,
 ) -> tuple[Stage, ...]:
     """The :class:`~tflms.plan.records.Stage` records of the placement ``stage`` (op -> stage index):
     per device its ops, predicted peak (the allocator's chunks with ``exact``, else the requested
-    bytes) and compute seconds, and the bytes it receives per step."""
+    bytes) and compute seconds, and the bytes it receives per step. Ops of stage ``len(devices)``
+    run on ``host``: their stage comes last, simulated the same way (the host's own peak), when
+    there are any."""
     seconds = op_seconds(model)
+    names = list(devices)
+    if host is not None and len(devices) in set(stage.values()):
+        names.append(host)
+    elif any(s >= len(devices) for s in stage.values()):
+        raise ValueError(
+            f"the placement puts ops on stage {len(devices)}, the host's, without a host. Received: host={host!r}"
+        )
     out = []
-    for k, device in enumerate(devices):
+    for k, device in enumerate(names):
         ops = tuple(sorted(op for op, s in stage.items() if s == k))
         sim = Simulator(device_model(model, stage, k), ELSEWHERE)
         received = sum(
@@ -360,6 +390,53 @@ def evaluate(
             )
         )
     return tuple(out)
+
+
+def device_stages(placement: Sequence[Stage], host: str | None) -> tuple[Stage, ...]:
+    """The stages of ``placement`` that are not on ``host`` (the devices'; the host has no budget)."""
+    return tuple(st for st in placement if host is None or not same_device(st.device, host))
+
+
+def copy_ops(model: GraphModel, min_bytes: int = HOST_MIN_BYTES) -> list[str]:
+    """The ops of ``model`` of :data:`COPY_OP_TYPES` whose outputs hold ``min_bytes`` or more
+    (not on a variable), largest first (ties by name): those :func:`place` tries on the host."""
+    ops = [op for op, kind in model.dag.nodes(data="type") if kind in COPY_OP_TYPES and not _resource_op(model, op)]
+    size = {op: sum(model.tensors[t].bytes for t in model.outputs_of[op]) for op in ops}
+    return sorted((op for op in ops if size[op] >= min_bytes), key=lambda op: (-size[op], op))
+
+
+def _largest(placement: Sequence[Stage], k_devices: int) -> int:
+    return max(st.peak_bytes for st in placement[:k_devices])
+
+
+def _on_host(
+    model: GraphModel,
+    devices: Sequence[str],
+    stage: dict[str, int],
+    placed: tuple[Stage, ...],
+    host: str,
+    host_ops: Sequence[str] | None,
+    exact: bool,
+) -> tuple[Stage, ...]:
+    """``placed`` (of ``stage``) with copy-only ops on ``host``: ``host_ops``, or else each of the
+    :data:`HOST_TRIES` largest of :func:`copy_ops` that lowers the largest predicted device peak."""
+    k_devices = len(devices)
+    if host_ops is not None:
+        named = list(host_ops)
+        bad = [op for op in named if op not in model.dag or model.dag.nodes[op]["type"] not in COPY_OP_TYPES]
+        if bad:
+            raise ValueError(
+                f"host_ops must name ops of the step that only copy ({', '.join(sorted(COPY_OP_TYPES))}); "
+                f"{bad[0]!r} is not one. Pass names from copy_ops(model). Received: host_ops={named!r}"
+            )
+        return evaluate(model, devices, {**stage, **dict.fromkeys(named, k_devices)}, exact, host)
+    best = placed
+    for op in copy_ops(model)[:HOST_TRIES]:
+        trial = {**stage, op: k_devices}
+        option = evaluate(model, devices, trial, exact, host)
+        if _largest(option, k_devices) < _largest(best, k_devices):
+            best, stage = option, trial
+    return best
 
 
 def layer_of(op: str) -> str:
@@ -394,6 +471,8 @@ def place(
     candidates: int = CANDIDATES,
     refine: int = REFINE,
     exact: bool = True,
+    host: str | None = None,
+    host_ops: Sequence[str] | None = None,
 ) -> tuple[Stage, ...]:
     """The placement of ``model``'s ops on ``devices`` (two or more) that minimises the largest
     predicted device peak, then the bytes sent between devices (the module doc).
@@ -405,10 +484,20 @@ def place(
     (:func:`evaluate`), and so are up to ``refine - 1`` more of the best cuts by the search's count
     (within :data:`REFINE_SLACK` of its optimum): the one of the lowest largest simulated peak is
     returned. The records hold the allocator's peaks (rule 8) with ``exact``, else the requested bytes.
+
+    With ``host`` (a device string, not one of ``devices``), copy-only ops may then run there (the
+    module doc): the ``host_ops`` named (each of :data:`COPY_OP_TYPES`), or with ``host_ops=None``
+    each of the :data:`HOST_TRIES` largest of :func:`copy_ops` whose move lowers the largest
+    predicted device peak, tried largest first. The host's stage, when it has ops, follows the
+    devices' (:func:`device_stages` leaves it out).
     """
     k_devices = len(devices)
     if k_devices < 2:
         raise ValueError(f"place needs two or more devices. Received: devices={list(devices)!r}")
+    if host is None and host_ops:
+        raise ValueError(f"host_ops needs host= (where they run). Received: host_ops={list(host_ops)!r}, host=None")
+    if host is not None and any(same_device(host, d) for d in devices):
+        raise ValueError(f"host must not be one of devices. Received: host={host!r}, devices={list(devices)!r}")
     forward = forward_order(model)
     n = len(forward)
     positions = cut_positions(forward, candidates)
@@ -464,8 +553,15 @@ def place(
     if refine > 1:
         walk(0, 0, (), 0)
     shortlist = [cut_index, *(c for _, _, c in sorted(found) if c != cut_index)][: max(1, refine)]
-    options = [evaluate(model, devices, stage_of(anchor, [positions[j] for j in c]), exact) for c in shortlist]
-    return min(options, key=lambda st: (max(s.peak_bytes for s in st), sum(s.received_bytes for s in st)))
+    stages = [stage_of(anchor, [positions[j] for j in c]) for c in shortlist]
+    options = [evaluate(model, devices, st, exact) for st in stages]
+    chosen = min(
+        range(len(options)),
+        key=lambda i: (max(s.peak_bytes for s in options[i]), sum(s.received_bytes for s in options[i])),
+    )
+    if host is None:
+        return options[chosen]
+    return _on_host(model, devices, stages[chosen], options[chosen], host, host_ops, exact)
 
 
 def step_seconds(
@@ -494,8 +590,10 @@ def with_placement(model: GraphModel, placement: Sequence[Stage]) -> GraphModel:
     return GraphModel.from_ops(records.values(), model.variable_bytes, model.name, model.variables)
 
 
-def placement_plan(model: GraphModel, config: LMSConfig) -> SwapPlan:
-    """The plan of ``config.devices`` for ``model``: its placement (:func:`place`), no swaps.
+def placement_plan(model: GraphModel, config: LMSConfig, host_ops: Sequence[str] | None = None) -> SwapPlan:
+    """The plan of ``config.devices`` for ``model``: its placement (:func:`place`, copy-only ops on
+    ``config.host``: ``host_ops``, or with ``None`` those that lower the largest predicted device
+    peak), no swaps.
 
     ``peak_bytes_before`` is the plain step's predicted peak on one device, ``peak_bytes_after``
     the largest predicted device peak of the placement. With a budget (a size), a largest peak above
@@ -506,8 +604,9 @@ def placement_plan(model: GraphModel, config: LMSConfig) -> SwapPlan:
     if not config.devices:
         raise ValueError(f"placement_plan needs config.devices. Received: devices={config.devices!r}")
     before = Simulator(model, config.host).peak()
-    stages = place(model, config.devices)
-    largest = max(st.peak_bytes for st in stages)
+    stages = place(model, config.devices, host=config.host, host_ops=host_ops)
+    on_devices = device_stages(stages, config.host)
+    largest = max(st.peak_bytes for st in on_devices)
     budget = config.budget if isinstance(config.budget, int) else None
     if budget is not None and largest > budget:
         if config.on_budget_miss == "raise":
@@ -518,8 +617,11 @@ def placement_plan(model: GraphModel, config: LMSConfig) -> SwapPlan:
             LMSWarning,
             stacklevel=3,
         )
+    on_host = len(stages) - len(on_devices)
     reason = (
-        f"placed on {len(stages)} devices: largest predicted device peak {format_bytes(largest)} "
+        f"placed on {len(on_devices)} devices"
+        + (f" and {len(stages[-1].ops)} copy-only ops on the host" if on_host else "")
+        + f": largest predicted device peak {format_bytes(largest)} "
         f"({format_bytes(before)} on one device); swaps and the policy's passes are not applied with devices"
     )
     plan = SwapPlan(
