@@ -446,3 +446,18 @@ def test_the_command_line_prints_tensorflows_onednn_banner_at_most_once(level, b
     assert r.stderr.count("before absl::InitializeLog()") == banners, r.stderr
     last = [line for line in r.stderr.splitlines() if line.strip()][-1]
     assert last.startswith("tflms: error: --budget must be at most the real memory cap"), r.stderr
+
+
+@pytest.mark.integration
+def test_plan_with_the_optimizer_offloaded_fits_a_budget_the_plain_step_cannot(tmp_path):
+    """MobileNetV3Small 64², batch 16, Adam: no plan fits 40 MiB with the optimizer's state on the
+    device; with it on the host (``--offload optimizer``) one does."""
+    args = ("plan", "MobileNetV3Small", "--batch", "16", "--input-shape", "64,64,3", "--classes", "10")
+    path = tmp_path / "plan.json"
+    plain = tflms(*args, "--budget", "40MiB")
+    assert plain.returncode == 1 and "no swap plan brings the predicted device peak within" in plain.stderr
+    r = tflms(*args, "--budget", "40MiB", "--offload", "optimizer", "--json", str(path))
+    assert r.returncode == 0, r.stderr[-2000:]
+    plan = json.loads(path.read_text())
+    assert plan["options"]["offload"] == "optimizer"
+    assert plan["peak_bytes_after"] <= 40 * 2**20 < plan["peak_bytes_before"]

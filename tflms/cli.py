@@ -328,6 +328,7 @@ def _plan(args: argparse.Namespace) -> int:
             budget=args.budget if args.budget in (None, "auto") else int(args.budget),
             policy=args.policy,
             on_budget_miss=args.on_budget_miss,
+            offload=args.offload,
             **schedule,
             **({} if args.swapout_window is None else {"swapout_window": _window_option(args.swapout_window)}),
         )
@@ -351,6 +352,10 @@ def _plan(args: argparse.Namespace) -> int:
         gm = tflms.GraphModel.from_func_graph(step.graph, batch_size=args.batch)
     else:  # traced again at this batch: the unknown batch leaves a forward tensor's size unknown
         gm = tflms.GraphModel.from_func_graph(source(args.batch).graph)
+    if config.offload is not None:  # the step as it runs with the offload: the update on the host
+        from tflms.plan.capacity import offloaded
+
+        gm = offloaded(gm, config)
     try:
         plan = tflms.make_plan(gm, config)
     except tflms.BudgetError as err:
@@ -477,6 +482,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="raise",
         help="when no plan is predicted to fit --budget: raise (an error, the default) or best (a warning, and "
         "the plan with the lowest predicted peak)",
+    )
+    p.add_argument(
+        "--offload",
+        choices=("optimizer", "weights"),
+        help="plan the step with the optimizer's state (optimizer), or the weights and that state (weights), on "
+        "the host and the update run there; --max-batch searches that step too (default: nothing offloaded)",
     )
     p.add_argument("--json", help="write the plan JSON here")
     p.add_argument("--plot", help="write the memory timeline PNG here")

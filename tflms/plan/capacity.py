@@ -12,11 +12,13 @@ from typing import Any
 from .._util import format_sizes, paused_gc
 from ..config import LMSConfig, parse_bytes
 from ..emulate.simulator import Simulator
+from ..ir.graph import GraphModel
 from ..ir.trace import graph_source
 from .autotune import serialized_search
+from .passes.offload import offload_decisions, with_offload
 from .registry import prepare
 
-__all__ = ["BatchSizeResult", "batch_bound", "largest_fitting", "max_batch_size"]
+__all__ = ["BatchSizeResult", "batch_bound", "largest_fitting", "max_batch_size", "offloaded"]
 
 #: Progress of the search (one INFO record per batch size tried); ``tflms plan`` shows them.
 log = logging.getLogger("tflms")
@@ -154,6 +156,9 @@ def max_batch_size(
     if not isinstance(bound, bool):
         raise ValueError(f"bound must be True or False. Received: bound={bound!r}")
     graph_of = graph_source(step)
+    if cfg.offload is not None:  # every size as the step runs with the offload: the update on the host
+        traced_of = graph_of
+        graph_of = lambda batch: offloaded(traced_of(batch), cfg)  # noqa: E731
 
     def planned_of(batch: int) -> Simulator:
         """A simulator of the step the bound is searched on: the policy's passes that change what
@@ -221,6 +226,25 @@ def max_batch_size(
         limit=limit,
         bound=_bound(planned_of, budget, limit, with_lms) if bound else None,
     )
+
+
+def offloaded(model: GraphModel, config: LMSConfig) -> GraphModel:
+    """``model`` with ``config.offload`` applied (:func:`tflms.plan.passes.offload.with_offload`): the
+    step as :func:`tflms.function` plans it, its update (and with ``"weights"`` the weights) on
+    ``config.host``; ``model`` itself when nothing is offloaded.
+
+    Example (the zoo's GPT, Adam): the optimizer's state leaves the device's variables.
+        >>> import tensorflow as tf
+        >>> import tflms
+        >>> from tflms.testing.zoo import train_step
+        >>> step, (x, y) = train_step("gpt", batch=2)
+        >>> plain = tflms.GraphModel.from_func_graph(tf.function(step).get_concrete_function(x, y).graph)
+        >>> offloaded(plain, tflms.LMSConfig(offload="optimizer")).variable_bytes < plain.variable_bytes
+        True
+    """
+    if config.offload is None:
+        return model
+    return with_offload(model, offload_decisions(model, weights=config.offload == "weights"), config.host)
 
 
 def batch_bound(step: Any, budget: int | str, *, host: str | None = None, limit: int = 1 << 16, start: int = 1) -> int:
