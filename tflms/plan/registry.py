@@ -160,9 +160,12 @@ def replay(model: GraphModel, plan: SwapPlan) -> GraphModel:
     offload of its options first (``offload="optimizer"`` or ``"weights"``:
     :mod:`tflms.plan.passes.offload`, which the planner ran on the step before any pass), then
     every pass's decisions in registry order, then the placement (``devices=[...]``: each op's
-    ``device`` its stage's, :mod:`tflms.plan.passes.place`). The simulator runs the swaps on it."""
+    ``device`` its stage's, :mod:`tflms.plan.passes.place`). The simulator runs the swaps on it.
+    A ``model`` that has the offload already (``plan.model`` of a plan made by
+    :func:`tflms.function`: its device receives from the host) does not get it again."""
     offload = plan.options.get("offload")
-    if offload in ("optimizer", "weights"):
+    offloaded = any(kind == "_Recv" for _, kind in model.dag.nodes(data="type"))  # no traced step has one
+    if offload in ("optimizer", "weights") and not offloaded:
         decisions = offload_decisions(model, weights=offload == "weights")
         model = with_offload(model, decisions, plan.options["host"])
     for p in PASSES:
