@@ -34,7 +34,6 @@ import placement_job
 import tensorflow as tf
 
 import tflms
-from tflms import _tf_internal as tfi
 from tflms.integrations.placement import device_plans, placed_function
 from tflms.ir.devices import same_device
 from tflms.plan.passes.place import copy_ops, placement_plan
@@ -75,13 +74,7 @@ def run(name: str) -> dict:
     placed, plan = placed_function(cf, model, config, copy=True, host_ops=host_ops)
     where = {op: st.device for st in plan.placement for op in st.ops}
     names = {op.name for op in placed.graph.get_operations() if _placed_by_rewrite(op)}
-    setup.reset()
-    with tf.device(DEVICES[0]):
-        ran = tfi.ran_graphs(lambda: placed(setup.x, setup.y))
-    seen: dict[str, list[str]] = {}
-    for g in ran:
-        for node in g.node:
-            seen.setdefault(node.name, []).append(node.device)
+    seen = placement_job.devices_ran(placed, setup)
     misplaced = [
         (op, where[op], devices)
         for op, devices in seen.items()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import tensorflow as tf
 
@@ -50,6 +51,19 @@ def _placed_by_rewrite(op: tf.Operation) -> bool:
     return op.type != "Placeholder" and not any(t.dtype == tf.resource for t in op.inputs)
 
 
+def devices_ran(placed: Any, setup: Any) -> dict[str, list[str]]:
+    """Per op name, the devices of the partitions TensorFlow ran it in, for one call of ``placed``
+    on ``setup``'s batch (its state reset first)."""
+    setup.reset()
+    with tf.device(DEVICES[0]):
+        ran = tfi.ran_graphs(lambda: placed(setup.x, setup.y))
+    seen: dict[str, list[str]] = {}
+    for g in ran:
+        for node in g.node:
+            seen.setdefault(node.name, []).append(node.device)
+    return seen
+
+
 def run(name: str) -> dict:
     with tf.device(DEVICES[0]):
         setup = zoo.ZOO[name]()
@@ -64,13 +78,7 @@ def run(name: str) -> dict:
         for op in cf.graph.get_operations()
         if _placed_by_rewrite(op) and not same_device(op.device, where[op.name])
     ]
-    setup.reset()
-    with tf.device(DEVICES[0]):
-        ran = tfi.ran_graphs(lambda: placed(setup.x, setup.y))
-    seen: dict[str, list[str]] = {}
-    for g in ran:
-        for node in g.node:
-            seen.setdefault(node.name, []).append(node.device)
+    seen = devices_ran(placed, setup)
     placed_ops = {op.name for op in cf.graph.get_operations() if _placed_by_rewrite(op)}
     misplaced = [
         (op, where[op], devices)
