@@ -807,10 +807,20 @@ def placement_capacity(data: dict) -> str:
     return "\n".join(lines + (["", notes] if isinstance(notes, str) else []))
 
 
+#: The rows of the two-device test bed's tables, by the job's mode.
+PLACEMENT_WAYS = {
+    "plain": "plain, one device",
+    "placed": "placed on 2 devices",
+    "placer": "placed on 2 devices by the placer",
+    "even": "split evenly by layer count on 2 devices",
+}
+
+
 def placement_testbed(data: dict) -> str:
     """The two-device test bed: plain uncapped, plain capped, placed capped (``benchmarks/placement_testbed.py``)."""
     lines = [
-        f"_the zoo's {data['model']}, {data['size']} px, batch {data['batch']}, Adam; peaks: the largest of the "
+        f"_{'the zoo' + chr(39) + 's ' if data['model'] == 'cnn' else 'the '}{data['model']} step, {data['size']} px, "
+        f"batch {data['batch']}, Adam; peaks: the largest of the "
         "steps, each device's from its own allocator_",
         "",
         "| step | cap per device | status | device 0 | device 1 | predicted |",
@@ -821,7 +831,7 @@ def placement_testbed(data: dict) -> str:
         cells = [f"{p:,.1f} MiB" if p else "-" for p in peaks] or ["-", "-"]
         predicted = ", ".join(_mib(p) for p in r["predicted"]) if r.get("predicted") else "-"
         cap = f"{r['cap_mib']} MiB" if r["cap_mib"] else "none"
-        way = "placed on 2 devices" if r["mode"] == "placed" else "plain, one device"
+        way = PLACEMENT_WAYS.get(r["mode"], r["mode"])
         lines.append(f"| {way} | {cap} | {r['status']} | {cells[0]} | {cells[1]} | {predicted} |")
     lines += ["", *(f"- {note}" for note in data.get("notes", []))]
     return "\n".join(lines)
@@ -848,6 +858,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "offload_capacity": offload_capacity,
     "placement_capacity": placement_capacity,
     "placement_testbed": placement_testbed,
+    "placement_uneven_testbed": placement_testbed,
     "gpu": gpu,
     "gpu_fences": gpu_fences,
     "gpu_densenet121": gpu_runs,
@@ -1023,6 +1034,14 @@ SECTIONS: list[tuple[str, str, str]] = [
         "each (`benchmarks/placement_testbed.py`): the measured process is device 0 (the variables, the "
         "update and the first stage), a second capped process device 1, each with its own BFC allocator; "
         "each row a fresh run of three steps. **Measured (test bed)** against **predicted**.",
+    ),
+    (
+        "placement_uneven_testbed",
+        "The placer against an even split (two-device test bed)",
+        "A step with uneven layers (two wide full-resolution convolutions, then six narrow ones after a 4x "
+        "pooling) without a cap: plain on one device, placed by the placer (the largest device peak is its "
+        "objective), and split evenly by layer count, on the same two-device test bed "
+        "(`benchmarks/placement_testbed.py --uneven`). **Measured (test bed)** against **predicted**.",
     ),
     (
         "placement_capacity",
