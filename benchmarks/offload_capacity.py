@@ -2,20 +2,24 @@
 
 For a handful of depths of the zoo's GPT (``tflms.testing.zoo``, Adam): whether its training step
 runs under one real cap (``TF_CPU_BFC_MEM_LIMIT_IN_MB`` in the measured process) plainly, with
-``offload="optimizer"`` (the Adam state on the host worker, the update run there; a budget that
-swaps nothing, so the offload alone) and with ``offload="weights"`` (the model made on the host
-worker too, each weight copied to the device for its uses; with ``--weights-budget none``, the
-default, every activation of ``--min-bytes`` or more is swapped as well, without the memory-aware
-schedule), each in a fresh measured process of one warm-up step and ``--steps`` more (the job is
-``tests/testbed_jobs.py:offload_gpt``). Per run: the measured steady-state peak next to the
-simulator's prediction, the median step time, the losses; and, for the deepest model each offload
-trains, the losses of an uncapped plain run to compare with.
+``offload="optimizer"`` (the Adam state on the host worker, the update run there; with
+``--optimizer-budget none``, the default, every activation of ``--min-bytes`` or more is swapped as
+well, without the memory-aware schedule and with at most ``--optimizer-window`` swap-outs in
+flight; ``--optimizer-budget 64GiB`` swaps nothing: the offload alone) and with
+``offload="weights"`` (the model made on the host worker too, each weight copied to the device for
+its uses; with ``--weights-budget none``, the default, every activation of ``--min-bytes`` or more
+is swapped as well, without the memory-aware schedule), each in a fresh measured process of one
+warm-up step and ``--steps`` more (the job is ``tests/testbed_jobs.py:offload_gpt``). Per run: the
+measured steady-state peak next to the simulator's prediction, the median step time, the losses;
+and, for the deepest model each offload trains, the losses of an uncapped plain run to compare
+with.
 
 Usage::
 
     python benchmarks/offload_capacity.py                      # cap 256 MiB, depths 4 8 12 16 24 32
     python benchmarks/offload_capacity.py --cap 320MiB --depths 8 16 32
     python benchmarks/offload_capacity.py --offloads weights --depths 32 64 128 --keep   # add rows
+    python benchmarks/offload_capacity.py --offloads optimizer --depths 16 32 48 53 --keep
 
 Step times on the test bed are those of two processes sharing this machine's cores over gRPC, not
 of a GPU and its host; the memory figures are read from the device process's allocator.
@@ -39,13 +43,19 @@ RESULT = Path(__file__).resolve().parent / "results" / "offload_capacity.json"
 
 def _run(depth: int, offload: str | None, cap: int | None, args: argparse.Namespace) -> dict:
     kwargs = {"layers": depth, "batch": args.batch, "seq": args.seq, "offload": offload or False, "steps": args.steps}
-    if offload == "weights":
-        budget = None if args.weights_budget == "none" else args.weights_budget
+    if offload in ("optimizer", "weights"):
+        given = args.weights_budget if offload == "weights" else args.optimizer_budget
+        budget = None if given == "none" else given
         kwargs.update(budget=budget, min_bytes=args.min_bytes, serialize=False)
+    if offload == "optimizer" and args.optimizer_window != "auto":
+        kwargs["swapout_window"] = None if args.optimizer_window == "none" else int(args.optimizer_window)
     r = run_measured("testbed_jobs:offload_gpt", kwargs, cap=cap, timeout=3000, pythonpath=[str(TESTS)])
     row = {"depth": depth, "offload": offload, "cap_bytes": cap, "status": r.status}
     if offload == "weights":
         row["weights_budget"], row["min_bytes"] = args.weights_budget, args.min_bytes
+    if offload == "optimizer":
+        row["optimizer_budget"], row["min_bytes"] = args.optimizer_budget, args.min_bytes
+        row["swapout_window"] = args.optimizer_window
     if r.ok:
         row.update(r.value)
     else:
@@ -67,7 +77,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--offloads", nargs="+", default=["none", "optimizer", "weights"])
     parser.add_argument("--weights-budget", default="none", help="budget of the weights rows ('none': swap all)")
-    parser.add_argument("--min-bytes", type=int, default=4096, help="min_bytes of the weights rows")
+    parser.add_argument(
+        "--optimizer-budget", default="none", help="budget of the optimizer rows ('none': swap all; '64GiB': none)"
+    )
+    parser.add_argument(
+        "--optimizer-window",
+        default="2",
+        help="swapout_window of the optimizer rows: at most this many swap-outs in flight ('auto': tflms's default)",
+    )
+    parser.add_argument("--min-bytes", type=int, default=4096, help="min_bytes of the optimizer and weights rows")
     parser.add_argument("--keep", action="store_true", help="keep the saved rows of the (depth, offload) not run")
     parser.add_argument("--no-reference", action="store_true", help="no uncapped plain run of the deepest")
     args = parser.parse_args(argv)

@@ -287,6 +287,7 @@ def offload_gpt(
     budget: str | None = "64GiB",
     min_bytes: int | None = None,
     serialize: bool | None = None,
+    swapout_window: int | str | None = "auto",
 ) -> dict[str, Any]:
     """The GPT of tflms.testing.zoo with ``layers`` blocks, Adam: one warm-up step and ``steps`` more,
     plain (``tf.function``, the Adam state beside the weights) or with ``offload="optimizer"``
@@ -294,9 +295,10 @@ def offload_gpt(
     model made there as well), through ``tflms.function`` with
     ``budget`` (by default one that swaps nothing: the offload alone; a lower one swaps activations
     too, and ``None`` every candidate; those of ``min_bytes`` or more when given, with the
-    memory-aware schedule unless ``serialize=False``). Returns ``losses``, the steady-state measured
-    ``peak`` (warm-up excluded), the ``predicted`` peak of the step that ran, the median
-    ``step_seconds`` and the weights' bytes."""
+    memory-aware schedule unless ``serialize=False``; at most ``swapout_window`` swap-outs in
+    flight when it is a number, tflms's default ``"auto"``: no limit on a CPU). Returns
+    ``losses``, the steady-state measured ``peak`` (warm-up excluded), the ``predicted`` peak of
+    the step that ran, the median ``step_seconds`` and the weights' bytes."""
     import time
 
     import numpy as np
@@ -316,6 +318,7 @@ def offload_gpt(
     if offload:
         knobs = {} if min_bytes is None else {"min_bytes": min_bytes}
         knobs.update({} if serialize is None else {"serialize": serialize})
+        knobs.update({} if swapout_window == "auto" else {"swapout_window": swapout_window})
         run = tflms.function(step, device=testbed.DEVICE, host=testbed.HOST, offload=offload, budget=budget, **knobs)
         predicted = run.get_plan(x, y).peak_bytes_after
     else:

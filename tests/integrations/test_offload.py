@@ -153,6 +153,37 @@ def test_offload_composes_with_swaps(setup):
     _assert_same(plain, off)
 
 
+def _gpt_run(offload: bool, **options):
+    """Losses and final weights of ``STEPS`` steps of the zoo's GPT (2 blocks, batch 2, sequence 64,
+    Adam) built on the device, plainly or with ``offload="optimizer"`` and ``options``; and the
+    offloaded step's plan (``None`` for the plain step)."""
+    from tflms.testing.zoo import build
+
+    with tf.device(DEVICE):
+        model, x, y, step = build("gpt", 2, 64, layers=2, offload_host=HOST if offload else None)
+    if offload:
+        run = tflms.function(step, device=DEVICE, host=HOST, offload="optimizer", **options)
+        plan = run.get_plan(x, y)
+    else:
+        run, plan = tf.function(step), None
+    with tf.device(DEVICE):
+        losses = [run(x, y).numpy() for _ in range(STEPS)]
+    return losses, [v.numpy() for v in model.variables], plan
+
+
+def test_gpt_offload_composes_with_swaps_and_a_swapout_window():
+    """The configuration of the capacity measurement (``benchmarks/offload_capacity.py``): the
+    optimizer offloaded, every activation of 4 kB or more swapped, at most 2 swap-outs in flight;
+    bit-identical to the plain step, losses and every weight."""
+    plain = _gpt_run(False)
+    off = _gpt_run(True, budget=None, min_bytes=4096, serialize=False, swapout_window=2)
+    plan = off[2]
+    assert plan.options["offload"] == "optimizer" and plan.options["swapout_window"] == 2
+    assert len(plan.swaps) > 20 and plan.fences
+    assert len(plain[1]) == len(off[1]) > 20
+    _assert_same(plain, off)
+
+
 def _check_placement(graph, optimizer, model):
     """Slots on the host, update ops on the host, weights and their assigns on the device."""
     slots = [v for v in optimizer.variables if len(v.shape)]
