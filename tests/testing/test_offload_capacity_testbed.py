@@ -3,7 +3,8 @@ the parameters that the plain step trains under a cap.
 
 With the optimizer offloaded alone (a budget that swaps nothing), the device holds the weights and
 every activation the backward pass reads: measured on the zoo's GPT, the peak is at the end of the
-forward pass and the activations fill it (``benchmarks/results/offload_capacity.json``). Swapping
+forward pass and the activations fill it (``benchmarks/results/offload_capacity.json``: under
+256 MiB the offload alone trains 32 blocks, with the activations swapped 64 and more). Swapping
 every activation as well leaves the weights and a few layers' tensors; at most two swap-outs in
 flight (``swapout_window=2``) keep the forward pass from running ahead of the link, whose
 swapped-out buffers wait on the device until sent.
@@ -46,8 +47,6 @@ def test_gpt_with_three_times_the_plain_parameters_trains_with_the_optimizer_off
     assert _parameters(DEEP["layers"]) >= 3 * _parameters(PLAIN["layers"])
     plain = run(PLAIN)
     assert plain.status == "oom", (plain.status, plain.value, plain.error[-2000:])
-    alone = run({**DEEP, "offload": "optimizer"})  # the offload alone: the activations do not fit
-    assert alone.status == "oom", (alone.status, alone.value, alone.error[-2000:])
     off = run({**DEEP, "offload": "optimizer", **SWAPPED})
     assert off.ok, off.error[-3000:]
     reference = run(DEEP, cap=None)
