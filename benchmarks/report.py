@@ -837,6 +837,24 @@ def placement_testbed(data: dict) -> str:
     return "\n".join(lines)
 
 
+def horovod_overlap(data: dict) -> str:
+    """Per rank and allreduce group: when its gradients were ready and its averaged gradients first read."""
+    lines = [
+        f"_{data['model']}; {data['ranks']} ranks, allreduce groups of at most {data['group_mib']:g} MiB_",
+        "",
+        "| rank | backward pass | group (gradients) | ready | averaged gradients first read |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["rows"]:
+        for k, g in enumerate(r["groups"]):
+            backward = f"{r['backward_ms']:.0f} ms" if k == 0 else ""
+            read = "-" if g["averaged_read_ms"] is None else f"{g['averaged_read_ms']:.0f} ms"
+            lines.append(f"| {r['rank'] if k == 0 else ''} | {backward} | {k + 1} ({g['gradients']}) | "
+                         f"{g['ready_ms']:.0f} ms | {read} |")  # fmt: skip
+    lines += ["", *(f"- {note}" for note in data.get("notes", []))]
+    return "\n".join(lines)
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "pass_speed": pass_speed,
     "capacity": capacity,
@@ -859,6 +877,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "placement_capacity": placement_capacity,
     "placement_testbed": placement_testbed,
     "placement_uneven_testbed": placement_testbed,
+    "horovod_overlap": horovod_overlap,
     "gpu": gpu,
     "gpu_fences": gpu_fences,
     "gpu_densenet121": gpu_runs,
@@ -1026,6 +1045,15 @@ SECTIONS: list[tuple[str, str, str]] = [
         "once more without a cap: their losses are the reference. "
         "**Measured (test bed)** against **predicted**; step times share the 2 CPU cores with the host "
         "process.",
+    ),
+    (
+        "horovod_overlap",
+        "Gradient exchange and the backward pass, with the optimizer on the host (Horovod, CPU)",
+        'Two Horovod ranks (Gloo) on this machine, each training with `offload="optimizer"`: the '
+        "gradients' allreduce and Adam's update on the host, the gradients in groups "
+        "(`benchmarks/horovod_overlap.py`, run under `horovodrun`). Per group, when the backward pass had "
+        "produced its gradients and when the update first read their averages, from one profiled step. "
+        "**Measured (one process per rank, CPU)**.",
     ),
     (
         "placement_testbed",
