@@ -188,7 +188,9 @@ def max_batch_size(
     def fits_without(batch: int) -> bool:
         """Whether the plain step fits at this batch size."""
         if batch not in plain_fits:
-            plain_fits[batch] = Simulator(graph_of(batch), cfg.host).peak(above=budget) <= budget
+            plain_fits[batch] = _timed(
+                batch, "without", lambda: Simulator(graph_of(batch), cfg.host).peak(above=budget) <= budget
+            )
         return plain_fits[batch]
 
     def fits_with(batch: int) -> bool:
