@@ -31,6 +31,8 @@ from tflms.testing import testbed
 from tflms.testing.device_worker import DeviceWorker
 from tflms.testing.zoo import build
 
+import zoo
+
 STEPS = 3
 
 
@@ -51,15 +53,7 @@ def uneven(batch: int) -> tuple[keras.Model, Any, Any, Any]:
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(size=(batch, 64, 64, 3)).astype("float32"))
     y = tf.constant(rng.integers(0, 10, size=(batch,)).astype("int32"))
-
-    def train_step(x: Any, y: Any) -> Any:
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    return model, x, y, train_step
+    return model, x, y, zoo.train_step_of(model, loss_fn, optimizer)
 
 
 def in_layer(op: str, name: str) -> bool:
