@@ -1,9 +1,10 @@
 """tflms: large model support (activation swapping) for TensorFlow 2 training steps.
 
-TensorFlow is pinned to 2.21. Which build is installed is decided at install
-time: ``tensorflow[and-cuda]`` when an NVIDIA driver is present (``nvidia-smi``
-on PATH), else ``tensorflow-cpu``. Override with ``TFLMS_TF=cpu`` or
-``TFLMS_TF=gpu`` (or ``TFLMS_TF=none`` to manage TensorFlow yourself).
+TensorFlow is pinned to 2.21, as the ``tensorflow`` package: the one that KerasHub,
+tensorflow-text, tf-keras and the rest of the ecosystem depend on, so that installing them
+beside tflms adds no second TensorFlow. Where an NVIDIA driver is present (``nvidia-smi`` on
+PATH) its CUDA libraries come with it (``tensorflow[and-cuda]``). Override with
+``TFLMS_TF=cpu`` or ``TFLMS_TF=gpu`` (or ``TFLMS_TF=none`` to manage TensorFlow yourself).
 """
 
 import os
@@ -21,7 +22,7 @@ def tensorflow_requirement() -> list[str]:
     if choice == "auto":
         choice = "gpu" if shutil.which("nvidia-smi") else "cpu"
     return {
-        "cpu": [f"tensorflow-cpu=={TF_VERSION}"],
+        "cpu": [f"tensorflow=={TF_VERSION}"],
         "gpu": [f"tensorflow[and-cuda]=={TF_VERSION}"],
         "none": [],
     }[choice]
@@ -48,6 +49,9 @@ setup(
             "nbclient>=0.10",
             "nbformat>=5.9",
             "ipykernel>=6.29",
+            # The ecosystem's models (tests/ecosystem): KerasHub tasks built from configs, tf-keras.
+            "keras-hub==0.32.*",
+            f"tf-keras=={TF_VERSION}",
         ],
         "plot": ["matplotlib>=3.8"],
         "docs": [
