@@ -47,7 +47,11 @@ overrides the detection.
 Cache: ``~/.cache/tflms/wheels/`` (override with ``--cache-dir`` or env
 ``TFLMS_WHEEL_CACHE``), one directory per key
 ``horovod-<ver>_tf-<ver>_<pytag>_<platform>_<cpu|gpu>`` holding the wheel,
-``build.log`` and ``build-info.json``; downloaded sdists go in ``sdist/``.
+``build.log`` and ``build-info.json``; downloaded sdists go in ``sdist/``. The wheel is
+therefore one folder down: ``pip install ~/.cache/tflms/wheels/horovod-0.28.1_tf-2.21.0_*/horovod-*.whl``
+installs it in another environment with the same TensorFlow (when one configuration is
+cached), and every run prints the ``pip install`` command of the wheel it built or reused
+(:func:`install_command`).
 
 Running with Horovod over localhost: ``horovodrun --gloo -np 2 -H
 localhost:2 python train.py`` (the venv's ``bin`` must be on PATH so that
@@ -70,6 +74,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -133,6 +138,19 @@ class BuildConfig:
         """The cached wheel, if one exists."""
         wheels = sorted(self.wheel_dir.glob(f"horovod-{self.horovod_version}-*.whl"))
         return wheels[-1] if wheels else None
+
+
+def install_command(wheel: Path) -> str:
+    """The ``pip install`` command that installs ``wheel`` (its absolute path) in another environment.
+
+    >>> install_command(Path("/cache/horovod-0.28.1_tf-2.21.0_cp311_linux_x86_64_cpu/horovod-0.28.1-cp311-none.whl"))
+    'pip install /cache/horovod-0.28.1_tf-2.21.0_cp311_linux_x86_64_cpu/horovod-0.28.1-cp311-none.whl'
+    """
+    return shlex.join(["pip", "install", str(Path(wheel).expanduser().absolute())])
+
+
+def _log_install_hint(wheel: Path) -> None:
+    log(f"the cached wheel, for another environment with the same TensorFlow and Python: {install_command(wheel)}")
 
 
 # --------------------------------------------------------------------------- probing
@@ -273,6 +291,7 @@ def ensure_horovod(
         cached = cfg.cached_wheel()
         log("horovod is already installed and matches; nothing to do (use --force to reinstall)")
         if cached:
+            _log_install_hint(cached)
             return cached
         import importlib.util
 
@@ -284,6 +303,7 @@ def ensure_horovod(
     if dry_run:
         if cached:
             log(f"dry run; would install cached wheel {cached}")
+            _log_install_hint(cached)
         else:
             _print_plan(cfg, jobs)
         return cached or cfg.wheel_dir / f"horovod-{HOROVOD_VERSION}-<tags>.whl"
@@ -303,6 +323,7 @@ def ensure_horovod(
             f"installed {wheel.name} but `import horovod.tensorflow` check failed: {after.hvd_error or after}"
         )
     log(f"ok: horovod {after.hvd_version} for tensorflow {after.tf_version} installed from {wheel}")
+    _log_install_hint(wheel)
     return wheel
 
 
