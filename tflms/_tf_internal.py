@@ -527,6 +527,23 @@ def keras_make_function(model: Any, step: Any, jit_compile: bool) -> Any:
         model._jit_compile = saved  # noqa: SLF001
 
 
+def keras_steps_per_execution(model: Any) -> int:
+    """How many batches one call of Keras's train function runs (``Model.steps_per_execution``)."""
+    return int(getattr(model, "steps_per_execution", 1) or 1)
+
+
+def keras_run_step(model: Any, step: Any, data: Any) -> Any:
+    """Run ``step(data)`` as Keras's ``one_step_on_data`` does (``trainer.py``, TensorFlow backend):
+    optional inputs (``tf.experimental.Optional``) as ``None``, the step under the model's
+    distribution strategy, its outputs reduced across replicas."""
+    from keras.src import tree
+    from keras.src.backend.tensorflow.trainer import reduce_per_replica
+
+    data = tree.map_structure(lambda i: None if isinstance(i, tf.experimental.Optional) else i, data)
+    strategy = model.distribute_strategy
+    return reduce_per_replica(strategy.run(step, args=(data,)), strategy, reduction="auto")
+
+
 def keras_auto_jit_compile(model: Any) -> bool | None:
     """What Keras's ``jit_compile="auto"`` resolves to here (``Model._resolve_auto_jit_compile``); None: unknown."""
     resolve = getattr(model, "_resolve_auto_jit_compile", None)

@@ -12,8 +12,8 @@ Example:
     >>> cfg = LMSConfig(budget="6GiB", device="/device:GPU:0")
     >>> cfg.budget, sorted(cfg.policy) == sorted(DEFAULT_POLICY)
     (6442450944, True)
-    >>> LMSConfig(policy=("default", "recompute")).recompute
-    True
+    >>> sorted(LMSConfig(policy=("default", "recompute")).policy)
+    ['recompute', 'swap_gradients']
     >>> LMSConfig(knobs=Knobs(swapout_threshold=40)).knobs.swapout_threshold
     40
     >>> LMSConfig(policy="fast")
@@ -195,15 +195,18 @@ def _check_op_types(name: str, value: tuple[str, ...]) -> None:
 #: (a gradient sum adds each term as it arrives), ``drop_tiles`` (the gradient of a mean is
 #: broadcast, not tiled; needs ``split_sums``), ``order_updates`` (a variable's update waits for
 #: the reads of it still held) and ``recompute`` (cheap element-wise tensors recomputed instead
-#: of swapped). Every one gives bit-identical numbers.
+#: of swapped).
 POLICIES = ("drop_tiles", "order_updates", "recompute", "split_sums", "swap_gradients")
-#: The passes of ``policy="default"``: bit-identical on the test zoo and measured to raise
-#: capacity on the test bed (ResNet50 96² under a 600 MiB cap: batch 44 with swaps alone, 48 with
-#: swap_gradients and split_sums; benchmarks/results/testbed_capacity.json). Opt-in:
-#: ``order_updates`` (it raised that batch to 72-80, but NASNetMobile with SGD trains to other
-#: numbers with it) and ``recompute`` (its time saving is not measured yet). With a budget, the
-#: autotuner still swaps only what the budget needs.
-DEFAULT_POLICY = frozenset({"swap_gradients", "split_sums", "drop_tiles"})
+#: The passes of ``policy="default"``: those that run the plain step's kernels on the plain
+#: step's inputs in the plain step's order, so that training stays bit-identical on any model
+#: and any CPU. ``swap_gradients`` only adds candidates for swapping, and a swap is a copy: the
+#: consumer reads the same bits. The others are opt-in: ``split_sums`` and ``drop_tiles``
+#: change how a floating-point sum is associated or which kernel broadcasts it (what the CPU's
+#: kernels and Grappler's arithmetic optimizer then make of it depends on the CPU);
+#: ``order_updates`` adds control edges around the update, which Grappler's arithmetic
+#: optimizer may answer with another association; ``recompute`` runs element-wise ops twice.
+#: With a budget, the autotuner still swaps only what the budget needs.
+DEFAULT_POLICY = frozenset({"swap_gradients"})
 #: ``budget="auto"``: this fraction of the device's memory limit. Measured peaks of tflms's
 #: plans were up to 1.10 times their predictions on the test bed (benchmarks/results/
 #: testbed_capacity.json), so a plan predicted at 0.9 of the limit stays under it.

@@ -143,7 +143,12 @@ def test_unknown_batch_dimension_uses_batch_size(mlp):
     spec = [tf.TensorSpec((None, 64), tf.float32), tf.TensorSpec((None,), tf.int32)]
     small = tflms.function(fn, input_signature=spec, device=DEVICE, **SMALL)
     big = tflms.function(fn, input_signature=spec, device=DEVICE, batch_size=64, **SMALL)
-    p_small, p_big = small.get_plan(mlp.x, mlp.y), big.get_plan(mlp.x, mlp.y)
+    # Never sized as batch 1 silently: a warning names the inputs and the way out.
+    with pytest.warns(LMSWarning, match=r"unknown size \(x: float32\[\?, 64\]; y: int32\[\?\]\).*batch_size=1"):
+        p_small = small.get_plan(mlp.x, mlp.y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LMSWarning)
+        p_big = big.get_plan(mlp.x, mlp.y)
     # With batch 1 the 256-float activations (1 KiB) are below min_bytes; with 64 they qualify.
     assert p_small.swaps == ()
     assert len(p_big.swaps) >= 1 and p_big.swaps[0].shape[0] is None
@@ -332,6 +337,25 @@ def test_plans_are_shown_with_their_input_signature(mlp):
     lms.get_plan(mlp.x[:32], mlp.y[:32])
     by_sig = lms.plans_by_signature
     assert list(by_sig) == ["x: float32[64, 64], y: int32[64]", "x: float32[32, 64], y: int32[32]"]
+    assert list(by_sig.values()) == lms.plans
+
+
+def test_signatures_that_differ_in_a_python_argument_are_told_apart(mlp):
+    """A step with a Python argument (Horovod's example passes ``first_batch`` as a bool) is
+    traced once per value: each trace keeps its own entry."""
+    step = mlp.step_fn()
+
+    def train(x, y, first_batch):
+        return step(x, y)
+
+    lms = tflms.function(train, device=DEVICE)
+    lms.get_plan(mlp.x, mlp.y, True)
+    lms.get_plan(mlp.x, mlp.y, False)
+    by_sig = lms.plans_by_signature
+    assert list(by_sig) == [
+        "x: float32[64, 64], y: int32[64], first_batch=True",
+        "x: float32[64, 64], y: int32[64], first_batch=False",
+    ]
     assert list(by_sig.values()) == lms.plans
 
 

@@ -272,6 +272,18 @@ def _optimize(
     """
     graph = concrete_function.graph
     model = GraphModel.from_func_graph(graph, batch_size=config.knobs.batch_size)
+    unknown = unknown_dimensions(concrete_function, batch_known=config.knobs.batch_size is not None)
+    if unknown and not is_rewritten(graph):
+        warnings.warn(
+            f"tflms: {graph.name} was traced with inputs of unknown size ({'; '.join(unknown)}), so the plan "
+            f"sizes an unknown leading dimension as batch_size={config.knobs.batch_size or 1} and any other "
+            "unknown dimension as 1, and may swap too little. Call the step with concrete shapes (no "
+            "input_signature with None, no reduce_retracing: tflms.function plans each shape it is called "
+            "with), or pass batch_size=<the batch size> where only the batch dimension is unknown. "
+            f"Received: batch_size={config.knobs.batch_size!r}",
+            LMSWarning,
+            stacklevel=stacklevel,
+        )
     if is_rewritten(graph):
         reason = "the function is already rewritten by tflms; left unchanged"
         return concrete_function, empty_plan(model, config, Simulator(model, config.host).peak(), reason), None
@@ -532,21 +544,50 @@ class LMSFunction:
         return f"<tflms.LMSFunction {getattr(self.python_function, '__name__', '?')} {self._config}>"
 
 
-def _signature_text(cf: Any) -> str:
-    """``'x: float32[64, 64], y: int32[64]'`` for a ConcreteFunction's flat tensor inputs."""
+def _inputs(cf: Any) -> list[tuple[str, Any]]:
+    """Each input of ``cf`` as ``(text, spec)``: a tensor as ``('x: float32[?, 64]', TensorSpec)``, a
+    Python argument as ``('first_batch=True', None)``; tensors first, in the traced order."""
     args, kwargs = cf.structured_input_signature
     names = [a.name for a in cf.graph.inputs[: len(cf.graph.inputs) - len(cf.graph.captures)]]
-    specs = [s for s in tf.nest.flatten((args, kwargs)) if isinstance(s, tf.TensorSpec)]
-    parts = []
-    for i, spec in enumerate(specs):
-        name = spec.name or (names[i].split(":")[0] if i < len(names) else f"arg{i}")
-        dims = (
-            ", ".join("?" if d is None else str(d) for d in spec.shape.as_list())
-            if spec.shape.rank is not None
-            else "..."
-        )
-        parts.append(f"{name}: {spec.dtype.name}[{dims}]")
-    return ", ".join(parts)
+    params = list(cf.function_type.parameters)
+    labels = params[: len(args)] + [f"arg{i}" for i in range(len(params), len(args))]
+    tensors: list[tuple[str, Any]] = []
+    literals: list[tuple[str, Any]] = []
+    for label, value in [*zip(labels, args), *kwargs.items()]:
+        leaves = tf.nest.flatten(value)
+        for k, leaf in enumerate(leaves):
+            if isinstance(leaf, tf.TensorSpec):
+                i = len(tensors)
+                name = leaf.name or (names[i].split(":")[0] if i < len(names) else f"arg{i}")
+                dims = (
+                    ", ".join("?" if d is None else str(d) for d in leaf.shape.as_list())
+                    if leaf.shape.rank is not None
+                    else "..."
+                )
+                tensors.append((f"{name}: {leaf.dtype.name}[{dims}]", leaf))
+            elif leaf is not None:
+                literals.append((f"{label}{f'[{k}]' if len(leaves) > 1 else ''}={leaf!r}", None))
+    return tensors + literals
+
+
+def _signature_text(cf: Any) -> str:
+    """``'x: float32[64, 64], y: int32[64]'`` for a ConcreteFunction's flat tensor inputs, then its
+    Python arguments by name (``'x: float32[8, 64], first_batch=True'``): two traces that differ only
+    in a Python argument get two texts."""
+    return ", ".join(text for text, _ in _inputs(cf))
+
+
+def unknown_dimensions(cf: Any, batch_known: bool = False) -> list[str]:
+    """The tensor inputs of ``cf`` with a dimension of unknown size, as ``'x: float32[?, 64]'``;
+    with ``batch_known``, an unknown leading (batch) dimension alone does not count."""
+    unknown = []
+    for text, spec in _inputs(cf):
+        if spec is None:
+            continue
+        dims = spec.shape.as_list() if spec.shape.rank is not None else None
+        if dims is None or None in (dims[1:] if batch_known else dims):
+            unknown.append(text)
+    return unknown
 
 
 @overload

@@ -1,6 +1,6 @@
 """Large model support for Keras 3 ``model.fit``: :class:`LMSCallback`.
 
-How it hooks into Keras 3 (TensorFlow backend; pinned by ``tests/test_keras.py``):
+How it hooks into Keras 3 (TensorFlow backend; pinned by ``tests/integrations/test_keras.py``):
 
 * ``fit`` calls ``model.make_train_function()``, then ``callbacks.on_train_begin()``,
   then ``model.train_function(iterator)`` once per step (or per ``steps_per_execution``
@@ -11,12 +11,15 @@ How it hooks into Keras 3 (TensorFlow backend; pinned by ``tests/test_keras.py``
   ``steps_per_execution`` loop), and returns the Python ``function(iterator)`` that
   ``fit`` calls.
 
-At train begin the callback hands ``_make_function`` a :class:`tflms.LMSFunction` around
-the model's ``train_step`` instead of the bare method. That step is the one graph that
-holds forward, backward and optimizer ops, so it is the one tflms rewrites (the outer
-Keras functions only *call* it; tflms never rewrites inside call ops). Everything else,
-the ``steps_per_execution`` loop, optionals, metric logs, distribute-strategy reduction,
-is Keras's own code. At train end the plain Keras function is put back, so ``fit``
+At train begin the callback installs, as ``model.train_function``, a function that takes each
+batch from ``fit``'s iterator as concrete tensors and runs a :class:`tflms.LMSFunction` around
+the model's ``train_step`` on it, as Keras's ``one_step_on_data`` runs the step (optional
+inputs as ``None``, under the model's distribution strategy, outputs reduced across replicas),
+``steps_per_execution`` batches per call. That step is the one graph that holds forward,
+backward and optimizer ops, so it is the one tflms rewrites; fed concrete batches, it is
+traced and planned once per batch shape, so every plan is made for the real batch even where
+the dataset's shapes are unknown (KerasHub's tasks, a partial last batch, a generator). At
+train end the plain Keras function is put back, so ``fit``
 without the callback, ``train_on_batch``, ``evaluate`` and ``predict`` run as if the
 callback had never been used. A later ``fit`` with the same callback re-installs the
 same rewritten step: nothing is traced or rewritten twice (until ``model.compile``
@@ -180,10 +183,9 @@ class LMSCallback(keras.callbacks.Callback):
             class. ``False`` (default): one process.
         **options: :class:`tflms.LMSConfig` fields, e.g. ``device='/device:GPU:0'`` or
             ``devices=['/device:GPU:0', '/device:GPU:1']`` (the step placed across them),
-            ``swapout_threshold=40``, ``batch_size=64``. Pass ``batch_size`` when the
-            batches have no static size (a partial last batch, a dataset batched
-            without ``drop_remainder``): the planner then needs it to size tensors,
-            and the callback warns when it is missing. With ``offload="optimizer"`` the
+            ``swapout_threshold=40``. No batch size is needed: the callback plans for the
+            shapes ``fit`` feeds (one plan per concrete shape, a last partial batch
+            included). With ``offload="optimizer"`` the
             callback builds the model's optimizer with its state on the host at train begin
             (:func:`tflms.build_optimizer`; the Keras 3 optimizers checked are
             :data:`tflms.integrations.offload.CHECKED_OPTIMIZERS`), and the
@@ -266,8 +268,6 @@ class LMSCallback(keras.callbacks.Callback):
         self._train_step = train_step
         self._installation: _Installation | None = None
         self._shown = 0  # plans already reported
-        self._checked_batch = False  # batch dimension of the fed data looked at
-        self._profiled = False  # op_profile="auto": the first call has been profiled
         self._measured_device: str | None = None  # device whose peak this epoch's logs report
         self._mode: Any = OneProcess()
         if horovod and self.config.knobs.op_profile == "auto":
@@ -392,8 +392,6 @@ class LMSCallback(keras.callbacks.Callback):
             inst = self._build(model, current, lms)
             self._installation = inst
             self._shown = 0
-            self._checked_batch = False
-            self._profiled = False
             self.fingerprint = None
         model.train_function = inst.function
 
@@ -437,12 +435,22 @@ class LMSCallback(keras.callbacks.Callback):
         build_optimizer(model.optimizer, model.trainable_variables, self.config.host)
 
     def _build(self, model: keras.Model, keras_function: Callable[[Any], Any], lms: bool = True) -> _Installation:
-        # Traced as Keras traces its one_step_on_data: without AutoGraph (do_not_convert) and
-        # with reduce_retracing=True.
+        # Traced as Keras traces its one_step_on_data: without AutoGraph (do_not_convert).
         step = tf.autograph.experimental.do_not_convert(self._mode.step_to_trace(self.make_train_step(model)))
-        lms_step = lms_function(step, config=self.config, reduce_retracing=True) if lms else None
-        xla = bool(model.jit_compile)
-        if lms and xla:  # only where it may be Keras's jit_compile="auto": _supported raised otherwise
+        model_ref = weakref.ref(model)
+        if not lms:  # Horovod's mode installs its averaging step unrewritten (run eagerly, ...)
+            run = tfi.keras_make_function(model, step, jit_compile=bool(model.jit_compile))
+
+            def plain_function(iterator: Any) -> Any:
+                self._mode.before_run(model_ref, iterator)
+                return run(iterator)
+
+            return _Installation(model_ref, keras_function, None, plain_function)
+        # One trace, hence one plan, per concrete shape of the batches fit feeds (no relaxed
+        # retracing): the planner sizes every tensor from the real batch, a last partial batch
+        # gets a plan of its own.
+        lms_step = lms_function(step, config=self.config)
+        if model.jit_compile:  # only where it may be Keras's jit_compile="auto": _supported raised otherwise
             warnings.warn(
                 "tflms.LMSCallback: the model is compiled with XLA (model.jit_compile=True; Keras's default "
                 "jit_compile='auto' turns XLA on when a GPU is present), which would drop the swap ops, so the "
@@ -452,55 +460,28 @@ class LMSCallback(keras.callbacks.Callback):
                 LMSWarning,
                 stacklevel=4,
             )
-        make = functools.partial(tfi.keras_make_function, model, lms_step if lms else step, jit_compile=xla and not lms)
-        run = make()
-        model_ref = weakref.ref(model)
-        level = "MANUAL" if lms and self.config.knobs.manual_memory_optimizer else None
-        layout_off = lms and not self.config.knobs.layout_optimizer
-        device = resolve_device(self.config) if layout_off else None  # the rewritten step's device
         installation: _Installation
 
         def train_function(iterator: Any) -> Any:
-            nonlocal run
-            if not self._checked_batch:
-                self._checked_batch = True
-                if lms:
-                    self._check_batch_dimension(iterator)
+            """Keras's train function, fed from Python: each batch is taken from ``iterator`` as
+            concrete tensors and handed to the rewritten step (traced and planned per shape)."""
+            model = model_ref()
             self._mode.before_run(model_ref, iterator)
-            # Keras inlines the step into its own function, so the outer call's config counts.
-            with tfi.memory_optimization(level, keep_explicit=True, layout_off=layout_off, device=device):
-                if lms and lms_step.profiles_calls and not self._profiled:
-                    # op_profile="auto": profile this first call, plan again, and let Keras trace anew.
-                    self._profiled = True
-                    out: list[Any] = []
-                    kernels = tfi.profile_kernels(lambda: out.append(run(iterator)))
-                    logs = out[0]
-                    if lms_step.replan_with_kernels(kernels):
-                        run = make()
-                else:
-                    logs = run(iterator)
-            if lms and len(lms_step.plans) > self._shown:
+            logs = None
+            for _ in range(tfi.keras_steps_per_execution(model)):
+                try:
+                    data = next(iterator)
+                except (StopIteration, tf.errors.OutOfRangeError):
+                    if logs is None:
+                        raise StopIteration from None
+                    break
+                logs = tfi.keras_run_step(model, lms_step, data)
+            if len(lms_step.plans) > self._shown:
                 self._report(installation)
             return logs
 
         installation = _Installation(model_ref, keras_function, lms_step, train_function)
         return installation
-
-    def _check_batch_dimension(self, iterator: Any) -> None:
-        """Warn when the planner would size tensors with batch 1 for lack of ``batch_size``."""
-        if self.config.knobs.batch_size is not None:
-            return
-        spec = getattr(iterator, "element_spec", None)
-        specs = [s for s in tf.nest.flatten(spec) if isinstance(s, tf.TensorSpec) and s.shape.rank]
-        if any(s.shape[0] is None for s in specs):
-            warnings.warn(
-                "tflms.LMSCallback: the batches fit feeds have an unknown batch dimension (a partial last "
-                "batch, or a dataset batched without drop_remainder=True), so the planner sizes tensors "
-                "as if the batch were 1 and may swap little or nothing. Pass batch_size=<your batch size> "
-                "to LMSCallback. Received: batch_size=None",
-                LMSWarning,
-                stacklevel=3,
-            )
 
     def _report(self, inst: _Installation) -> None:
         plans = inst.step.plans

@@ -168,6 +168,12 @@ def want_gpu(mode: str, env: Environment) -> bool:
         return True
     if cuda and not env.tf_cuda:
         log(f"CUDA toolkit found ({cuda}) but TensorFlow is not built with CUDA: CPU build")
+        return False
+    if cuda and not shutil.which("nvidia-smi"):
+        # The tensorflow package is built with CUDA on every Linux machine; a GPU build also
+        # needs the CUDA runtime, which comes with a driver (as setup.py decides TensorFlow's build).
+        log(f"CUDA toolkit found ({cuda}) but no NVIDIA driver (nvidia-smi): CPU build")
+        return False
     return bool(cuda) and env.tf_cuda
 
 
