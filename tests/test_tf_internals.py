@@ -275,8 +275,11 @@ def test_grappler_folds_an_add_chain_into_one_addn_unless_its_ops_carry_the_tag(
 def test_onednn_runs_a_filter_gradient_and_its_bias_gradient_as_one_kernel_unless_a_path_joins_them():
     """Why no order or trigger of a plan joins a ``Conv2DBackpropFilter`` and the ``BiasAddGrad``
     of the same gradient (tflms.ir.graph.fused_partners): oneDNN's graph pass runs the two as one
-    kernel, and with a control edge between them each runs alone and the bias gradient's bits
-    change."""
+    kernel, and with a control edge between them each runs alone, the bias gradient computed by
+    another kernel. Asserted: which kernels ran, the same filter gradient, and the same bias
+    gradient within float32 rounding. Whether the two kernels' bias sums agree bit for bit depends
+    on the CPU (they rounded apart on the machine tflms is developed on), so a plan that split
+    them would only keep a step bit-identical on some CPUs: the rule keeps them together."""
     import os
     import platform
 
@@ -311,4 +314,8 @@ def test_onednn_runs_a_filter_gradient_and_its_bias_gradient_as_one_kernel_unles
     assert any(op.endswith("Conv2DBackpropFilterWithBias") for op in fused_ops), sorted(fused_ops)
     assert "BiasAddGrad" in apart_ops and not any(op.endswith("WithBias") for op in apart_ops)
     np.testing.assert_array_equal(filt_apart, filt)
-    assert not np.array_equal(bias_apart, bias)
+    # Two sums of the same 8192 terms per channel, in orders that differ by kernel: 1e-6 of the sum
+    # of their magnitudes (6.7e-3 here) is 20 times what float32 rounding moved them here (3e-4).
+    np.testing.assert_allclose(
+        bias_apart, bias, rtol=0, atol=1e-6 * float(np.abs(dy.numpy()).sum(axis=(0, 1, 2)).max())
+    )

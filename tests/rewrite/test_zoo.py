@@ -399,8 +399,10 @@ def test_pooled_outputs_stay_on_the_device_for_onednn():
     assert "MaxPool3DGrad" not in _kernel_types(setup, new_cf).values()
 
     # The TensorFlow fact behind the rule: swap a pooled output anyway, and the gradient
-    # runs TensorFlow's kernel (which gives the gradient to every tied maximum), so the
-    # step drifts from the plain one.
+    # runs TensorFlow's kernel (which gives the gradient to every tied maximum) instead of
+    # oneDNN's. The forward pass, and so the first loss, is unchanged; whether and from which
+    # step the losses drift apart depends on ties in the pooled windows and on the CPU's
+    # kernels (from step 2 on the machine tflms is developed on), so no difference is asserted.
     graph = tfi.copy_graph(cf)
     grads = [op for op in graph.get_operations() if op.type == "MaxPool3DGrad"]
     swaps = tuple(
@@ -421,9 +423,9 @@ def test_pooled_outputs_stay_on_the_device_for_onednn():
     forced = tfi.rebuild(cf, graph)
     forced_kernels = _kernel_types(setup, forced)
     assert {forced_kernels[op.name] for op in grads} == {"MaxPool3DGrad"}
-    losses_plain, _ = zoo.run_steps(setup, cf, n=2)
-    losses_forced, _ = zoo.run_steps(setup, forced, n=2)
-    assert losses_forced[0] == losses_plain[0] and losses_forced[1] != losses_plain[1]
+    losses_plain, _ = zoo.run_steps(setup, cf, n=1)
+    losses_forced, _ = zoo.run_steps(setup, forced, n=1)
+    np.testing.assert_array_equal(losses_forced, losses_plain)
 
 
 def test_consumers_read_swap_ins_through_a_device_landing():
