@@ -246,8 +246,10 @@ def gpt_steps(batch: int = 8, steps: int = 2, options: dict[str, Any] | None = N
     ``SparseSoftmaxCrossEntropyWithLogits``, not its deterministic composite): one warm-up step and
     ``steps`` more, plain or (``options`` not None) rewritten by ``tflms.optimize`` with them.
     Returns the steady-state measured peak (``peak``, the warm-up excluded), ``peaks``, ``losses``,
-    the predicted peak of the step that ran (``predicted``) and the simulator's
-    :meth:`~tflms.Simulator.unplaced` of it under the process's cap, if any (``unplaced``)."""
+    the predicted peak of the step that ran (``predicted``), the simulator's peak of its requested
+    bytes (``requested``: :meth:`~tflms.Simulator.requested_peak`, no allocator emulation), its
+    lower bound of any plan's peak (``floor``: :meth:`~tflms.Simulator.floor`) and its
+    :meth:`~tflms.Simulator.unplaced` under the process's cap, if any (``unplaced``)."""
     import os
 
     import tensorflow as tf
@@ -275,7 +277,15 @@ def gpt_steps(batch: int = 8, steps: int = 2, options: dict[str, Any] | None = N
             losses.append(float(run(x, y)))
             peaks.append(testbed.memory()["peak"])
     predicted = sim.peak(swaps)
-    return {"peak": max(peaks[1:]), "peaks": peaks, "losses": losses, "predicted": predicted, "unplaced": unplaced}
+    return {
+        "peak": max(peaks[1:]),
+        "peaks": peaks,
+        "losses": losses,
+        "predicted": predicted,
+        "requested": sim.requested_peak(swaps),
+        "floor": tflms.Simulator(model).floor()[0],
+        "unplaced": unplaced,
+    }
 
 
 def offload_gpt(
@@ -298,7 +308,8 @@ def offload_gpt(
     memory-aware schedule unless ``serialize=False``; at most ``swapout_window`` swap-outs in
     flight when it is a number, tflms's default ``"auto"``: no limit on a CPU). Returns
     ``losses``, the steady-state measured ``peak`` (warm-up excluded), the ``predicted`` peak of
-    the step that ran, the median ``step_seconds`` and the weights' bytes."""
+    the step that ran and the peak of its ``requested`` bytes (the simulator's, without the
+    allocator emulation), the median ``step_seconds`` and the weights' bytes."""
     import time
 
     import numpy as np
@@ -306,6 +317,7 @@ def offload_gpt(
 
     import tflms
     from tflms import testbed
+    from tflms.plan.registry import replay
     from tflms.testing.zoo import build
 
     offload = "optimizer" if offload is True else (offload or None)
@@ -320,11 +332,17 @@ def offload_gpt(
         knobs.update({} if serialize is None else {"serialize": serialize})
         knobs.update({} if swapout_window == "auto" else {"swapout_window": swapout_window})
         run = tflms.function(step, device=testbed.DEVICE, host=testbed.HOST, offload=offload, budget=budget, **knobs)
-        predicted = run.get_plan(x, y).peak_bytes_after
+        plan = run.get_plan(x, y)
+        # The plan replayed on a plain trace of the step is the step that runs (its peak is the plan's).
+        model_of_step = tflms.GraphModel.from_func_graph(tf.function(step).get_concrete_function(x, y).graph)
+        sim, swaps = tflms.Simulator(replay(model_of_step, plan), testbed.HOST), plan.swaps
+        predicted = plan.peak_bytes_after
     else:
         run = tf.function(step)
         cf = run.get_concrete_function(x, y)
-        predicted = tflms.Simulator(tflms.GraphModel.from_func_graph(cf.graph), testbed.HOST).peak()
+        sim, swaps = tflms.Simulator(tflms.GraphModel.from_func_graph(cf.graph), testbed.HOST), ()
+        predicted = sim.peak()
+    requested = sim.requested_peak(swaps)
     peaks, losses, seconds = [], [], []
     with tf.device(testbed.DEVICE):
         for _ in range(1 + steps):
@@ -341,6 +359,7 @@ def offload_gpt(
         "peak": max(peaks[1:]),
         "peaks": peaks,
         "predicted": int(predicted),
+        "requested": int(requested),
         "step_seconds": float(np.median(seconds[1:])),
         "weight_bytes": weights,
     }

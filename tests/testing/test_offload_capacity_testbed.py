@@ -28,6 +28,10 @@ PLAIN = {"layers": 8, "batch": 2, "seq": 64, "steps": 3}
 DEEP = {**PLAIN, "layers": 36}
 #: Every activation of 4 kB or more swapped, at most 2 swap-outs in flight.
 SWAPPED = {"budget": None, "min_bytes": 4096, "serialize": False, "swapout_window": 2}
+#: A measured peak is at least this share of the simulator's requested-bytes peak on any CPU: the
+#: allocator's rounding and rests, which the prediction emulates, appear or not with the order the
+#: CPU's threads allocate in (tests/testing/test_testbed.py, ``BELOW_REQUESTED``).
+BELOW_REQUESTED = 0.9
 
 
 def _parameters(layers: int) -> int:
@@ -58,5 +62,6 @@ def test_gpt_with_three_times_the_plain_parameters_trains_with_the_optimizer_off
     assert o["peak"] < 160 * 2**20 and o["weight_bytes"] > 0.75 * o["peak"], o["peaks"]
     # Measured against predicted: the simulator sends a swap-out at once, which the window makes
     # nearly true (0.97-1.09 from 8 to 64 blocks under 256 MiB when this was written; without the
-    # window 0.96-1.48 from 8 to 32 blocks: benchmarks/offload_capacity.py).
-    assert 0.9 <= o["peak"] / o["predicted"] <= 1.15, (o["peaks"], o["predicted"])
+    # window 0.96-1.48 from 8 to 32 blocks: benchmarks/offload_capacity.py). Requested: 0.98 of predicted.
+    low, high = BELOW_REQUESTED * o["requested"], 1.15 * o["predicted"]
+    assert low <= o["peak"] <= high, (o["peaks"], o["requested"], o["predicted"])

@@ -18,6 +18,10 @@ pytestmark = pytest.mark.integration
 #: state on the host but its update left on the device) at batch 2, sequence 64.
 KWARGS = {"layers": 8, "batch": 2, "seq": 64, "steps": 3}
 CAP = "160MiB"
+#: A measured peak is at least this share of the simulator's requested-bytes peak on any CPU: the
+#: allocator's rounding and rests, which the prediction emulates, appear or not with the order the
+#: CPU's threads allocate in (tests/testing/test_testbed.py, ``BELOW_REQUESTED``).
+BELOW_REQUESTED = 0.9
 
 
 @pytest.mark.measured
@@ -40,8 +44,9 @@ def test_gpt_whose_adam_state_overflows_the_cap_trains_with_the_optimizer_offloa
     assert r["peak"] > 160 * 2**20 > o["peak"]
     assert o["peak"] < 0.7 * r["peak"], (o["peaks"], r["peaks"])
     # Measured against predicted (1.08 when this was written; the simulator sends each gradient and
-    # swap-out at once, which the test bed's shared cores do not).
-    assert 0.9 <= o["peak"] / o["predicted"] <= 1.25, (o["peaks"], o["predicted"])
+    # swap-out at once, which the test bed's shared cores do not). Requested: 0.91 of predicted.
+    low, high = BELOW_REQUESTED * o["requested"], 1.25 * o["predicted"]
+    assert low <= o["peak"] <= high, (o["peaks"], o["requested"], o["predicted"])
 
 
 #: A GPT of 12 blocks (54.6 MB of weights, 13.6 M parameters) at batch 2, sequence 64, under a cap
@@ -72,5 +77,7 @@ def test_gpt_that_overflows_the_cap_with_the_optimizer_offloaded_trains_with_the
     # the plain step's peak: activations, a few layers' weights and the gradients in flight.
     assert w["weight_bytes"] > 0.5 * 96 * 2**20 > 0.5 * w["peak"]
     assert w["peak"] < 0.4 * r["peak"], (w["peaks"], r["peaks"])
-    # Measured against predicted (1.00 at 8, 32 and 64 blocks when this was written).
-    assert 0.85 <= w["peak"] / w["predicted"] <= 1.15, (w["peaks"], w["predicted"])
+    # Measured against predicted (1.00 at 8, 32 and 64 blocks when this was written). Requested: 0.96
+    # of predicted.
+    low, high = BELOW_REQUESTED * w["requested"], 1.15 * w["predicted"]
+    assert low <= w["peak"] <= high, (w["peaks"], w["requested"], w["predicted"])

@@ -40,6 +40,26 @@ def _check_losses(plain, lms):
     assert plain["losses"][-1] < plain["losses"][0]  # it trained
 
 
+#: How far a measured peak may lie from the simulator's, on any CPU. Above: the prediction emulates
+#: the BFC allocator's chunks for the simulator's order of the ops; the executor runs another order
+#: and its allocations split other chunks (plain steps measured up to 1.17 of their prediction, step
+#: by step: benchmarks/results/simulator_accuracy.json). Below: the bytes the step requests at its
+#: peak are what any run holds at once, the allocator's rounding and unsplit rests aside, unless the
+#: executor's order overlaps fewer of them; whether the emulated rests appear depends on the order
+#: the CPU's threads allocate in (test_gpt_plain_step_measures_within_its_prediction's GPT measured 1.00 of its
+#: prediction on one CPU, 0.87 on another, where it measured its requested peak).
+ABOVE_PREDICTED = 1.2
+BELOW_REQUESTED = 0.9
+
+
+def _check_measured_against_predicted(v: dict) -> None:
+    """``v``'s steady-state measured ``peak`` within the bounds above of its ``predicted`` and
+    ``requested`` peaks, and at least the simulator's ``floor``, if ``v`` has one."""
+    low, high = BELOW_REQUESTED * v["requested"], ABOVE_PREDICTED * v["predicted"]
+    assert low <= v["peak"] <= high, (v["peaks"], v["requested"], v["predicted"])
+    assert v["peak"] >= v.get("floor", 0), (v["peaks"], v["floor"])
+
+
 # ----------------------------------------------------------------- lifecycle and errors
 @pytest.mark.measured
 def test_host_worker_starts_serves_and_stops():
@@ -262,6 +282,17 @@ def test_left_out_tiles_allocate_nothing_of_an_activations_size():
 # runs of 2026-11-24 put the CNN at 0.71-1.09 per run, and a CI run of 2026-11-24 measured 114.15
 # against 114.06 MiB plain (1.001), so the CNN is held to 1.1 x plain. The first step is not
 # counted: the rewritten step's first peak measured up to 1.8x its later ones (see tflms.testing.measure.measure_step).
+def _plain_requested(model: str, batch: int, predicted: int) -> int:
+    """The simulator's requested-bytes peak of ``model``'s plain step at ``batch``, traced here as
+    tflms.testing.measure traces it (the same graph: its predicted peak is ``predicted``)."""
+    from tflms.testing.zoo import build
+
+    _, x, y, step = build(model, batch)
+    sim = tflms.Simulator(tflms.GraphModel.from_func_graph(tf.function(step).get_concrete_function(x, y).graph))
+    assert sim.peak() == predicted, (sim.peak(), predicted)
+    return sim.requested_peak()
+
+
 @functools.cache
 def _transformer_measured():
     """The transformer block at batch 8, plain, swaps and swaps with recompute, in one measured
@@ -280,9 +311,9 @@ def test_rewritten_step_measures_less_than_plain(model, batch, ratio):
     assert lms["peak"] < ratio * plain["peak"], (lms["peak"], plain["peak"])
     if model == "transformer":
         # The plain step against the simulator, which models Grappler's constant push-down (the
-        # scaled softmax computed in the forward pass): 204 MiB predicted, 210-221 MiB measured in
-        # five runs here (2026-11-24), 1.21-1.27 of the prediction without the push-down (174 MiB).
-        assert 0.9 <= plain["peak"] / plain["predicted"] <= 1.15, (plain["peak"], plain["predicted"])
+        # scaled softmax computed in the forward pass): 210.5 MiB predicted, 196 MiB requested.
+        # Without the push-down the simulator predicted 174 MiB, under what any run measures.
+        _check_measured_against_predicted({**plain, "requested": _plain_requested(model, batch, plain["predicted"])})
 
 
 @pytest.mark.measured
@@ -290,15 +321,18 @@ def test_gpt_plain_step_measures_within_its_prediction():
     """The GPT of tflms.testing.measure (vocabulary 8000, width 256, 4 causal blocks) at batch 8, traced as
     a user traces it (op determinism off: TensorFlow's fused sparse cross-entropy, which writes its
     backprop into the 62.5 MiB logits, as the attention's Softmax writes into its scores; rule 3 of
-    tflms.emulate.simulator). Measured here (2026-11-28): 524.8 MiB against 522.9 predicted; the simulator
-    predicted 567.8 MiB before it knew those ops write in place. tests/test_gpt.py pins the
-    prediction to that measurement without the test bed."""
+    tflms.emulate.simulator). Asserted, as holds on any CPU: the measured peak is at least the
+    simulator's floor (the variables and the largest working set of one op, 155 MiB: no run holds
+    less) and 0.9 of the requested-bytes peak (458 MiB), and at most 1.2 times the predicted peak
+    (523 MiB; see ``ABOVE_PREDICTED``). tests/emulate/test_gpt_prediction.py pins the prediction
+    without the test bed."""
     jobs = [str(TESTS)]
     r = testbed.run_measured("testbed_jobs:gpt_steps", {"batch": 8, "steps": 3}, timeout=900, pythonpath=jobs)
     assert r.ok, r.error
     v = r.value
     assert v["losses"][-1] < v["losses"][0]  # it trained
-    assert 0.95 <= v["peak"] / v["predicted"] <= 1.05, (v["peaks"], v["predicted"])
+    assert v["floor"] < v["requested"] <= v["predicted"]
+    _check_measured_against_predicted(v)
 
 
 @pytest.mark.measured
@@ -338,8 +372,9 @@ def test_recompute_frees_as_much_real_memory_with_less_link_traffic():
     assert rec["n_recomputes"] > 0 and rec["swapped_bytes"] < lms["swapped_bytes"]
     assert rec["link_seconds"] < lms["link_seconds"]
     assert rec["peak"] <= 0.85 * plain["peak"], (rec["peak"], plain["peak"])
-    # As for the swaps-only plan (see the next test), transfer time is not simulated.
-    assert 0.8 <= rec["peak"] / rec["predicted"] <= 1.8, (rec["peak"], rec["predicted"])
+    # As for the swaps-only plan (see the next test), transfer time is not simulated. Below: the
+    # plan's requested bytes are 0.85 of its predicted peak (BELOW_REQUESTED of that is 0.77).
+    assert 0.75 <= rec["peak"] / rec["predicted"] <= 1.8, (rec["peak"], rec["predicted"])
 
 
 @pytest.mark.measured
@@ -392,7 +427,8 @@ def test_tflms_function_frees_memory_and_reports_its_measured_peak():
     # The simulator ignores transfer time: a swapped-out buffer stays on the device until the
     # gRPC link (~1 GiB/s) has sent it, and this step moves more than its compute hides. Its
     # steady peak measured 89-147 MiB against 92 MiB predicted (0.97-1.6) over nine runs here.
-    assert 0.8 <= measured / predicted <= 1.8, (measured, predicted)
+    # Below: the plan's requested bytes are 0.84 of its predicted peak (BELOW_REQUESTED of that is 0.76).
+    assert 0.75 <= measured / predicted <= 1.8, (measured, predicted)
     assert measured < plain["peak"]
 
 
