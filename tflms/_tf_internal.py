@@ -28,6 +28,10 @@ A TensorFlow upgrade that breaks tflms should break only this module, and
   ``_flatten_layers``/``_symbolic_build`` to build a model before broadcasting it, and
   what Keras's ``train_step`` uses (``_call_has_training_arg``, ``_compute_loss``,
   ``_loss_tracker``, ``keras.src``'s ``unscale_loss_for_distribution``).
+* tf-keras 2.x internals used by ``LMSCallback`` with a tf-keras model (``tf_keras_*``
+  functions below; pinned by ``tests/integrations/test_tf_keras.py``): ``Model._train_counter``,
+  ``_steps_per_execution`` and ``_minimum_control_deps`` and ``reduce_per_replica`` of
+  ``tf_keras.src.engine.training``, to run the step as ``make_train_function`` does.
 """
 
 from __future__ import annotations
@@ -585,3 +589,54 @@ def keras_unscale_loss_for_distribution(loss: Any) -> Any:
     from keras.src.losses.loss import unscale_loss_for_distribution
 
     return unscale_loss_for_distribution(loss)
+
+
+# -- tf-keras 2.x internals (LMSCallback with a tf-keras model; pinned in tests/integrations/test_tf_keras.py) --
+# tf-keras is never imported here unless the model is one of its own (it is then imported already).
+
+_TF_KERAS_TRAINING = "tf_keras.src.engine.training"  # tf-keras's Model, make_train_function, reduce_per_replica
+
+
+def tf_keras_model(model: Any) -> bool:
+    """Whether ``model`` is a tf-keras model (``import tf_keras``, or ``tf.keras`` under
+    ``TF_USE_LEGACY_KERAS=1``): an instance of ``tf_keras.src.engine.training.Model``."""
+    import sys
+
+    training = sys.modules.get(_TF_KERAS_TRAINING)
+    return training is not None and isinstance(model, training.Model)
+
+
+def tf_keras_counted_step(model: Any, step: Any) -> Any:
+    """``step(data) -> logs`` that also counts the step as tf-keras's ``make_train_function``
+    (``run_step``) does: ``model._train_counter.assign_add(1)`` after the step's first output
+    (``_minimum_control_deps``), in the same traced function."""
+    import importlib
+
+    minimum_control_deps = importlib.import_module(_TF_KERAS_TRAINING)._minimum_control_deps  # noqa: SLF001
+    counter = model._train_counter  # noqa: SLF001
+
+    def counted_step(data: Any) -> Any:
+        outputs = step(data)
+        with tf.control_dependencies(minimum_control_deps(outputs)):
+            counter.assign_add(1)
+        return outputs
+
+    return counted_step
+
+
+def tf_keras_steps_per_execution(model: Any) -> int:
+    """How many batches one call of tf-keras's train function runs now: ``model._steps_per_execution``
+    (a variable that ``fit`` lowers for the last partial execution of an epoch)."""
+    spe = model._steps_per_execution  # noqa: SLF001
+    return 1 if spe is None else max(1, int(spe.numpy().item()))
+
+
+def tf_keras_run_step(model: Any, step: Any, data: Any) -> Any:
+    """Run ``step(data)`` as tf-keras's ``step_function`` does: under the model's distribution
+    strategy, its outputs reduced with ``reduce_per_replica`` by ``model.distribute_reduction_method``."""
+    import importlib
+
+    reduce_per_replica = importlib.import_module(_TF_KERAS_TRAINING).reduce_per_replica
+    strategy = model.distribute_strategy
+    outputs = strategy.run(step, args=(data,))
+    return reduce_per_replica(outputs, strategy, reduction=model.distribute_reduction_method)

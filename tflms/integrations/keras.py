@@ -1,4 +1,4 @@
-"""Large model support for Keras 3 ``model.fit``: :class:`LMSCallback`.
+"""Large model support for Keras 3 and tf-keras 2.x ``model.fit``: :class:`LMSCallback`.
 
 How it hooks into Keras 3 (TensorFlow backend; pinned by ``tests/integrations/test_keras.py``):
 
@@ -25,6 +25,17 @@ callback had never been used. A later ``fit`` with the same callback re-installs
 same rewritten step: nothing is traced or rewritten twice (until ``model.compile``
 makes Keras build a new train function). The Keras internals used are wrapped in
 :mod:`tflms._tf_internal` (``keras_*``).
+
+A tf-keras model (``import tf_keras``, or ``tf.keras`` under ``TF_USE_LEGACY_KERAS=1``;
+pinned by ``tests/integrations/test_tf_keras.py``) is fitted the same way: tf-keras's
+``fit`` also calls ``make_train_function()``, ``on_train_begin`` and then
+``model.train_function(iterator)``, and its ``CallbackList`` asks each callback
+``_implements_train_batch_hooks()`` (and the test and predict ones), which the callback
+answers. The installed function runs the rewritten step as tf-keras's ``step_function``
+runs ``run_step``: ``train_step``, then ``model._train_counter`` counted inside the step,
+under the strategy, reduced by ``model.distribute_reduction_method``, as many batches as
+``model.steps_per_execution`` holds at each call (``tflms._tf_internal``'s ``tf_keras_*``).
+``horovod=True`` and ``offload`` need a Keras 3 model.
 
 What differs between one process and data parallelism under ``horovodrun`` is a *mode*
 the callback holds: :class:`OneProcess` here, Horovod's (``tflms.integrations.horovod.fit``,
@@ -148,7 +159,7 @@ class _Installation:
 
 
 class LMSCallback(keras.callbacks.Callback):
-    """Train with large model support in Keras 3 ``model.fit``.
+    """Train with large model support in Keras 3 ``model.fit`` (tf-keras 2.x ``model.fit`` too).
 
     At train begin the callback makes the per-batch training step an LMS step
     (activations swapped to the host, see :func:`tflms.function`) and installs it
@@ -221,6 +232,10 @@ class LMSCallback(keras.callbacks.Callback):
         ValueError: an invalid option value; at train begin, a model compiled with
             ``jit_compile=True`` where that cannot be Keras's ``"auto"``, or with
             ``xla="error"`` (XLA would drop the swap ops).
+
+    A tf-keras model (``tf_keras``, or ``tf.keras`` under ``TF_USE_LEGACY_KERAS=1``) trains the
+    same way, bit-identical to tf-keras's own ``fit``; ``jit_compile=True`` raises (tf-keras
+    has no ``"auto"``), and ``horovod=True`` and ``offload`` raise ``ValueError`` at train begin.
 
     The model runs plain, with a :class:`tflms.LMSWarning`, when it was compiled with
     ``run_eagerly=True`` or trains under a distribution strategy with several replicas.
@@ -338,6 +353,8 @@ class LMSCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict | None = None) -> None:
         model = self.model
+        if tfi.tf_keras_model(model):
+            self._check_tf_keras()
         lms = self._supported(model)
         if lms and self.config.offload:
             self._build_optimizer(model)
@@ -377,6 +394,21 @@ class LMSCallback(keras.callbacks.Callback):
         if model is not None and model.train_function is inst.function:
             model.train_function = inst.keras_function
 
+    # -- tf-keras's callback protocol (its CallbackList asks every callback these) ----
+
+    def _implements_train_batch_hooks(self) -> bool:
+        """Whether tf-keras calls the train batch hooks: where a subclass overrides one (the callback's
+        own do nothing in one process, so tf-keras need not sync each batch's logs for it)."""
+        return _overrides(self, ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end"))
+
+    def _implements_test_batch_hooks(self) -> bool:
+        """Whether tf-keras calls the test batch hooks: where a subclass overrides one."""
+        return _overrides(self, ("on_test_batch_begin", "on_test_batch_end"))
+
+    def _implements_predict_batch_hooks(self) -> bool:
+        """Whether tf-keras calls the predict batch hooks: where a subclass overrides one."""
+        return _overrides(self, ("on_predict_batch_begin", "on_predict_batch_end"))
+
     # -- internals --------------------------------------------------------------------
 
     def _install(self, model: keras.Model, lms: bool) -> None:
@@ -395,6 +427,21 @@ class LMSCallback(keras.callbacks.Callback):
             self.fingerprint = None
         model.train_function = inst.function
 
+    def _check_tf_keras(self) -> None:
+        """Refuse, for a tf-keras model, the options that need Keras 3 (raises ``ValueError``)."""
+        refused = {
+            "horovod": self.horovod,
+            "offload": self.config.offload,
+        }
+        asked = {name: value for name, value in refused.items() if value}
+        if asked:
+            raise ValueError(
+                "tflms.LMSCallback with a tf-keras model (tf_keras, or tf.keras under TF_USE_LEGACY_KERAS=1) "
+                "swaps activations only: horovod=True and offload handle a Keras 3 model's optimizer and "
+                "variables. Leave them out, or use a Keras 3 model for them. Received: "
+                + ", ".join(f"{name}={value!r}" for name, value in asked.items())
+            )
+
     def _supported(self, model: keras.Model) -> bool:
         """Whether the model's step can be rewritten (warns or raises when not)."""
         if model.run_eagerly:
@@ -406,16 +453,23 @@ class LMSCallback(keras.callbacks.Callback):
             )
             return False
         if model.jit_compile and (self.xla == "error" or not _auto_would_choose_xla(model)):
-            why = (
-                "LMSCallback(xla='error') was given"
-                if self.xla == "error"
-                else "jit_compile=True was asked for explicitly (Keras's default 'auto' would not choose XLA here)"
-            )
+            if tfi.tf_keras_model(model):
+                why = "a tf-keras model is compiled with XLA only when asked (jit_compile=True)"
+                fix = "Compile the model without jit_compile (tf-keras's default)"
+            else:
+                why = (
+                    "LMSCallback(xla='error') was given"
+                    if self.xla == "error"
+                    else "jit_compile=True was asked for explicitly (Keras's default 'auto' would not choose XLA here)"
+                )
+                fix = (
+                    "Compile the model with jit_compile=False, or leave Keras's default jit_compile='auto' and "
+                    "LMSCallback(xla='disable') to train the rewritten step without XLA"
+                )
             raise ValueError(
                 "tflms.LMSCallback cannot swap tensors in an XLA-compiled train step: XLA compiles the "
-                f"whole step and drops the swap ops, and {why}. Compile the model with jit_compile=False, or "
-                "leave Keras's default jit_compile='auto' and LMSCallback(xla='disable') to train the rewritten "
-                f"step without XLA. Received: model.jit_compile={model.jit_compile!r}, xla={self.xla!r}"
+                f"whole step and drops the swap ops, and {why}. {fix}. "
+                f"Received: model.jit_compile={model.jit_compile!r}, xla={self.xla!r}"
             )
         replicas = model.distribute_strategy.num_replicas_in_sync
         if replicas > 1:
@@ -435,8 +489,15 @@ class LMSCallback(keras.callbacks.Callback):
         build_optimizer(model.optimizer, model.trainable_variables, self.config.host)
 
     def _build(self, model: keras.Model, keras_function: Callable[[Any], Any], lms: bool = True) -> _Installation:
-        # Traced as Keras traces its one_step_on_data: without AutoGraph (do_not_convert).
-        step = tf.autograph.experimental.do_not_convert(self._mode.step_to_trace(self.make_train_step(model)))
+        step = self.make_train_step(model)
+        if tfi.tf_keras_model(model):  # tf-keras counts the step inside its traced run_step
+            step = tfi.tf_keras_counted_step(model, step)
+            steps_per_execution, run_step = tfi.tf_keras_steps_per_execution, tfi.tf_keras_run_step
+        else:
+            steps_per_execution, run_step = tfi.keras_steps_per_execution, tfi.keras_run_step
+        # Traced as Keras traces its one_step_on_data (and tf-keras the train_step its step_function
+        # calls): without AutoGraph (do_not_convert).
+        step = tf.autograph.experimental.do_not_convert(self._mode.step_to_trace(step))
         model_ref = weakref.ref(model)
         if not lms:  # Horovod's mode installs its averaging step unrewritten (run eagerly, ...)
             run = tfi.keras_make_function(model, step, jit_compile=bool(model.jit_compile))
@@ -468,14 +529,14 @@ class LMSCallback(keras.callbacks.Callback):
             model = model_ref()
             self._mode.before_run(model_ref, iterator)
             logs = None
-            for _ in range(tfi.keras_steps_per_execution(model)):
+            for _ in range(steps_per_execution(model)):
                 try:
                     data = next(iterator)
                 except (StopIteration, tf.errors.OutOfRangeError):
                     if logs is None:
                         raise StopIteration from None
                     break
-                logs = tfi.keras_run_step(model, lms_step, data)
+                logs = run_step(model, lms_step, data)
             if len(lms_step.plans) > self._shown:
                 self._report(installation)
             return logs
@@ -579,8 +640,16 @@ def _auto_would_choose_xla(model: keras.Model) -> bool:
     Then ``model.jit_compile == True`` may be Keras's default rather than the user's request.
     Keras's own resolution (pinned in tests/test_keras.py); when it cannot be asked, True.
     """
+    if tfi.tf_keras_model(model):
+        return False  # tf-keras has no "auto": jit_compile=True is the user's
     auto = tfi.keras_auto_jit_compile(model)
     return True if auto is None else auto
+
+
+def _overrides(callback: LMSCallback, hooks: tuple[str, ...]) -> bool:
+    """Whether ``callback``'s class overrides any of the Keras callback methods ``hooks`` (beyond
+    :class:`LMSCallback`'s own)."""
+    return any(getattr(type(callback), hook) is not getattr(LMSCallback, hook) for hook in hooks)
 
 
 def __getattr__(name: str) -> Any:
