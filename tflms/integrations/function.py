@@ -34,8 +34,9 @@ from ..ir.graph import GraphModel
 from ..plan.passes.offload import OffloadDecisions, offload_decisions, with_offload
 from ..plan.planner import empty_plan, make_plan
 from ..plan.profiles import AUTO_PROFILE, auto_profile_path, profile_of_call
-from ..plan.records import SwapPlan
+from ..plan.records import SwapPlan, format_bytes
 from ..rewrite.apply import apply_offload, apply_plan, is_rewritten
+from . import recovery
 
 __all__ = [
     "optimize",
@@ -49,6 +50,10 @@ __all__ = [
 ]
 
 log = logging.getLogger("tflms")
+
+#: Callables ``edit(graph, plan, device)`` applied to each rewritten graph before it is rebuilt:
+#: a test's way into the rewritten step (:mod:`tflms.testing.faults`). Empty in use.
+AFTER_REWRITE: list[Callable[[Any, SwapPlan, str], None]] = []
 
 # Rebuilt functions -> their plan, so that optimizing one again changes nothing.
 _REWRITTEN: weakref.WeakKeyDictionary[Any, SwapPlan] = weakref.WeakKeyDictionary()
@@ -311,6 +316,8 @@ def _optimize(
     if offload is not None:
         apply_offload(new_graph, offload.ops, config.host, offload.transfers, device)
     counts = apply_plan(new_graph, plan, device=device, host=config.host)
+    for edit in AFTER_REWRITE:
+        edit(new_graph, plan, device)
     new_cf = tfi.rebuild(concrete_function, new_graph)
     _REWRITTEN[new_cf] = plan
     log.info("tflms: %s: %s", graph.name, budget_text)
@@ -389,6 +396,10 @@ class LMSFunction:
             self.python_function = python_function
         self._cache: dict[Any, tuple[Any, SwapPlan, str | None]] = {}
         self._profiled: set[Any] = set()  # traces planned again with a profile of their first call
+        self._probation: dict[Any, int] = {}  # trace -> calls left whose writes are saved first
+        #: The re-plans after an out-of-memory error, in order: ``{'function', 'why', 'failed_peak',
+        #: 'old_budget', 'budget'}`` (``budget='plain'``: the plain step took over).
+        self.replans: list[dict[str, Any]] = []
         self._lock = threading.Lock()
         self._warned_eager = False
         self._bound: weakref.WeakKeyDictionary[Any, LMSFunction] = weakref.WeakKeyDictionary()
@@ -399,6 +410,10 @@ class LMSFunction:
         return self._config
 
     def _entry(self, args: tuple, kwargs: dict) -> tuple[Any, SwapPlan, str | None]:
+        return self._traced_entry(args, kwargs)[1]
+
+    def _traced_entry(self, args: tuple, kwargs: dict) -> tuple[Any, tuple[Any, SwapPlan, str | None]]:
+        """``(trace, (rewritten function, plan, device or None))`` for these arguments."""
         cf = self._tf_function.get_concrete_function(*args, **kwargs)
         entry = self._cache.get(cf)
         if entry is None:
@@ -416,7 +431,7 @@ class LMSFunction:
                             copy = not self._owns_traces or self.profiles_calls
                             entry = _optimize(cf, self._config, copy, stacklevel=4)
                     self._cache[cf] = entry
-        return entry
+        return cf, entry
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if tf.config.functions_run_eagerly():
@@ -429,16 +444,109 @@ class LMSFunction:
                     stacklevel=2,
                 )
             return self.python_function(*args, **kwargs)
-        new_cf, _, device = self._entry(args, kwargs)
-        # Traced into a caller's function (LMSCallback's Keras step), the caller profiles the call.
-        if device is not None and self.profiles_calls and tf.executing_eagerly():
-            cf = self._tf_function.get_concrete_function(*args, **kwargs)
-            if cf not in self._profiled:
-                out: list[Any] = []
-                kernels = tfi.profile_kernels(lambda: out.append(self._run(new_cf, device, args, kwargs)))
-                self.replan_with_kernels(kernels, [cf])
-                return out[0]
-        return self._run(new_cf, device, args, kwargs)
+        cf, (new_cf, plan, device) = self._traced_entry(args, kwargs)
+        if device is None or not tf.executing_eagerly():
+            # Traced into a caller's function, the caller runs (and profiles) the call.
+            return self._run(new_cf, device, args, kwargs)
+        if self.profiles_calls and cf not in self._profiled:
+            out: list[Any] = []
+            kernels = tfi.profile_kernels(lambda: out.append(self._run_recovering(cf, args, kwargs)))
+            self.replan_with_kernels(kernels, [cf])
+            return out[0]
+        return self._run_recovering(cf, args, kwargs)
+
+    def _run_recovering(self, cf: Any, args: tuple, kwargs: dict) -> Any:
+        """Run the rewritten step of trace ``cf``; while its plan is on probation, undo a call that
+        runs out of device memory and run the same arguments again with a plan for less memory,
+        then with the plain step (:mod:`tflms.integrations.recovery`)."""
+        new_cf, plan, device = self._cache[cf]
+        left = self._probation.get(cf, recovery.PROBATION_CALLS)
+        if left <= 0:
+            return self._run(new_cf, device, args, kwargs)
+        tries: list[str] = []
+        while True:
+            variables = recovery.written_variables(new_cf)
+            saved = recovery.save_state(variables, self._config.host)
+            try:
+                out = self._run(new_cf, device, args, kwargs)
+            except tf.errors.ResourceExhaustedError as err:
+                recovery.restore_state(variables, saved)
+                del saved
+                tries.append(_tried(new_cf is cf, plan, device, err))
+                entry = self._after_out_of_memory(cf, new_cf is cf, plan, device, tries)
+                if entry is None:
+                    raise tf.errors.ResourceExhaustedError(
+                        None, None, recovery.out_of_memory_message(plan.function, tries)
+                    ) from err
+                new_cf, plan, device = entry
+                self._cache[cf] = entry
+                left = recovery.PROBATION_CALLS
+                continue
+            self._probation[cf] = left - 1
+            return out
+
+    def _after_out_of_memory(
+        self, cf: Any, plain: bool, plan: SwapPlan, device: str | None, tries: list[str]
+    ) -> tuple[Any, SwapPlan, str | None] | None:
+        """The next way to run trace ``cf`` after ``plan`` ran out of memory: a plan for less memory
+        (at most :data:`~tflms.integrations.recovery.MAX_REPLANS`), then the plain step; ``None``
+        when the plain step (``plain``: the one that failed) ran out of memory too."""
+        budget = plan.options.get("budget")
+        if not plain and len(tries) <= recovery.MAX_REPLANS:
+            new_budget = recovery.replan_budget(plan.peak_bytes_after, budget)
+            config = self._config.replace(budget=new_budget, on_budget_miss="best")
+            with paused_gc(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", LMSWarning)
+                entry = _optimize(self._fresh_trace(cf), config, copy=False, stacklevel=5)
+            if entry[2] is not None and entry[1].peak_bytes_after < plan.peak_bytes_after:
+                self.replans.append(
+                    {
+                        "function": plan.function,
+                        "why": tries[-1],
+                        "failed_peak": plan.peak_bytes_after,
+                        "old_budget": budget,
+                        "budget": new_budget,
+                    }
+                )
+                log.warning(
+                    "tflms: %s ran out of device memory (%s); its writes were undone and it runs the same batch "
+                    "again with a plan for budget %s (was %s)",
+                    plan.function,
+                    tries[-1],
+                    format_bytes(new_budget),
+                    "none" if budget is None else format_bytes(budget),
+                )
+                return entry
+        if plain:
+            return None
+        log.warning(
+            "tflms: %s ran out of device memory with every plan tried (%s); it runs the same batch with the plain step",
+            plan.function,
+            tries[-1],
+        )
+        self.replans.append(
+            {
+                "function": plan.function,
+                "why": tries[-1],
+                "failed_peak": plan.peak_bytes_after,
+                "old_budget": budget,
+                "budget": "plain",
+            }
+        )
+        reason = "the plans ran out of device memory: the plain step runs"
+        return (
+            cf,
+            empty_plan(GraphModel.from_func_graph(cf.graph), self._config, plan.peak_bytes_before, reason),
+            device,
+        )
+
+    def _fresh_trace(self, cf: Any) -> Any:
+        """An unedited trace of the same signature as ``cf`` (``tflms.function`` rewrites its own
+        traces in place), for planning again."""
+        if not is_rewritten(cf.graph):
+            return cf
+        args, kwargs = cf.structured_input_signature
+        return tf.function(self.python_function).get_concrete_function(*args, **kwargs)
 
     def _run(self, new_cf: Any, device: str | None, args: tuple, kwargs: dict) -> Any:
         level = "MANUAL" if self._config.knobs.manual_memory_optimizer else None
@@ -542,6 +650,19 @@ class LMSFunction:
 
     def __repr__(self) -> str:
         return f"<tflms.LMSFunction {getattr(self.python_function, '__name__', '?')} {self._config}>"
+
+
+def _tried(plain: bool, plan: SwapPlan, device: str | None, err: Exception) -> str:
+    """One line on a way of running a step that ran out of memory."""
+    way = (
+        f"the plain step (predicted {format_bytes(plan.peak_bytes_before)})"
+        if plain
+        else f"a plan of {len(plan.swaps)} swaps predicted at {format_bytes(plan.peak_bytes_after)}"
+        + (f" for budget {format_bytes(plan.options['budget'])}" if plan.options.get("budget") else "")
+    )
+    first = str(getattr(err, "message", err)).strip().splitlines()
+    oom = next((line.strip() for line in first if "OOM when allocating" in line), first[0] if first else "")
+    return f"{way} on {device}: {oom[:200]}"
 
 
 def _inputs(cf: Any) -> list[tuple[str, Any]]:

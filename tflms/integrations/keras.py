@@ -91,6 +91,9 @@ XLA_MODES = ("disable", "error")
 #: Keys of the epoch logs the callback adds where the device reports its memory.
 MEASURED_PEAK_KEY = "measured_peak_bytes"
 PREDICTED_PEAK_KEY = "predicted_peak_bytes"
+#: Key of the epoch logs: how many times the rewritten step was planned again after it ran out of
+#: device memory, so far (:mod:`tflms.integrations.recovery`).
+REPLANS_KEY = "tflms_replans"
 
 
 class OneProcess:
@@ -216,7 +219,10 @@ class LMSCallback(keras.callbacks.Callback):
     * ``predicted_peak_bytes``: the simulator's predicted peak of the rewritten
       step, ``plan.peak_bytes_after`` (the largest over the traced signatures).
 
-    Elsewhere (or when the rewrite is skipped for lack of a device) neither is added.
+    Elsewhere (or when the rewrite is skipped for lack of a device) neither is added. Once the
+    rewritten step was planned again after running out of device memory, ``tflms_replans``
+    counts those times (each such step is undone and runs again on the same batch:
+    :mod:`tflms.integrations.recovery`).
 
     Attributes:
         plan: the :class:`tflms.SwapPlan` of the step (``None`` until the first
@@ -579,10 +585,11 @@ class LMSCallback(keras.callbacks.Callback):
 
     def _memory_logs(self) -> dict[str, int]:
         """The epoch-end log entries on device memory (see the class doc); empty where not measured."""
-        peak, plans = self._measured_peak(), self.plans
+        peak, plans, step = self._measured_peak(), self.plans, self.step
+        logs = {REPLANS_KEY: len(step.replans)} if step is not None and step.replans else {}
         if not peak or not plans:
-            return {}
-        return {MEASURED_PEAK_KEY: peak, PREDICTED_PEAK_KEY: max(p.peak_bytes_after for p in plans)}
+            return logs
+        return {**logs, MEASURED_PEAK_KEY: peak, PREDICTED_PEAK_KEY: max(p.peak_bytes_after for p in plans)}
 
 
 def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
