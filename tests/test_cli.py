@@ -225,6 +225,14 @@ def ids(y_true, y_pred):  # a loss on class ids whose name does not say "sparse"
     return keras.losses.sparse_categorical_crossentropy(y_true, y_pred, from_logits=True)
 
 
+def sequence():
+    # Token ids of any length (KerasHub's models take such inputs): the sequence length is unknown.
+    tokens = keras.Input((None,), dtype="int32", name="tokens")
+    model = keras.Model(tokens, L.Dense(6)(L.Embedding(50, 8)(tokens)))
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
 def own_loss():
     model = keras.Sequential([keras.Input((12,)), L.Dense(32, activation="relu"), L.Dense(6)])
     model.compile("adam", ids)
@@ -311,6 +319,11 @@ def test_labels_that_cannot_be_derived_fail_in_one_line_and_the_options_fix_them
         (["nosuchmodule:unet"], "No module named 'nosuchmodule'"),
         (["mymodels:unet", "--input-shape", "64,64,3"], "--input-shape apply to keras.applications models only"),
         (["mymodels:unet", "--label-dtype", "int33"], "Received: label_dtype='int33'"),
+        (
+            ["mymodels:sequence", "--max-batch", "--budget", "1GiB"],
+            "cannot plan MODEL 'mymodels:sequence': input 'tokens' has an unknown dimension 1 (shape [?, ?]); the "
+            "labels have an unknown dimension 1 (shape [?, ?])",
+        ),
     ],
 )
 def test_factory_errors_are_one_line(project, args, message):

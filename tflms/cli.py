@@ -347,6 +347,18 @@ def _plan(args: argparse.Namespace) -> int:
         raise CLIError(" ".join(str(err).split())) from None
     x_spec, y_spec = step.structured_input_signature[0]
     print(f"{args.model}: inputs {specs_text(x_spec)}; labels {specs_text(y_spec)}; batch {args.batch}")
+    from tflms.plan.capacity import unknown_dims
+
+    gaps = unknown_dims(step, model)
+    if gaps:  # sized as 1, they would plan (and search the batch of) a smaller step
+        raise CLIError(
+            f"cannot plan MODEL {args.model!r}: {'; '.join(gaps)}. Only the batch (the leading dimension) may be "
+            "unknown: tflms would size every other unknown dimension as 1 (a sequence of length 1) and plan that "
+            "smaller step. Make the factory return a model on inputs of concrete shapes, e.g. inputs = "
+            "keras.Input(shape=(128,), dtype='int32') (one per input), keras.Model(inputs, model(inputs)), compiled "
+            f"as the model is. Received: MODEL {args.model!r} with inputs {specs_text(x_spec)}; labels "
+            f"{specs_text(y_spec)}"
+        )
     source = keras_step_source(model, step, args.label_shape, args.label_dtype)
     if source is step:
         gm = tflms.GraphModel.from_func_graph(step.graph, batch_size=args.batch)

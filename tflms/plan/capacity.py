@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import math
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -13,12 +14,12 @@ from .._util import format_sizes, paused_gc
 from ..config import LMSConfig, parse_bytes
 from ..emulate.simulator import Simulator
 from ..ir.graph import GraphModel
-from ..ir.trace import graph_source
+from ..ir.trace import graph_source, keras_step_source, keras_train_step, specs_text
 from .autotune import serialized_search
 from .passes.offload import offload_decisions, with_offload
 from .registry import prepare
 
-__all__ = ["BatchSizeResult", "batch_bound", "largest_fitting", "max_batch_size", "offloaded"]
+__all__ = ["BatchSizeResult", "batch_bound", "largest_fitting", "max_batch_size", "offloaded", "unknown_dims"]
 
 #: Progress of the search (one INFO record per batch size tried); ``tflms plan`` shows them.
 log = logging.getLogger("tflms")
@@ -115,6 +116,17 @@ def max_batch_size(
       can swap: its size would be a guess);
     * a callable ``factory(batch_size) -> ConcreteFunction`` (retraced per size).
 
+    Only the batch (the leading dimension of the step's inputs) may be unknown: a step whose
+    inputs leave another dimension unknown (a sequence length: KerasHub's models take
+    ``keras.Input(shape=(None,))``) raises ``ValueError`` naming each such input and dimension
+    (:func:`unknown_dims`), since sizing them as 1 would answer for a sequence of length 1.
+    Trace such a step with concrete shapes: a ConcreteFunction traced with an input signature
+    such as ``tf.TensorSpec([None, 128], tf.int32)``, a ``keras.Model`` built on inputs of that
+    shape (``keras.Model(inputs, model(inputs))`` with ``inputs = keras.Input(shape=(128,),
+    dtype="int32")``, compiled as ``model`` was), or a factory tracing static shapes. A
+    ConcreteFunction whose inputs all have a static leading dimension raises ``ValueError``
+    too: its batch cannot vary (pass a factory instead).
+
     "With LMS" means the autotuner (:func:`tune`) finds a plan that fits (with
     ``recompute=True``: on the model with the recomputes applied, as :func:`tflms.make_plan` does;
     with ``serialize=True``: with ordering edges where it needs them, see :func:`tune_ordered`).
@@ -155,7 +167,7 @@ def max_batch_size(
     _check_limit(limit)
     if not isinstance(bound, bool):
         raise ValueError(f"bound must be True or False. Received: bound={bound!r}")
-    graph_of = graph_source(step)
+    graph_of = _checked_source(step, "max_batch_size")
     if cfg.offload is not None:  # every size as the step runs with the offload: the update on the host
         traced_of = graph_of
         graph_of = lambda batch: offloaded(traced_of(batch), cfg)  # noqa: E731
@@ -259,7 +271,7 @@ def batch_bound(step: Any, budget: int | str, *, host: str | None = None, limit:
     """
     budget = parse_bytes(budget, "budget")
     _check_limit(limit)
-    graph_of = graph_source(step)
+    graph_of = _checked_source(step, "batch_bound")
     return _bound(lambda batch: Simulator(graph_of(batch), host), budget, limit, start)
 
 
@@ -350,3 +362,160 @@ def _timed(batch: int, way: str, fits: Callable[[], bool]) -> bool:
         time.perf_counter() - start,
     )
     return answer
+
+
+def unknown_dims(function: Any, model: Any = None) -> list[str]:
+    """What leaves the size of the traced step ``function``'s inputs unknown beyond the batch: one
+    phrase per input (a ``tf.TensorSpec`` of its input signature) with an unknown rank or an unknown
+    dimension other than the leading one, e.g. ``"input 'token_ids' has an unknown dimension 1
+    (shape [?, ?])"``; empty when the batch is all that is unknown.
+
+    ``model``: the compiled ``keras.Model`` whose :func:`~tflms.ir.trace.keras_train_step` ``function``
+    is; its inputs are then named as the model names them, and the labels "the labels".
+    :func:`max_batch_size` refuses a step with any (an unknown dimension would be sized as 1).
+
+    Example:
+        >>> import tensorflow as tf
+        >>> step = lambda tokens: tf.reduce_sum(tokens)
+        >>> unknown_dims(tf.function(step).get_concrete_function(tf.TensorSpec([None, None], tf.int32, name="tokens")))
+        ["input 'tokens' has an unknown dimension 1 (shape [?, ?])"]
+        >>> unknown_dims(tf.function(step).get_concrete_function(tf.TensorSpec([None, 128], tf.int32, name="tokens")))
+        []
+    """
+    return [_unknown_text(name, shape) for name, shape in _named_inputs(function, model) if _unknown_at(shape) != []]
+
+
+def _named_inputs(function: Any, model: Any = None) -> list[tuple[str, tuple[int | None, ...] | None]]:
+    """(``"input 'name'"``, shape) of each ``tf.TensorSpec`` input of the ConcreteFunction ``function``,
+    in its signature's order; with ``model`` (its Keras model) the model's input names and "the labels"."""
+    import keras
+    import tensorflow as tf
+
+    specs = [s for s in tf.nest.flatten(function.structured_input_signature) if isinstance(s, tf.TensorSpec)]
+    names = [f"input {s.name!r}" if s.name else f"input {i}" for i, s in enumerate(specs)]
+    if model is not None:
+        from ..ir.trace import _keras_structure
+
+        inputs = keras.tree.flatten(_keras_structure(model, "inputs"))
+        outputs = keras.tree.flatten(_keras_structure(model, "outputs"))
+        if len(specs) == len(inputs) + len(outputs):
+            labels = ["the labels"] if len(outputs) == 1 else [f"the labels of output {o.name!r}" for o in outputs]
+            names = [f"input {t.name!r}" for t in inputs] + labels
+    return [(n, None if s.shape.rank is None else tuple(s.shape.as_list())) for n, s in zip(names, specs)]
+
+
+def _unknown_at(shape: tuple[int | None, ...] | None) -> list[int] | None:
+    """The unknown dimensions of ``shape`` past the leading one (None: an unknown rank)."""
+    return None if shape is None else [i for i, d in enumerate(shape) if d is None and i > 0]
+
+
+def _unknown_text(name: str, shape: tuple[int | None, ...] | None) -> str:
+    verb = "have" if name.startswith("the labels") else "has"
+    dims = _unknown_at(shape)
+    if dims is None:
+        return f"{name} {verb} an unknown rank (shape unknown)"
+    which = f"an unknown dimension {dims[0]}"
+    if len(dims) > 1:
+        which = f"unknown dimensions {', '.join(map(str, dims[:-1]))} and {dims[-1]}"
+    return f"{name} {verb} {which} (shape {_shape_text(shape)})"
+
+
+def _inputs_text(function: Any) -> str:
+    """``(None, 128) int32, (None,) float32``: the shapes and dtypes of ``function``'s tensor inputs
+    (``<unknown rank>`` for a shape of unknown rank), in its signature's order."""
+    import tensorflow as tf
+
+    specs = [s for s in tf.nest.flatten(function.structured_input_signature) if isinstance(s, tf.TensorSpec)]
+    shape = lambda s: "<unknown rank>" if s.shape.rank is None else str(tuple(s.shape.as_list()))  # noqa: E731
+    return ", ".join(f"{shape(s)} {s.dtype.name}" for s in specs)
+
+
+def _shape_text(shape: tuple[int | None, ...]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+#: What to do about a step with unknown dimensions besides the batch (the end of the error).
+CONCRETE_SHAPES = (
+    "Trace the step with concrete shapes (the sequence length, the image size): pass a keras.Model built on "
+    "inputs of concrete shape (inputs = keras.Input(shape=(128,), dtype='int32'), one per input; "
+    "keras.Model(inputs, model(inputs)), compiled as the model is), a factory batch_size -> ConcreteFunction "
+    "traced with static shapes, or a ConcreteFunction traced with an input_signature such as "
+    "tf.TensorSpec([None, 128], tf.int32) (the batch alone unknown)."
+)
+
+
+def _refuse_unknown(who: str, function: Any, model: Any, received: str) -> None:
+    """Raise ``ValueError`` when ``function`` (the step, or with ``model`` its Keras model's training
+    step) leaves a dimension other than the batch unknown."""
+    gaps = unknown_dims(function, model)
+    if gaps:
+        raise ValueError(
+            f"{who} cannot size the step: {'; '.join(gaps)}. Only the batch (the leading dimension) may be "
+            "unknown: tflms would size every other unknown dimension as 1 (a sequence of length 1) and answer "
+            f"for that smaller step. {CONCRETE_SHAPES} Received: step={received}"
+        )
+
+
+def _warn_unsized(who: str, model: GraphModel) -> None:
+    """Warn when the batch does not tell the size of some forward tensors of ``model`` (a ConcreteFunction
+    traced with an unknown batch): each is sized with its unknown leading dimension as the batch and any
+    other as 1 (a ``Dense`` on ``(None, 128, 256)`` reshapes it to ``(None, None)``: batch x 128 rows)."""
+    from ..ir.trace import _batch_sized
+
+    unsized = [t for t in model.tensors.values() if model.phase(t.op) == "forward" and not _batch_sized(model, t)]
+    if unsized:
+        first = unsized[0]
+        shape = "unknown rank" if first.shape is None else _shape_text(first.shape)
+        warnings.warn(
+            f"{who}: the unknown batch does not tell the size of {len(unsized)} forward tensor(s) of this "
+            f"ConcreteFunction (e.g. {first.op!r}, shape {shape}): each is sized with its unknown leading "
+            "dimension as the batch and any other as 1, so the batch sizes found may be off. Pass the compiled "
+            "keras.Model (traced again per batch where this happens) or a factory batch_size -> "
+            "ConcreteFunction traced with static shapes.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+def _checked_source(step: Any, who: str) -> Callable[[int], GraphModel]:
+    """:func:`~tflms.ir.trace.graph_source` of ``step``, refusing what it would size wrongly: inputs
+    with unknown dimensions besides the batch (every trace of a factory is checked as it is made),
+    and a ConcreteFunction whose batch cannot vary (every input's leading dimension static)."""
+    import keras
+
+    from .. import _tf_internal as tfi
+
+    if isinstance(step, keras.Model):
+        traced = keras_train_step(step)
+        x_spec, y_spec = traced.structured_input_signature[0]
+        received = f"the Keras model {step.name!r} (inputs {specs_text(x_spec)}; labels {specs_text(y_spec)})"
+        _refuse_unknown(who, traced, step, received)
+        return graph_source(keras_step_source(step, traced))
+    if isinstance(step, tfi.ConcreteFunction):
+        received = f"a ConcreteFunction with inputs {_inputs_text(step)}"
+        _refuse_unknown(who, step, None, received)
+        shaped = [(n, s) for n, s in _named_inputs(step) if s]  # rank 1 or more
+        if shaped and all(s[0] is not None for _, s in shaped):
+            name, shape = shaped[0]
+            raise ValueError(
+                f"{who} varies the batch of the step, but every input of this ConcreteFunction has a static "
+                f"leading dimension ({name} has shape {_shape_text(shape)}): each batch size would be sized as "
+                "this one. Trace it with an unknown batch (an input_signature such as "
+                f"tf.TensorSpec({_shape_text((None, *shape[1:])).replace('?', 'None')}, ...)) or pass a factory "
+                f"batch_size -> ConcreteFunction. Received: step={received}"
+            )
+        graph_of = graph_source(step)
+        _warn_unsized(who, graph_of(None))
+        return graph_of
+    if callable(step):
+        factory = step
+
+        def checked(batch: int) -> Any:
+            traced = factory(batch)
+            if isinstance(traced, tfi.ConcreteFunction):
+                received = f"a factory whose ConcreteFunction at batch_size={batch} has inputs {_inputs_text(traced)}"
+                _refuse_unknown(who, traced, None, received)
+            return traced
+
+        return graph_source(checked)
+    return graph_source(step)  # its TypeError
