@@ -1,13 +1,13 @@
-"""Horovod's own example, ``examples/tensorflow2/tensorflow2_synthetic_benchmark.py``, through tflms.
+"""The flow of Horovod's own example (``tensorflow2_synthetic_benchmark.py``) through tflms.
 
-tests/horovod_jobs/synthetic_benchmark.py is Horovod 0.28.1's file with the changes of
-docs/horovod.md ("Horovod's own example"): ``@tf.function`` -> ``@tflms.function``, tflms's
-``DistributedGradientTape`` and ``broadcast_variables`` (Horovod's raise on Keras 3 variables),
-``opt.variables`` (a list under Keras 3), ``tflms.horovod.init(split_cpu=True)`` (no GPU here:
-``/device:CPU:1`` plays it) and a seed per rank. Two ``horovodrun --gloo -np 2`` runs of it with
-the example's own flags (MobileNetV2, batch 2 per rank, 224x224: 1 + 1 + 2 steps, about 40 s
-each), one with ``tflms.function`` and one with plain ``tf.function`` (``--no-tflms``), each
-saving every rank's final model and optimizer variables. Each rank trains on its own random
+tests/horovod_jobs/synthetic_benchmark.py is a job written for these tests with the flow and the
+flags of Horovod's example and the tflms calls of docs/horovod.md ("Horovod's own example"):
+``tflms.function``, tflms's ``DistributedGradientTape`` and ``broadcast_variables`` (Horovod's
+raise on Keras 3 variables), ``tflms.horovod.init(split_cpu=True)`` (no GPU here: ``/device:CPU:1``
+plays it) and a seed per rank. Two ``horovodrun --gloo -np 2`` runs of it with the example's flags
+(MobileNetV2, batch 2 per rank, 224x224: 1 + 1 + 2 steps, about 40 s each), one with
+``tflms.function`` and one with plain ``tf.function`` (``--no-tflms``), each saving every rank's
+final model and optimizer variables. Each rank trains on its own random
 batch from its own random initial weights (seed = rank), so the ranks end with the same
 trainable weights only if the first step's broadcast and every step's allreduce work.
 
