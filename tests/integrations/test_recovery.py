@@ -126,3 +126,39 @@ def test_written_variables_are_those_the_step_may_write():
     names = {v.path if hasattr(v, "path") else v.name for v in setup.state()}
     assert len(written) >= len(setup.model.trainable_variables) + len(setup.optimizer.variables) - 1, (written, names)
     assert any("moving_mean" in n for n in written) and any("iteration" in n for n in written)
+
+
+@pytest.mark.parametrize(("ratio", "looser"), [(1.2, False), (0.6, True)])
+def test_the_margin_is_learned_from_the_measured_peaks(monkeypatch, ratio, looser, caplog):
+    """``budget="auto"``: after a plan's first two calls, its measured peak (here the device's memory
+    report is simulated as ``ratio`` times the plan's prediction: one process cannot measure a
+    logical CPU) sets the budget that puts the peak at 0.95 of the limit: tighter where it came
+    close to the limit (more swapped), looser where it left much unused (less swapped). The
+    numbers stay the plain step's: the loop changes which tensors are swapped, not what is computed."""
+    import tflms.integrations.function as function
+
+    setup = zoo.cnn()
+    probe = tflms.function(setup.step_fn(), device=DEVICE, budget=None, **SMALL).get_plan(setup.x, setup.y)
+    limit = int(probe.peak_bytes_before / 0.95)  # the plain step would peak at 0.95 of it
+    step = tflms.function(setup.step_fn(), device=DEVICE, **SMALL)
+    current: dict = {}
+
+    def memory(device):
+        plan = step.plans[0] if step.plans else probe
+        return {"current": 0, "peak": int(ratio * plan.peak_bytes_after)}
+
+    monkeypatch.setattr(function, "device_memory", memory)
+    monkeypatch.setattr(function, "device_memory_limit", lambda device: (limit, "a simulated limit"))
+    monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", lambda device: current.clear())
+    plain_losses, plain_vars = zoo.run_steps(setup, tf.function(setup.step_fn()), n=4)
+    with caplog.at_level(logging.WARNING, logger="tflms"):
+        losses, variables = zoo.run_steps(setup, step, n=4)
+    first_budget = int(0.9 * limit)  # budget="auto" before anything was measured
+    (learned,) = step.replans
+    assert learned["old_budget"] == first_budget and "learned margin" in learned["why"]
+    assert (learned["budget"] > first_budget) is looser
+    assert len(step.measured_peaks) >= 2  # a plan that swaps nothing is not rewritten, nor measured
+    assert sum("learned margin" in r.message for r in caplog.records) == 1
+    np.testing.assert_array_equal(losses, plain_losses)
+    for a, b in zip(variables, plain_vars, strict=True):
+        np.testing.assert_array_equal(a, b)

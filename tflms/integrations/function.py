@@ -28,7 +28,7 @@ from .. import _tf_internal as tfi
 from .._util import paused_gc
 from ..config import LMSConfig, resolve_budget, resolve_swapout_window
 from ..emulate.simulator import Simulator
-from ..errors import LMSWarning
+from ..errors import BudgetError, LMSWarning
 from ..ir.devices import device_key
 from ..ir.graph import GraphModel
 from ..plan.passes.offload import OffloadDecisions, offload_decisions, with_offload
@@ -397,6 +397,9 @@ class LMSFunction:
         self._cache: dict[Any, tuple[Any, SwapPlan, str | None]] = {}
         self._profiled: set[Any] = set()  # traces planned again with a profile of their first call
         self._probation: dict[Any, int] = {}  # trace -> calls left whose writes are saved first
+        self._plan_peaks: dict[Any, list[int]] = {}  # trace -> measured peaks of its plan's first calls
+        #: The measured device peak of each call on probation, in order (where the device reports memory).
+        self.measured_peaks: list[int] = []
         #: The re-plans after an out-of-memory error, in order: ``{'function', 'why', 'failed_peak',
         #: 'old_budget', 'budget'}`` (``budget='plain'``: the plain step took over).
         self.replans: list[dict[str, Any]] = []
@@ -464,9 +467,12 @@ class LMSFunction:
         if left <= 0:
             return self._run(new_cf, device, args, kwargs)
         tries: list[str] = []
+        measured = device is not None and device_memory(device) is not None
         while True:
             variables = recovery.written_variables(new_cf)
             saved = recovery.save_state(variables, self._config.host)
+            if measured:
+                tf.config.experimental.reset_memory_stats(device)
             try:
                 out = self._run(new_cf, device, args, kwargs)
             except tf.errors.ResourceExhaustedError as err:
@@ -483,7 +489,58 @@ class LMSFunction:
                 left = recovery.PROBATION_CALLS
                 continue
             self._probation[cf] = left - 1
+            if measured:
+                peak = int(device_memory(device)["peak"])
+                self.measured_peaks.append(peak)
+                peaks = self._plan_peaks.setdefault(cf, [])
+                peaks.append(peak)
+                if len(peaks) == recovery.LEARN_AFTER_CALLS and self._config.budget == "auto":
+                    self._learn_margin(cf, plan, device, max(peaks))
             return out
+
+    def _learn_margin(self, cf: Any, plan: SwapPlan, device: str, measured: int) -> None:
+        """Plan trace ``cf`` once again for the budget that its ``measured`` peak says ``budget="auto"``
+        should have had (:func:`~tflms.integrations.recovery.learned_budget`), where that differs."""
+        limit, _ = device_memory_limit(device)
+        budget = plan.options.get("budget")
+        if limit is None or not isinstance(budget, int) or not plan.peak_bytes_after:
+            return
+        new_budget = recovery.learned_budget(limit, budget, plan.peak_bytes_after, measured)
+        if new_budget is None:
+            return
+        config = self._config.replace(budget=new_budget)
+        try:
+            with paused_gc(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", LMSWarning)
+                entry = _optimize(self._fresh_trace(cf), config, copy=False, stacklevel=5)
+        except BudgetError as err:
+            log.warning(
+                "tflms: %s: no plan fits the learned budget %s; the plan is kept (%s)",
+                plan.function,
+                format_bytes(new_budget),
+                err,
+            )
+            return
+        why = (
+            f"learned margin: measured peak {format_bytes(measured)} against {format_bytes(plan.peak_bytes_after)} "
+            f"predicted ({measured / plan.peak_bytes_after:.2f}x), aiming at {recovery.TARGET_FRACTION} x the "
+            f"limit {format_bytes(limit)}"
+        )
+        self.replans.append(
+            {"function": plan.function, "why": why, "failed_peak": None, "old_budget": budget, "budget": new_budget}
+        )
+        log.warning(
+            "tflms: %s: %s; planned again for budget %s (was %s)",
+            plan.function,
+            why,
+            format_bytes(new_budget),
+            format_bytes(budget),
+        )
+        if entry[1].swaps == plan.swaps and entry[1].recomputes == plan.recomputes and entry[1].orders == plan.orders:
+            return  # the same decisions: keep the function that runs
+        self._cache[cf] = entry
+        self._probation[cf] = recovery.PROBATION_CALLS
+        self._plan_peaks[cf] = []
 
     def _after_out_of_memory(
         self, cf: Any, plain: bool, plan: SwapPlan, device: str | None, tries: list[str]

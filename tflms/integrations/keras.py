@@ -290,6 +290,7 @@ class LMSCallback(keras.callbacks.Callback):
         self._installation: _Installation | None = None
         self._shown = 0  # plans already reported
         self._measured_device: str | None = None  # device whose peak this epoch's logs report
+        self._peaks_seen = 0  # the step's measured peaks before this epoch
         self._mode: Any = OneProcess()
         if horovod and self.config.knobs.op_profile == "auto":
             raise ValueError(
@@ -373,6 +374,8 @@ class LMSCallback(keras.callbacks.Callback):
             self._mode.batch_end(logs)
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        step = self.step
+        self._peaks_seen = 0 if step is None else len(step.measured_peaks)
         self._measured_device = self._memory_device()
         if self._measured_device is not None:
             try:
@@ -579,9 +582,14 @@ class LMSCallback(keras.callbacks.Callback):
         return device if device is not None and device_memory(device) is not None else None
 
     def _measured_peak(self) -> int | None:
-        """The measured device peak since the epoch began, or None where not measured."""
+        """The measured device peak since the epoch began, or None where not measured (the step
+        resets the device's statistics before each call on probation and keeps each call's peak)."""
         info = None if self._measured_device is None else device_memory(self._measured_device)
-        return None if info is None else int(info["peak"])
+        if info is None:
+            return None
+        step = self.step
+        probation = [] if step is None else step.measured_peaks[self._peaks_seen :]
+        return max([int(info["peak"]), *probation])
 
     def _memory_logs(self) -> dict[str, int]:
         """The epoch-end log entries on device memory (see the class doc); empty where not measured."""

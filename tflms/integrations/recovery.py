@@ -9,6 +9,11 @@ the saved values, the step is planned again for less memory (:func:`replan_budge
 again with the same arguments, at most :data:`MAX_REPLANS` times; then the plain step is tried,
 if it has not run out of memory itself; then an error says what was tried.
 
+The loop also learns the margin of ``budget="auto"``: where the device reports its memory (a GPU,
+the test bed's device), the peaks of a new plan's first :data:`LEARN_AFTER_CALLS` calls are
+measured, and a plan whose measured peak lands far from :data:`TARGET_FRACTION` of the device's
+limit is planned once again for the budget that would put it there (:func:`learned_budget`).
+
 What it cannot undo: state that lives outside variables (the kernels of TensorFlow's legacy
 stateful random ops, ``tf.random.uniform`` with an op seed, keep their own counters), and
 anything the step's Python code did while it was traced. The saving costs one copy of the
@@ -39,9 +44,13 @@ from typing import Any
 import tensorflow as tf
 
 __all__ = [
+    "LEARN_AFTER_CALLS",
+    "LEARN_TOLERANCE",
     "MAX_REPLANS",
     "PROBATION_CALLS",
     "REPLAN_FACTOR",
+    "TARGET_FRACTION",
+    "learned_budget",
     "out_of_memory_message",
     "replan_budget",
     "restore_state",
@@ -55,6 +64,14 @@ PROBATION_CALLS = 5
 MAX_REPLANS = 3
 #: A plan made after an out-of-memory error aims at this fraction of the failed plan's predicted peak.
 REPLAN_FACTOR = 0.85
+
+#: Where a learned budget aims the measured peak: this fraction of the device's memory limit.
+TARGET_FRACTION = 0.95
+#: A learned budget replaces the plan's only where the two differ by more than this fraction.
+LEARN_TOLERANCE = 0.05
+#: The budget is learned from the measured peaks of this many calls of a plan (the first call of a
+#: step may hold one-time allocations, a GPU's convolution autotuning among them).
+LEARN_AFTER_CALLS = 2
 
 #: Ops that read a resource variable without writing it.
 _READ_ONLY = frozenset(
@@ -113,6 +130,26 @@ def replan_budget(failed_peak: int, budget: int | None) -> int:
     (850, 765)
     """
     return int(REPLAN_FACTOR * min(failed_peak, budget if budget is not None else failed_peak))
+
+
+def learned_budget(limit: int, budget: int, predicted: int, measured: int) -> int | None:
+    """The budget ``budget="auto"`` should have had, from one plan's ``measured`` and ``predicted``
+    peaks: the one whose plan, measured ``measured / predicted`` times its prediction as this one
+    was, peaks at :data:`TARGET_FRACTION` of the device's ``limit`` (never above ``limit``).
+    ``None`` where it is within :data:`LEARN_TOLERANCE` of ``budget``: nothing to learn.
+
+    Tighter where the measurement came close to the limit, looser (fewer swaps, a faster step)
+    where it left much of it unused:
+
+    >>> learned_budget(limit=1000, budget=900, predicted=900, measured=1035)  # 1.15x its prediction
+    826
+    >>> learned_budget(limit=1000, budget=900, predicted=800, measured=600)  # 0.75x
+    1000
+    >>> learned_budget(limit=1000, budget=900, predicted=900, measured=950) is None  # 0.95 of the limit
+    True
+    """
+    new = min(limit, int(TARGET_FRACTION * limit * predicted / measured))
+    return None if abs(new - budget) <= LEARN_TOLERANCE * budget else new
 
 
 def out_of_memory_message(function: str, tries: Sequence[str]) -> str:
