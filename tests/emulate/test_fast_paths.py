@@ -4,7 +4,7 @@
 Each fast path must give exactly what the computation it replaces gives, so that plans stay
 the same: the fused ops' reach (one pass of bit masks instead of a search per fused op), the
 executor's view of an ordered step (derived from its parent's instead of made afresh), and
-the constant push-down's early exit.
+the constant push-down's early exit and its model (rewired in place, not built again).
 """
 
 import random
@@ -17,7 +17,7 @@ from tflms.emulate import fusion, order
 from tflms.emulate.fusion import _fused_reach, _reach_masks, _successors_with, joins_fused
 from tflms.emulate.grappler import _has_nested_family, with_constant_pushdown
 from tflms.emulate.simulator import Simulator
-from tflms.ir.graph import GraphModel, copy_dag, reach, with_order_edges
+from tflms.ir.graph import GraphModel, copy_dag, op_records, reach, with_order_edges
 from tflms.plan.autotune import serialized_search
 from tflms.plan.records import Order
 
@@ -198,6 +198,58 @@ def test_the_push_down_exits_early_only_where_nothing_can_be_pushed_down():
     for model in (chain_model(), variable_update_model()):
         assert not _has_nested_family(model)
         assert with_constant_pushdown(model) == (model, [])
+
+
+def _same_model(a: GraphModel, b: GraphModel) -> None:
+    """Equal in every field and in the order of every dict, each edge's attributes one dict."""
+    assert list(a.dag.nodes(data=True)) == list(b.dag.nodes(data=True))
+    for n in a.dag:
+        assert list(a.dag.succ[n].items()) == list(b.dag.succ[n].items()), n
+        assert list(a.dag.pred[n].items()) == list(b.dag.pred[n].items()), n
+        assert all(b.dag.succ[n][v] is b.dag.pred[v][n] for v in b.dag.succ[n])
+    assert list(a.tensors.items()) == list(b.tensors.items())
+    assert list(a.inputs_of.items()) == list(b.inputs_of.items()) and a.outputs_of == b.outputs_of
+    assert (a.name, a.variable_bytes, a.variables) == (b.name, b.variable_bytes, b.variables)
+
+
+def _pushdown_model() -> GraphModel:
+    """Push-downs of a sum and a product, one parent with a control input, a constant and a
+    forward tensor read by many ops (their order among its consumers moves), and a gradient
+    whose product is read before and after its push-down's parent in graph order."""
+    g = "gradient_tape/"
+    return GraphModel.from_ops(
+        [
+            op("c", "Const", outputs=[f32(1)]),
+            op("x", "Placeholder", outputs=[f32(8)]),
+            op("y", "Softmax", ["x:0"], [f32(8)]),
+            op("loss", "Sum", ["y:0"], [f32(1)]),
+            op(g + "dx", "Fill", ["loss:0"], [f32(8)]),
+            op(g + "early", "Relu", ["y:0"], [f32(8)]),
+            op(g + "k", "Mul", [g + "dx:0", "y:0"], [f32(8)]),
+            op(g + "p", "Mul", [g + "k:0", "c:0"], [f32(8)], control=[g + "early"]),
+            op(g + "s", "AddV2", [g + "dx:0", "y:0"], [f32(8)]),
+            op(g + "q", "AddV2", ["c:0", g + "s:0"], [f32(8)], control=["y"]),
+            op(g + "late", "Mul", ["y:0", "c:0"], [f32(8)]),
+            op(g + "out", "AddN", [g + "p:0", g + "q:0", g + "late:0", g + "early:0"], [f32(8)]),
+        ],
+        variable_bytes=64,
+        name="pushdowns",
+    )
+
+
+@pytest.mark.parametrize("build", [_pushdown_model, chained_pushdown_model])
+def test_the_pushed_down_model_is_what_from_ops_builds_of_its_records(build):
+    """The push-down rewires its ops' inputs in a copy of the model; ``from_ops`` of the rewired
+    records (what it built before) gives the same model, and the model given is left as it was."""
+    model = build()
+    before = GraphModel.from_ops(op_records(model).values(), model.variable_bytes, model.name, model.variables)
+    pushed, pairs = with_constant_pushdown(model)
+    assert len(pairs) >= 2
+    records = op_records(model)
+    for name in records:
+        records[name]["inputs"] = pushed.inputs_of[name]
+    _same_model(GraphModel.from_ops(records.values(), model.variable_bytes, model.name, model.variables), pushed)
+    _same_model(before, model)
 
 
 def test_a_copied_dag_is_networkxs_copy_and_independent_of_the_original():

@@ -361,24 +361,25 @@ def _finished_peak(sim: Simulator, config: LMSConfig) -> int:
     return finished.peak(swaps)
 
 
-def tune(model: GraphModel, config: LMSConfig, sim: Simulator | None = None) -> LMSConfig:
+def tune(model: GraphModel, config: LMSConfig, sim: Simulator | None = None, *, plain: int | None = None) -> LMSConfig:
     """``config`` with the swap knobs chosen for ``config.budget`` (see module doc).
 
     Raises :class:`BudgetError` (with the lowest predicted peak the search saw)
     when no plan of the search fits. It adds no ordering edges (``serialize``): see
-    :func:`tune_ordered`, which :func:`tflms.make_plan` uses.
+    :func:`tune_ordered`, which :func:`tflms.make_plan` uses. ``plain``: the predicted peak the
+    error quotes as the step's without LMS (default: ``model``'s).
     """
     if config.budget is None:
         raise ValueError("tune needs a budget. Received: budget=None")
     sim = sim or Simulator(model, config.host)
     tuned, lowest, *_ = _search(model, config, sim, config.budget)
     if tuned is None:
-        raise BudgetError(config.budget, lowest, sim.peak())
+        raise BudgetError(config.budget, lowest, sim.peak() if plain is None else plain)
     return tuned
 
 
 def tune_ordered(
-    model: GraphModel, config: LMSConfig, sim: Simulator | None = None
+    model: GraphModel, config: LMSConfig, sim: Simulator | None = None, *, plain: int | None = None
 ) -> tuple[LMSConfig, tuple[Order, ...], Simulator]:
     """:func:`tune`, and with ``config.knobs.serialize`` ordering edges first where no plan fits without them.
 
@@ -389,14 +390,16 @@ def tune_ordered(
     (:func:`tflms.plan.passes.schedule.late_triggers`; step 5 of the module doc). Returns ``(tuned config,
     orders, simulator of the step with the orders)`` (its ``.model``); ``orders`` is ``()`` (and
     the simulator ``sim``, or a new one of ``model``) when the budget was met without them.
-    Raises :class:`BudgetError` as :func:`tune` does.
+    Raises :class:`BudgetError` as :func:`tune` does. ``plain``: the predicted peak the error
+    quotes as the step's without LMS (default: ``model``'s); :func:`tflms.make_plan`, which tunes
+    the step its passes made, passes the peak of the step as given, its plan's ``peak_bytes_before``.
     """
     if config.budget is None:
         raise ValueError("tune needs a budget. Received: budget=None")
     sim = sim or Simulator(model, config.host)
     tuned, lowest, orders, ordered_sim, best = serialized_search(model, config, sim, config.budget)
     if tuned is None:
-        err = BudgetError(config.budget, lowest, sim.peak())
+        err = BudgetError(config.budget, lowest, sim.peak() if plain is None else plain)
         if config.on_budget_miss == "raise" or best is None:
             raise err
         knobs, orders, ordered_sim = best

@@ -138,7 +138,7 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
         sums, tiles, recomputes = decided.get("sums", ()), decided.get("tiles", ()), decided.get("recomputes", ())
         orders = decided.get("orders", ())
         if config.budget is not None:
-            config, more, sim = tune_ordered(model, config, sim)
+            config, more, sim = tune_ordered(model, config, sim, plain=before)
             model, orders = sim.model, orders + more  # with the orders, if the budget needed them
             stage.done(f"swap knobs tuned to the budget {format_sizes(config.budget)}")
         swaps = candidate_swaps(model, config)

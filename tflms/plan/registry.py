@@ -83,14 +83,17 @@ class Pass:
 def _resimulated(
     pass_: Callable[[GraphModel], tuple[GraphModel, list]],
 ) -> Prepare:
+    """The prepare of a pass that reads no simulator: ``sim`` is kept where the pass changes
+    nothing, else ``None`` (:func:`prepare` makes a simulator where a later pass reads one, and
+    once at the end: passes that change the step one after the other cost one simulator)."""
+
     def prepare(
         model: GraphModel, config: LMSConfig, sim: Simulator | None
     ) -> tuple[GraphModel, tuple, Simulator | None]:
         new, decisions = pass_(model)
         if not decisions:
             return new, (), sim
-        # Without a simulator to keep up to date (sim None), none is made: prepare makes one at the end.
-        return new, tuple(decisions), Simulator(new, config.host) if sim is not None else None
+        return new, tuple(decisions), None
 
     return prepare
 
@@ -141,9 +144,9 @@ def prepare(
     """The step that swaps are planned on: ``model`` with the passes of ``config.policy`` that
     are decided before the swaps applied, in registry order (of them ``only`` those named, if
     given). Returns ``(model, a simulator of it, {plan field: decisions})``; ``sim``
-    (``model``'s) is returned when nothing changed. With ``sim=None`` a simulator is made only
-    where a pass reads one, and once at the end (``Simulator(model, config.host)`` of the
-    result), not one per pass that changes the step: for callers that only need the last."""
+    (``model``'s, or None) is returned when nothing changed. A simulator is made only where a
+    pass reads one, and once at the end (``Simulator(model, config.host)`` of the result) where
+    a pass changed the step, not one per pass that changes it."""
     decided: dict[str, tuple] = {}
     for p in PASSES:
         if p.prepare is None or p.policy not in config.policy or (only is not None and p.name not in only):

@@ -1,10 +1,11 @@
 """Sums added as their terms arrive (``split_sums``) on hand-built graphs: which AddNs, the chain, the plan."""
 
 import json
+import warnings
 
 import pytest
 
-from tflms import LMSConfig, SwapPlan, make_plan
+from tflms import BudgetError, LMSConfig, LMSWarning, SwapPlan, make_plan
 from tflms.emulate.simulator import Simulator
 from tflms.ir.graph import GraphModel
 from tflms.plan.passes.sums import chain_ops, kernel_groups, splittable_sums, with_split_sums
@@ -113,6 +114,21 @@ def test_a_forward_sum_is_not_split():
         op("update", "AssignSubVariableOp", ["gradient_tape/g:0"], []),
     ]
     assert splittable_sums(GraphModel.from_ops(ops)) == []
+
+
+def test_a_budget_error_quotes_the_plain_peak_of_the_step_as_given():
+    """The peak "without LMS" of a :class:`BudgetError` is the step's as given, the plan's
+    ``peak_bytes_before``, not that of the step with its sums split (lower here)."""
+    model = sum_model()
+    plain, split = Simulator(model).peak(), Simulator(with_split_sums(model)[0]).peak()
+    assert split < plain
+    config = LMSConfig(budget=1, min_bytes=0, policy="split_sums")
+    with pytest.raises(BudgetError) as err:
+        make_plan(model, config)
+    assert err.value.plain_peak_bytes == plain
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LMSWarning)
+        assert make_plan(model, config.replace(on_budget_miss="best")).peak_bytes_before == plain
 
 
 def test_the_plan_records_its_sums_and_reads_older_formats():
