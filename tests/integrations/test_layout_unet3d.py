@@ -182,18 +182,16 @@ def test_fit_with_the_callback_on_a_cpu_device_runs_as_plain_fit_with_tensorflow
     x = rng.standard_normal((4, 16, 16, 16, 1), dtype=np.float32)
     y = (rng.random((4, 16, 16, 16, 1)) > 0.5).astype(np.float32)
     seen = []
-    make = tfi.keras_make_function
+    run = tflms.LMSFunction._run  # noqa: SLF001 - calls the rewritten step within the call settings
 
-    def recording_make(model, step, jit_compile):
-        run = make(model, step, jit_compile)
-
-        def recorded(iterator):
+    def recording_run(self, new_cf, device, args, kwargs):
+        def recorded(*a, **k):
             seen.append(tfi._call_config().graph_options.rewrite_options)  # noqa: SLF001
-            return run(iterator)
+            return new_cf(*a, **k)
 
-        return recorded
+        return run(self, recorded, device, args, kwargs)
 
-    monkeypatch.setattr(tfi, "keras_make_function", recording_make)
+    monkeypatch.setattr(tflms.LMSFunction, "_run", recording_run)
 
     def fit(lms):
         keras.utils.set_random_seed(0)

@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import tflms
+import tflms.integrations.function
 from tflms.integrations import recovery
 from tflms.testing.faults import out_of_memory
 
@@ -135,8 +136,6 @@ def test_the_margin_is_learned_from_the_measured_peaks(monkeypatch, ratio, loose
     logical CPU) sets the budget that puts the peak at 0.95 of the limit: tighter where it came
     close to the limit (more swapped), looser where it left much unused (less swapped). The
     numbers stay the plain step's: the loop changes which tensors are swapped, not what is computed."""
-    import tflms.integrations.function as function
-
     setup = zoo.cnn()
     probe = tflms.function(setup.step_fn(), device=DEVICE, budget=None, **SMALL).get_plan(setup.x, setup.y)
     limit = int(probe.peak_bytes_before / 0.95)  # the plain step would peak at 0.95 of it
@@ -147,8 +146,9 @@ def test_the_margin_is_learned_from_the_measured_peaks(monkeypatch, ratio, loose
         plan = step.plans[0] if step.plans else probe
         return {"current": 0, "peak": int(ratio * plan.peak_bytes_after)}
 
-    monkeypatch.setattr(function, "device_memory", memory)
-    monkeypatch.setattr(function, "device_memory_limit", lambda device: (limit, "a simulated limit"))
+    monkeypatch.setattr(recovery, "device_memory", memory)
+    monkeypatch.setattr(recovery, "device_memory_limit", lambda device: (limit, "a simulated limit"))
+    monkeypatch.setattr(tflms.integrations.function, "device_memory_limit", lambda device: (limit, "a simulated limit"))
     monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", lambda device: current.clear())
     plain_losses, plain_vars = zoo.run_steps(setup, tf.function(setup.step_fn()), n=4)
     with caplog.at_level(logging.WARNING, logger="tflms"):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import threading
 import warnings
 import weakref
@@ -28,15 +27,16 @@ from .. import _tf_internal as tfi
 from .._util import paused_gc
 from ..config import LMSConfig, resolve_budget, resolve_swapout_window
 from ..emulate.simulator import Simulator
-from ..errors import BudgetError, LMSWarning
-from ..ir.devices import device_key
+from ..errors import LMSWarning
 from ..ir.graph import GraphModel
 from ..plan.passes.offload import OffloadDecisions, offload_decisions, with_offload
 from ..plan.planner import empty_plan, make_plan
 from ..plan.profiles import AUTO_PROFILE, auto_profile_path, profile_of_call
-from ..plan.records import SwapPlan, format_bytes
+from ..plan.records import SwapPlan
 from ..rewrite.apply import apply_offload, apply_plan, is_rewritten
-from . import recovery
+from .devices import check_host, device_memory, device_memory_limit, no_device_message, resolve_device
+from .recovery import Recovering
+from .signature import signature_text, unknown_dimensions
 
 __all__ = [
     "optimize",
@@ -87,127 +87,6 @@ def manual_memory_optimizer() -> contextlib.AbstractContextManager[None]:
         True
     """
     return tfi.memory_optimization("MANUAL")
-
-
-def resolve_device(config: LMSConfig) -> str | None:
-    """The compute device LMS targets: ``config.device``, else the Horovod
-    local-rank GPU when Horovod is initialised and several GPUs are visible, else
-    the first GPU, else, on a Horovod rank whose CPU ``tflms.horovod.init(split_cpu=True)``
-    split, ``'/device:CPU:1'``, else ``None``.
-
-    An explicit device that does not exist raises ``ValueError``.
-    """
-    if config.device is not None:
-        logical = tf.config.list_logical_devices()
-        if device_key(config.device) not in {device_key(d.name) for d in logical}:
-            raise ValueError(_missing_device_message("device", config.device, logical))
-        return config.device
-    gpus = tf.config.list_logical_devices("GPU")
-    if not gpus:
-        return _horovod_split_cpu_device()
-    index = 0
-    hvd_rank = _horovod_local_rank()
-    if hvd_rank is not None and hvd_rank < len(gpus) and len(gpus) > 1:
-        index = hvd_rank
-    return f"/device:GPU:{index}"
-
-
-def device_memory(device: str) -> dict[str, int] | None:
-    """``tf.config.experimental.get_memory_info(device)``, or ``None`` where the device
-    does not report memory: a CPU reports it only when its allocator is BFC
-    (``TF_CPU_ALLOCATOR_USE_BFC=true`` set before TensorFlow started); otherwise TensorFlow
-    answers zeros, which are not a measurement."""
-    from ..ir.devices import parse
-
-    if parse(device).type == "CPU" and os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() != "true":
-        return None
-    try:
-        return dict(tf.config.experimental.get_memory_info(device))
-    except (ValueError, tf.errors.InvalidArgumentError, tf.errors.UnimplementedError):
-        return None
-
-
-def device_memory_limit(device: str) -> tuple[int | None, str]:
-    """The memory limit of ``device`` in bytes, and where it was read, for ``budget="auto"``.
-
-    A GPU: its allocator's limit (a ``memory_limit`` you gave a logical GPU included). A CPU
-    of this process whose allocator is BFC with a cap (``TF_CPU_ALLOCATOR_USE_BFC=true`` and
-    ``TF_CPU_BFC_MEM_LIMIT_IN_MB``, as in the test bed's device process): that cap. Any other
-    CPU: ``None`` (TensorFlow reports a nominal 256 MiB for it, which limits nothing).
-
-    >>> device_memory_limit("/device:CPU:1")[0] is None  # no capped allocator in this process
-    True
-    """
-    from ..ir.devices import LOCAL_JOB, parse
-
-    spec = parse(device)
-    local = spec.job in (None, LOCAL_JOB)
-    if spec.type == "CPU":
-        cap = os.environ.get("TF_CPU_BFC_MEM_LIMIT_IN_MB", "")
-        bfc = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() == "true"
-        if local and bfc and cap.isdigit():
-            return int(cap) << 20, f"the CPU allocator's cap, TF_CPU_BFC_MEM_LIMIT_IN_MB={cap}"
-        return None, f"no memory limit is known for {device}"
-    limit = tfi.allocator_limit(spec.type, spec.index or 0) if local else None
-    if limit is None:
-        return None, f"TensorFlow reports no memory limit for {device}"
-    return limit, f"{device}'s allocator limit"
-
-
-def check_host(config: LMSConfig) -> None:
-    """Raise ``ValueError`` when ``config.host`` names no device TensorFlow knows."""
-    logical = tf.config.list_logical_devices()
-    if device_key(config.host) not in {device_key(d.name) for d in logical}:
-        raise ValueError(_missing_device_message("host", config.host, logical))
-
-
-def _missing_device_message(name: str, value: str, logical: list) -> str:
-    names = ", ".join(sorted(d.name for d in logical))
-    remote = not value.startswith(("/device:", "/job:localhost/"))
-    if remote:
-        hint = (
-            "A device of another process appears only after connecting to it, e.g. "
-            "tf.config.experimental_connect_to_cluster(cluster_spec, make_master_device_default=False) "
-            "or tflms.testing.testbed.connect(worker)."
-        )
-    elif not tf.config.list_logical_devices("GPU"):
-        hint = (
-            "This machine has no GPU. To test on CPU, split the CPU into two logical devices before "
-            "TensorFlow starts: tf.config.set_logical_device_configuration(tf.config.list_physical_devices"
-            "('CPU')[0], [tf.config.LogicalDeviceConfiguration()] * 2), then pass device='/device:CPU:1'; "
-            "to measure real memory use tflms.testing.testbed (see the README)."
-        )
-    else:
-        hint = "Pass one of those, or device=None for the first GPU."
-    return f"{name} {value!r} does not exist here (devices: {names}). {hint} Received: {name}={value!r}"
-
-
-def _horovod_local_rank() -> int | None:
-    from .horovod.runtime import loaded  # imports nothing of Horovod itself
-
-    hvd = loaded()
-    return None if hvd is None else int(hvd.local_rank())
-
-
-def _horovod_split_cpu_device() -> str | None:
-    from .horovod.runtime import split_cpu_device  # imports nothing of Horovod itself
-
-    return split_cpu_device()
-
-
-def _no_device_message() -> str:
-    from .horovod.runtime import loaded
-
-    hint = (
-        " Under Horovod, tflms.horovod.init(split_cpu=True), called first, does that on every rank."
-        if loaded() is not None
-        else ""
-    )
-    return (
-        "tflms: no GPU found and no `device` given, so the step runs without swapping "
-        "(the plan was still made: see get_plan). Run on a GPU machine, or pass device= "
-        "e.g. '/device:CPU:1' after splitting the CPU into two logical devices for testing." + hint
-    )
 
 
 def optimize(
@@ -309,7 +188,7 @@ def _optimize(
     if offload is None and not (plan.swaps or plan.recomputes or plan.orders or plan.sums or plan.tiles):
         return concrete_function, plan, None
     if device is None:
-        warnings.warn(_no_device_message(), LMSWarning, stacklevel=stacklevel)
+        warnings.warn(no_device_message(), LMSWarning, stacklevel=stacklevel)
         return concrete_function, plan, None
     new_graph = tfi.copy_graph(concrete_function) if copy else graph
     new_graph.name = f"{graph.name}_tflms"
@@ -350,7 +229,7 @@ def _offload(model: GraphModel, graph: Any, config: LMSConfig) -> OffloadDecisio
     return decisions
 
 
-class LMSFunction:
+class LMSFunction(Recovering):
     """A callable like ``tf.function`` whose traced steps are rewritten by tflms.
 
     One rewritten ConcreteFunction per input signature, cached. Made by
@@ -396,13 +275,7 @@ class LMSFunction:
             self.python_function = python_function
         self._cache: dict[Any, tuple[Any, SwapPlan, str | None]] = {}
         self._profiled: set[Any] = set()  # traces planned again with a profile of their first call
-        self._probation: dict[Any, int] = {}  # trace -> calls left whose writes are saved first
-        self._plan_peaks: dict[Any, list[int]] = {}  # trace -> measured peaks of its plan's first calls
-        #: The measured device peak of each call on probation, in order (where the device reports memory).
-        self.measured_peaks: list[int] = []
-        #: The re-plans after an out-of-memory error, in order: ``{'function', 'why', 'failed_peak',
-        #: 'old_budget', 'budget'}`` (``budget='plain'``: the plain step took over).
-        self.replans: list[dict[str, Any]] = []
+        self._init_recovery()
         self._lock = threading.Lock()
         self._warned_eager = False
         self._bound: weakref.WeakKeyDictionary[Any, LMSFunction] = weakref.WeakKeyDictionary()
@@ -458,144 +331,9 @@ class LMSFunction:
             return out[0]
         return self._run_recovering(cf, args, kwargs)
 
-    def _run_recovering(self, cf: Any, args: tuple, kwargs: dict) -> Any:
-        """Run the rewritten step of trace ``cf``; while its plan is on probation, undo a call that
-        runs out of device memory and run the same arguments again with a plan for less memory,
-        then with the plain step (:mod:`tflms.integrations.recovery`)."""
-        new_cf, plan, device = self._cache[cf]
-        left = self._probation.get(cf, recovery.PROBATION_CALLS)
-        if left <= 0:
-            return self._run(new_cf, device, args, kwargs)
-        tries: list[str] = []
-        measured = device is not None and device_memory(device) is not None
-        while True:
-            variables = recovery.written_variables(new_cf)
-            saved = recovery.save_state(variables, self._config.host)
-            if measured:
-                tf.config.experimental.reset_memory_stats(device)
-            try:
-                out = self._run(new_cf, device, args, kwargs)
-            except tf.errors.ResourceExhaustedError as err:
-                recovery.restore_state(variables, saved)
-                del saved
-                tries.append(_tried(new_cf is cf, plan, device, err))
-                entry = self._after_out_of_memory(cf, new_cf is cf, plan, device, tries)
-                if entry is None:
-                    raise tf.errors.ResourceExhaustedError(
-                        None, None, recovery.out_of_memory_message(plan.function, tries)
-                    ) from err
-                new_cf, plan, device = entry
-                self._cache[cf] = entry
-                left = recovery.PROBATION_CALLS
-                continue
-            self._probation[cf] = left - 1
-            if measured:
-                peak = int(device_memory(device)["peak"])
-                self.measured_peaks.append(peak)
-                peaks = self._plan_peaks.setdefault(cf, [])
-                peaks.append(peak)
-                if len(peaks) == recovery.LEARN_AFTER_CALLS and self._config.budget == "auto":
-                    self._learn_margin(cf, plan, device, max(peaks))
-            return out
-
-    def _learn_margin(self, cf: Any, plan: SwapPlan, device: str, measured: int) -> None:
-        """Plan trace ``cf`` once again for the budget that its ``measured`` peak says ``budget="auto"``
-        should have had (:func:`~tflms.integrations.recovery.learned_budget`), where that differs."""
-        limit, _ = device_memory_limit(device)
-        budget = plan.options.get("budget")
-        if limit is None or not isinstance(budget, int) or not plan.peak_bytes_after:
-            return
-        new_budget = recovery.learned_budget(limit, budget, plan.peak_bytes_after, measured)
-        if new_budget is None:
-            return
-        config = self._config.replace(budget=new_budget)
-        try:
-            with paused_gc(), warnings.catch_warnings():
-                warnings.simplefilter("ignore", LMSWarning)
-                entry = _optimize(self._fresh_trace(cf), config, copy=False, stacklevel=5)
-        except BudgetError as err:
-            log.warning(
-                "tflms: %s: no plan fits the learned budget %s; the plan is kept (%s)",
-                plan.function,
-                format_bytes(new_budget),
-                err,
-            )
-            return
-        why = (
-            f"learned margin: measured peak {format_bytes(measured)} against {format_bytes(plan.peak_bytes_after)} "
-            f"predicted ({measured / plan.peak_bytes_after:.2f}x), aiming at {recovery.TARGET_FRACTION} x the "
-            f"limit {format_bytes(limit)}"
-        )
-        self.replans.append(
-            {"function": plan.function, "why": why, "failed_peak": None, "old_budget": budget, "budget": new_budget}
-        )
-        log.warning(
-            "tflms: %s: %s; planned again for budget %s (was %s)",
-            plan.function,
-            why,
-            format_bytes(new_budget),
-            format_bytes(budget),
-        )
-        if entry[1].swaps == plan.swaps and entry[1].recomputes == plan.recomputes and entry[1].orders == plan.orders:
-            return  # the same decisions: keep the function that runs
-        self._cache[cf] = entry
-        self._probation[cf] = recovery.PROBATION_CALLS
-        self._plan_peaks[cf] = []
-
-    def _after_out_of_memory(
-        self, cf: Any, plain: bool, plan: SwapPlan, device: str | None, tries: list[str]
-    ) -> tuple[Any, SwapPlan, str | None] | None:
-        """The next way to run trace ``cf`` after ``plan`` ran out of memory: a plan for less memory
-        (at most :data:`~tflms.integrations.recovery.MAX_REPLANS`), then the plain step; ``None``
-        when the plain step (``plain``: the one that failed) ran out of memory too."""
-        budget = plan.options.get("budget")
-        if not plain and len(tries) <= recovery.MAX_REPLANS:
-            new_budget = recovery.replan_budget(plan.peak_bytes_after, budget)
-            config = self._config.replace(budget=new_budget, on_budget_miss="best")
-            with paused_gc(), warnings.catch_warnings():
-                warnings.simplefilter("ignore", LMSWarning)
-                entry = _optimize(self._fresh_trace(cf), config, copy=False, stacklevel=5)
-            if entry[2] is not None and entry[1].peak_bytes_after < plan.peak_bytes_after:
-                self.replans.append(
-                    {
-                        "function": plan.function,
-                        "why": tries[-1],
-                        "failed_peak": plan.peak_bytes_after,
-                        "old_budget": budget,
-                        "budget": new_budget,
-                    }
-                )
-                log.warning(
-                    "tflms: %s ran out of device memory (%s); its writes were undone and it runs the same batch "
-                    "again with a plan for budget %s (was %s)",
-                    plan.function,
-                    tries[-1],
-                    format_bytes(new_budget),
-                    "none" if budget is None else format_bytes(budget),
-                )
-                return entry
-        if plain:
-            return None
-        log.warning(
-            "tflms: %s ran out of device memory with every plan tried (%s); it runs the same batch with the plain step",
-            plan.function,
-            tries[-1],
-        )
-        self.replans.append(
-            {
-                "function": plan.function,
-                "why": tries[-1],
-                "failed_peak": plan.peak_bytes_after,
-                "old_budget": budget,
-                "budget": "plain",
-            }
-        )
-        reason = "the plans ran out of device memory: the plain step runs"
-        return (
-            cf,
-            empty_plan(GraphModel.from_func_graph(cf.graph), self._config, plan.peak_bytes_before, reason),
-            device,
-        )
+    def _replan(self, cf: Any, config: LMSConfig) -> tuple[Any, SwapPlan, str | None]:
+        """A new entry for trace ``cf``, planned with ``config`` on an unedited trace."""
+        return _optimize(self._fresh_trace(cf), config, copy=False, stacklevel=6)
 
     def _fresh_trace(self, cf: Any) -> Any:
         """An unedited trace of the same signature as ``cf`` (``tflms.function`` rewrites its own
@@ -638,7 +376,7 @@ class LMSFunction:
                 profile = profile_of_call(
                     kernels, ops=set(model.dag) if model is not None else None, device=device, function=plan.function
                 )
-                path = auto_profile_path(plan.function, _signature_text(cf), device)
+                path = auto_profile_path(plan.function, signature_text(cf), device)
                 profile.save(path)
                 config = self._config.replace(op_profile=path)
                 with paused_gc():
@@ -692,7 +430,7 @@ class LMSFunction:
     @property
     def plans_by_signature(self) -> dict[str, SwapPlan]:
         """Each traced input signature, as text (e.g. ``'x: float32[64, 64], y: int32[64]'``), and its plan."""
-        return {_signature_text(cf): plan for cf, (_, plan, _) in self._cache.items()}
+        return {signature_text(cf): plan for cf, (_, plan, _) in self._cache.items()}
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         if instance is None:
@@ -707,65 +445,6 @@ class LMSFunction:
 
     def __repr__(self) -> str:
         return f"<tflms.LMSFunction {getattr(self.python_function, '__name__', '?')} {self._config}>"
-
-
-def _tried(plain: bool, plan: SwapPlan, device: str | None, err: Exception) -> str:
-    """One line on a way of running a step that ran out of memory."""
-    way = (
-        f"the plain step (predicted {format_bytes(plan.peak_bytes_before)})"
-        if plain
-        else f"a plan of {len(plan.swaps)} swaps predicted at {format_bytes(plan.peak_bytes_after)}"
-        + (f" for budget {format_bytes(plan.options['budget'])}" if plan.options.get("budget") else "")
-    )
-    first = str(getattr(err, "message", err)).strip().splitlines()
-    oom = next((line.strip() for line in first if "OOM when allocating" in line), first[0] if first else "")
-    return f"{way} on {device}: {oom[:200]}"
-
-
-def _inputs(cf: Any) -> list[tuple[str, Any]]:
-    """Each input of ``cf`` as ``(text, spec)``: a tensor as ``('x: float32[?, 64]', TensorSpec)``, a
-    Python argument as ``('first_batch=True', None)``; tensors first, in the traced order."""
-    args, kwargs = cf.structured_input_signature
-    names = [a.name for a in cf.graph.inputs[: len(cf.graph.inputs) - len(cf.graph.captures)]]
-    params = list(cf.function_type.parameters)
-    labels = params[: len(args)] + [f"arg{i}" for i in range(len(params), len(args))]
-    tensors: list[tuple[str, Any]] = []
-    literals: list[tuple[str, Any]] = []
-    for label, value in [*zip(labels, args), *kwargs.items()]:
-        leaves = tf.nest.flatten(value)
-        for k, leaf in enumerate(leaves):
-            if isinstance(leaf, tf.TensorSpec):
-                i = len(tensors)
-                name = leaf.name or (names[i].split(":")[0] if i < len(names) else f"arg{i}")
-                dims = (
-                    ", ".join("?" if d is None else str(d) for d in leaf.shape.as_list())
-                    if leaf.shape.rank is not None
-                    else "..."
-                )
-                tensors.append((f"{name}: {leaf.dtype.name}[{dims}]", leaf))
-            elif leaf is not None:
-                literals.append((f"{label}{f'[{k}]' if len(leaves) > 1 else ''}={leaf!r}", None))
-    return tensors + literals
-
-
-def _signature_text(cf: Any) -> str:
-    """``'x: float32[64, 64], y: int32[64]'`` for a ConcreteFunction's flat tensor inputs, then its
-    Python arguments by name (``'x: float32[8, 64], first_batch=True'``): two traces that differ only
-    in a Python argument get two texts."""
-    return ", ".join(text for text, _ in _inputs(cf))
-
-
-def unknown_dimensions(cf: Any, batch_known: bool = False) -> list[str]:
-    """The tensor inputs of ``cf`` with a dimension of unknown size, as ``'x: float32[?, 64]'``;
-    with ``batch_known``, an unknown leading (batch) dimension alone does not count."""
-    unknown = []
-    for text, spec in _inputs(cf):
-        if spec is None:
-            continue
-        dims = spec.shape.as_list() if spec.shape.rank is not None else None
-        if dims is None or None in (dims[1:] if batch_known else dims):
-            unknown.append(text)
-    return unknown
 
 
 @overload

@@ -38,12 +38,23 @@ Example:
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
 
+from .._util import paused_gc
+from ..config import LMSConfig
+from ..errors import BudgetError, LMSWarning
+from ..ir.graph import GraphModel
+from ..plan.planner import empty_plan
+from ..plan.records import SwapPlan, format_bytes
+from .devices import device_memory, device_memory_limit
+
 __all__ = [
+    "Recovering",
     "LEARN_AFTER_CALLS",
     "LEARN_TOLERANCE",
     "MAX_REPLANS",
@@ -57,6 +68,8 @@ __all__ = [
     "save_state",
     "written_variables",
 ]
+
+log = logging.getLogger("tflms")
 
 #: Calls of a new plan (per input signature) whose written variables are saved first.
 PROBATION_CALLS = 5
@@ -160,3 +173,181 @@ def out_of_memory_message(function: str, tries: Sequence[str]) -> str:
         f"call's variable writes were undone):\n{lines}\nLower the batch size, or set a budget below the "
         "device's memory (budget=...), or move state to the host (offload='optimizer' or 'weights')."
     )
+
+
+def tried(plain: bool, plan: SwapPlan, device: str | None, err: Exception) -> str:
+    """One line on a way of running a step that ran out of memory."""
+    way = (
+        f"the plain step (predicted {format_bytes(plan.peak_bytes_before)})"
+        if plain
+        else f"a plan of {len(plan.swaps)} swaps predicted at {format_bytes(plan.peak_bytes_after)}"
+        + (f" for budget {format_bytes(plan.options['budget'])}" if plan.options.get("budget") else "")
+    )
+    first = str(getattr(err, "message", err)).strip().splitlines()
+    oom = next((line.strip() for line in first if "OOM when allocating" in line), first[0] if first else "")
+    return f"{way} on {device}: {oom[:200]}"
+
+
+class Recovering:
+    """What :class:`tflms.LMSFunction` does around a call of a rewritten step: the state saved while
+    a plan is on probation, the undo and the re-plans after an out-of-memory error, the learned
+    margin. The class that mixes it in provides ``_cache`` (trace -> ``(function, plan, device)``),
+    ``_config``, ``_run(function, device, args, kwargs)`` and ``_replan(trace, config)`` (a new
+    entry for the trace, planned with ``config``)."""
+
+    _cache: dict[Any, tuple[Any, SwapPlan, str | None]]
+    _config: LMSConfig
+
+    def _init_recovery(self) -> None:
+        self._probation: dict[Any, int] = {}  # trace -> calls left whose writes are saved first
+        self._plan_peaks: dict[Any, list[int]] = {}  # trace -> measured peaks of its plan's first calls
+        #: The measured device peak of each call on probation, in order (where the device reports memory).
+        self.measured_peaks: list[int] = []
+        #: The re-plans after an out-of-memory error or a learned margin, in order: ``{'function', 'why',
+        #: 'failed_peak', 'old_budget', 'budget'}`` (``budget='plain'``: the plain step took over).
+        self.replans: list[dict[str, Any]] = []
+
+    def _run(self, new_cf: Any, device: str | None, args: tuple, kwargs: dict) -> Any:
+        raise NotImplementedError
+
+    def _replan(self, cf: Any, config: LMSConfig) -> tuple[Any, SwapPlan, str | None]:
+        raise NotImplementedError
+
+    def _fresh_trace(self, cf: Any) -> Any:
+        raise NotImplementedError
+
+    def _run_recovering(self, cf: Any, args: tuple, kwargs: dict) -> Any:
+        """Run the rewritten step of trace ``cf``; while its plan is on probation, undo a call that
+        runs out of device memory and run the same arguments again with a plan for less memory,
+        then with the plain step (:mod:`tflms.integrations.recovery`)."""
+        new_cf, plan, device = self._cache[cf]
+        left = self._probation.get(cf, PROBATION_CALLS)
+        if left <= 0:
+            return self._run(new_cf, device, args, kwargs)
+        tries: list[str] = []
+        measured = device is not None and device_memory(device) is not None
+        while True:
+            variables = written_variables(new_cf)
+            saved = save_state(variables, self._config.host)
+            if measured:
+                tf.config.experimental.reset_memory_stats(device)
+            try:
+                out = self._run(new_cf, device, args, kwargs)
+            except tf.errors.ResourceExhaustedError as err:
+                restore_state(variables, saved)
+                del saved
+                tries.append(tried(new_cf is cf, plan, device, err))
+                entry = self._after_out_of_memory(cf, new_cf is cf, plan, device, tries)
+                if entry is None:
+                    raise tf.errors.ResourceExhaustedError(
+                        None, None, out_of_memory_message(plan.function, tries)
+                    ) from err
+                new_cf, plan, device = entry
+                self._cache[cf] = entry
+                left = PROBATION_CALLS
+                continue
+            self._probation[cf] = left - 1
+            if measured:
+                peak = int(device_memory(device)["peak"])
+                self.measured_peaks.append(peak)
+                peaks = self._plan_peaks.setdefault(cf, [])
+                peaks.append(peak)
+                if len(peaks) == LEARN_AFTER_CALLS and self._config.budget == "auto":
+                    self._learn_margin(cf, plan, device, max(peaks))
+            return out
+
+    def _learn_margin(self, cf: Any, plan: SwapPlan, device: str, measured: int) -> None:
+        """Plan trace ``cf`` once again for the budget that its ``measured`` peak says ``budget="auto"``
+        should have had (:func:`~tflms.integrations.learned_budget`), where that differs."""
+        limit, _ = device_memory_limit(device)
+        budget = plan.options.get("budget")
+        if limit is None or not isinstance(budget, int) or not plan.peak_bytes_after:
+            return
+        new_budget = learned_budget(limit, budget, plan.peak_bytes_after, measured)
+        if new_budget is None:
+            return
+        config = self._config.replace(budget=new_budget)
+        try:
+            with paused_gc(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", LMSWarning)
+                entry = self._replan(cf, config)
+        except BudgetError as err:
+            log.warning(
+                "tflms: %s: no plan fits the learned budget %s; the plan is kept (%s)",
+                plan.function,
+                format_bytes(new_budget),
+                err,
+            )
+            return
+        why = (
+            f"learned margin: measured peak {format_bytes(measured)} against {format_bytes(plan.peak_bytes_after)} "
+            f"predicted ({measured / plan.peak_bytes_after:.2f}x), aiming at {TARGET_FRACTION} x the "
+            f"limit {format_bytes(limit)}"
+        )
+        self.replans.append(
+            {"function": plan.function, "why": why, "failed_peak": None, "old_budget": budget, "budget": new_budget}
+        )
+        log.warning(
+            "tflms: %s: %s; planned again for budget %s (was %s)",
+            plan.function,
+            why,
+            format_bytes(new_budget),
+            format_bytes(budget),
+        )
+        if entry[1].swaps == plan.swaps and entry[1].recomputes == plan.recomputes and entry[1].orders == plan.orders:
+            return  # the same decisions: keep the function that runs
+        self._cache[cf] = entry
+        self._probation[cf] = PROBATION_CALLS
+        self._plan_peaks[cf] = []
+
+    def _after_out_of_memory(
+        self, cf: Any, plain: bool, plan: SwapPlan, device: str | None, tries: list[str]
+    ) -> tuple[Any, SwapPlan, str | None] | None:
+        """The next way to run trace ``cf`` after ``plan`` ran out of memory: a plan for less memory
+        (at most :data:`MAX_REPLANS`), then the plain step; ``None``
+        when the plain step (``plain``: the one that failed) ran out of memory too."""
+        budget = plan.options.get("budget")
+        if not plain and len(tries) <= MAX_REPLANS:
+            new_budget = replan_budget(plan.peak_bytes_after, budget)
+            config = self._config.replace(budget=new_budget, on_budget_miss="best")
+            with paused_gc(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", LMSWarning)
+                entry = self._replan(cf, config)
+            if entry[2] is not None and entry[1].peak_bytes_after < plan.peak_bytes_after:
+                self.replans.append(
+                    {
+                        "function": plan.function,
+                        "why": tries[-1],
+                        "failed_peak": plan.peak_bytes_after,
+                        "old_budget": budget,
+                        "budget": new_budget,
+                    }
+                )
+                log.warning(
+                    "tflms: %s ran out of device memory (%s); its writes were undone and it runs the same batch "
+                    "again with a plan for budget %s (was %s)",
+                    plan.function,
+                    tries[-1],
+                    format_bytes(new_budget),
+                    "none" if budget is None else format_bytes(budget),
+                )
+                return entry
+        if plain:
+            return None
+        log.warning(
+            "tflms: %s ran out of device memory with every plan tried (%s); it runs the same batch with the plain step",
+            plan.function,
+            tries[-1],
+        )
+        self.replans.append(
+            {
+                "function": plan.function,
+                "why": tries[-1],
+                "failed_peak": plan.peak_bytes_after,
+                "old_budget": budget,
+                "budget": "plain",
+            }
+        )
+        reason = "the plans ran out of device memory: the plain step runs"
+        model = GraphModel.from_func_graph(self._fresh_trace(cf).graph)
+        return cf, empty_plan(model, self._config, plan.peak_bytes_before, reason), device
