@@ -9,7 +9,7 @@ from typing import Any
 from ..config import check_int
 from .graph import GraphModel, func_graph_sizer
 
-__all__ = ["graph_source", "keras_step_source", "keras_train_step", "specs_text"]
+__all__ = ["batch_sized", "graph_source", "keras_step_source", "keras_structure", "keras_train_step", "specs_text"]
 
 
 def keras_step_source(model: Any, step: Any, label_shape: Any = None, label_dtype: Any = None) -> Any:
@@ -20,12 +20,12 @@ def keras_step_source(model: Any, step: Any, label_shape: Any = None, label_dtyp
     it to ``(None, None)``, and the product's leading dimension is batch x sequence.
     """
     traced = GraphModel.from_func_graph(step.graph)
-    if all(_batch_sized(traced, t) for t in traced.tensors.values() if traced.phase(t.op) == "forward"):
+    if all(batch_sized(traced, t) for t in traced.tensors.values() if traced.phase(t.op) == "forward"):
         return step
     return lambda batch: keras_train_step(model, label_shape, label_dtype, batch_size=batch)
 
 
-def _batch_sized(model: GraphModel, t: Any) -> bool:
+def batch_sized(model: GraphModel, t: Any) -> bool:
     """True when the batch size tells ``t``'s size: its dimensions other than the leading one are static
     (tensors of no data, such as resources, count as sized), and it is not a ``Reshape`` that changes
     the elements per row of an unknown leading dimension (``reshape(t, (-1, C))`` of a ``(None, H, W,
@@ -108,8 +108,8 @@ def keras_train_step(
             f"The Keras model {name!r} was compiled without a loss: compile it with one, e.g. "
             f"model.compile(optimizer='adam', loss='mse'). Received: model={name!r} (loss=None)"
         )
-    x_struct = _keras_structure(model, "inputs")
-    y_struct = _keras_structure(model, "outputs")
+    x_struct = keras_structure(model, "inputs")
+    y_struct = keras_structure(model, "outputs")
     if x_struct is None or y_struct is None:
         raise ValueError(
             f"The Keras model {name!r} has no known inputs and outputs (a subclassed model, or a Sequential "
@@ -185,7 +185,7 @@ def _loss_name(loss: Any) -> str:
     return getattr(loss, "__name__", None) or type(loss).__name__
 
 
-def _keras_structure(model: Any, which: str) -> Any:
+def keras_structure(model: Any, which: str) -> Any:
     """``model``'s symbolic inputs or outputs in the structure it takes/returns them, or None.
 
     Functional models keep the structure (one tensor, a list, a dict) in ``_inputs_struct`` /

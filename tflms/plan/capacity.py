@@ -394,10 +394,10 @@ def _named_inputs(function: Any, model: Any = None) -> list[tuple[str, tuple[int
     specs = [s for s in tf.nest.flatten(function.structured_input_signature) if isinstance(s, tf.TensorSpec)]
     names = [f"input {s.name!r}" if s.name else f"input {i}" for i, s in enumerate(specs)]
     if model is not None:
-        from ..ir.trace import _keras_structure
+        from ..ir.trace import keras_structure
 
-        inputs = keras.tree.flatten(_keras_structure(model, "inputs"))
-        outputs = keras.tree.flatten(_keras_structure(model, "outputs"))
+        inputs = keras.tree.flatten(keras_structure(model, "inputs"))
+        outputs = keras.tree.flatten(keras_structure(model, "outputs"))
         if len(specs) == len(inputs) + len(outputs):
             labels = ["the labels"] if len(outputs) == 1 else [f"the labels of output {o.name!r}" for o in outputs]
             names = [f"input {t.name!r}" for t in inputs] + labels
@@ -460,9 +460,9 @@ def _warn_unsized(who: str, model: GraphModel) -> None:
     """Warn when the batch does not tell the size of some forward tensors of ``model`` (a ConcreteFunction
     traced with an unknown batch): each is sized with its unknown leading dimension as the batch and any
     other as 1 (a ``Dense`` on ``(None, 128, 256)`` reshapes it to ``(None, None)``: batch x 128 rows)."""
-    from ..ir.trace import _batch_sized
+    from ..ir.trace import batch_sized
 
-    unsized = [t for t in model.tensors.values() if model.phase(t.op) == "forward" and not _batch_sized(model, t)]
+    unsized = [t for t in model.tensors.values() if model.phase(t.op) == "forward" and not batch_sized(model, t)]
     if unsized:
         first = unsized[0]
         shape = "unknown rank" if first.shape is None else _shape_text(first.shape)
