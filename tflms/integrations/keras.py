@@ -61,7 +61,6 @@ the plan is made all the same)::
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import warnings
 import weakref
@@ -74,16 +73,16 @@ import tensorflow as tf
 from .. import _tf_internal as tfi
 from ..config import LMSConfig
 from ..errors import LMSWarning
-from ..plan.records import SwapPlan, format_bytes
+from ..plan.records import SwapPlan
+from ..report.summary import short_summary
 from .function import LMSFunction, device_memory, resolve_device
 from .function import function as lms_function
+from .one_process import OneProcess, TrainStep
 
 __all__ = ["LMSCallback", "XLA_MODES"]
 
 log = logging.getLogger("tflms")
 
-#: A replacement for ``model.train_step``: called as ``train_step(model, data)``, returns the logs.
-TrainStep = Callable[[keras.Model, Any], Any]
 
 #: Values of ``LMSCallback(xla=...)``: what to do with a model whose ``jit_compile`` is on.
 XLA_MODES = ("disable", "error")
@@ -94,61 +93,6 @@ PREDICTED_PEAK_KEY = "predicted_peak_bytes"
 #: Key of the epoch logs: how many times the rewritten step was planned again after it ran out of
 #: device memory, so far (:mod:`tflms.integrations.recovery`).
 REPLANS_KEY = "tflms_replans"
-
-
-class OneProcess:
-    """How :class:`LMSCallback` trains in one process: what Horovod's mode
-    (``tflms.integrations.horovod.fit.HorovodFit``) does differently, done the plain way."""
-
-    #: Whether the callback trains data-parallel under Horovod.
-    horovod = False
-    #: Whether Keras may call the batch-end hooks from a thread pool.
-    async_safe = True
-    #: Whether the step is installed (unrewritten) where it cannot be rewritten.
-    installs_without_lms = False
-    #: Appended to the ``run_eagerly=True`` warning.
-    eager_note = ""
-
-    def make_train_step(self, model: keras.Model, train_step: TrainStep | None) -> Callable[[Any], Any]:
-        """``model.train_step``, or ``train_step`` given to the callback."""
-        return model.train_step if train_step is None else functools.partial(train_step, model)
-
-    def several_replicas(self, replicas: int) -> bool:
-        """A distribution strategy with ``replicas`` > 1: warn and train plain (False)."""
-        warnings.warn(
-            f"tflms.LMSCallback does not support a distribution strategy with {replicas} replicas; "
-            "fit runs without LMS. Use one replica per process (e.g. Horovod).",
-            LMSWarning,
-            stacklevel=3,
-        )
-        return False
-
-    def step_to_trace(self, step: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """What is traced (and rewritten) as the per-batch step."""
-        return step
-
-    def set_params(self, params: dict) -> None:
-        """Called with the parameters Keras hands the callbacks."""
-
-    def train_begin(self, model: keras.Model) -> None:
-        """Called at train begin, after the train function is installed."""
-
-    def before_run(self, model_ref: weakref.ReferenceType, iterator: Any) -> None:
-        """Called by the installed train function before each run of the step."""
-
-    def first_plan(self, plan: SwapPlan) -> str | None:
-        """Called once per installation with the first plan; returns the callback's ``fingerprint``."""
-        return None
-
-    def prints(self) -> bool:
-        """Whether this process prints the plan (``verbose``)."""
-        return True
-
-    def batch_end(self, logs: dict) -> None:
-        """Called at batch end with Keras's logs (to change in place)."""
-
-    def epoch_end(self, logs: dict) -> None:
-        """Called at epoch end with Keras's logs, before the memory entries are added."""
 
 
 @dataclasses.dataclass
@@ -598,55 +542,6 @@ class LMSCallback(keras.callbacks.Callback):
         if not peak or not plans:
             return logs
         return {**logs, MEASURED_PEAK_KEY: peak, PREDICTED_PEAK_KEY: max(p.peak_bytes_after for p in plans)}
-
-
-def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
-    """Two lines on ``plan`` (what ``LMSCallback(verbose=1)`` prints): swaps, recomputes, bytes moved, peaks.
-
-    ``measured_peak`` (bytes, the device's measured peak of the first step) is shown
-    next to the predicted one when given.
-
-    Example (for ``cb.plan`` after ``fit`` with ``cb = LMSCallback(...)``; here a plan of
-    :func:`tflms.optimize`):
-        >>> import tensorflow as tf, tflms
-        >>> from tflms.testing.zoo import build
-        >>> _, x, y, train_step = build("cnn", batch=16, size=64)
-        >>> cf = tf.function(train_step).get_concrete_function(x, y)
-        >>> plan = tflms.make_plan(tflms.GraphModel.from_func_graph(cf.graph), tflms.LMSConfig(swapout_threshold=20))
-        >>> print(short_summary(plan))  # doctest: +ELLIPSIS
-        tflms plan for ...: ... tensors swapped, ... MiB out and ... MiB back in per step (... swap-ins)...
-        predicted device peak (simulator): ... MiB -> ... MiB (...% less); full table: LMSCallback(verbose=2)
-    """
-    before, after = plan.peak_bytes_before, plan.peak_bytes_after
-    back = sum(s.bytes * len(s.swap_ins) for s in plan.swaps)
-    less = (1 - after / before) * 100 if before else 0.0
-    clones = sum(len(r.ops) * len(r.groups) for r in plan.recomputes)
-    lines = [
-        f"tflms plan for {plan.function or '<function>'}"
-        + (f" ({plan.budget_text})" if plan.budget_text else "")
-        + f": {len(plan.swaps)} tensors swapped, "
-        f"{format_bytes(plan.swapped_bytes)} out and {format_bytes(back)} back in per step "
-        f"({plan.n_swap_ins} swap-ins)"
-        + (f"; {_count(len(plan.recomputes), 'tensor')} recomputed ({clones} op clones)" if plan.recomputes else "")
-        + (f"; {_count(len(plan.orders), 'ordering edge')}" if plan.orders else "")
-        + (f"; {_count(len(plan.sums), 'sum')} added as the terms arrive" if plan.sums else "")
-        + (f"; {_count(len(plan.tiles), 'tile')} left out" if plan.tiles else "")
-        + {
-            "optimizer": "; the optimizer's state and update on the host",
-            "weights": "; the weights, the optimizer's state and update on the host",
-        }.get(plan.options.get("offload"), ""),
-        f"predicted device peak (simulator): {format_bytes(before)} -> {format_bytes(after)} "
-        f"({abs(less):.0f}% {'less' if less >= 0 else 'more'})"
-        + (f"; measured peak of the first step: {format_bytes(measured_peak)}" if measured_peak else "")
-        + "; full table: LMSCallback(verbose=2)",
-    ]
-    if plan.reason:
-        lines.append(f"note: {plan.reason}")
-    return "\n".join(lines)
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 def _auto_would_choose_xla(model: keras.Model) -> bool:
