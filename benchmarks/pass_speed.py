@@ -23,17 +23,29 @@ spread); their rows go to the JSON's ``keras`` and ``capacity`` lists, replacing
 same label, name and batch. ``--blocks`` with no sizes keeps the transformer rows already in
 the JSON. ``--label`` names the code measured (e.g. ``before``), ``--notes`` says how.
 
+``--policies`` times what :func:`tflms.optimize` does with the attention stack of
+:data:`POLICY_STEP` (52 blocks of width 32, sequence 32, batch 8: about 51,800 ops, no tensor of
+``min_bytes`` or more, so no swap) under each policy of :data:`POLICIES`, ``--runs`` times, the
+policies in turn within each run: ``model`` (the graph model), ``plan`` (:func:`tflms.make_plan`,
+wall and CPU seconds) and ``rewrite`` (graph copy, :func:`tflms.rewrite.apply.apply_plan` and rebuild,
+only where the plan changes the step, as ``optimize`` skips it otherwise). Its rows go to the JSON's
+``policies`` list, each with its machine, date, versions, the machine's load average and ``--notes``,
+replacing rows of the same label and policy.
+
 Usage::
 
     python benchmarks/pass_speed.py                      # sizes 1 8 32 64 blocks
     python benchmarks/pass_speed.py --blocks 1 4 --json out.json
     python benchmarks/pass_speed.py --blocks --keras ResNet152:32 --capacity ResNet50:32:16GiB --runs 3
+    python benchmarks/pass_speed.py --blocks --policies --runs 3 --label after
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
 import time
 from pathlib import Path
@@ -78,6 +90,75 @@ def transformer_step(blocks: int, seq: int = 64, dim: int = 128, batch: int = 8)
     x = tf.zeros((batch, seq, dim))
     y = tf.zeros((batch,), tf.int32)
     return tf.function(step).get_concrete_function(x, y), (model, opt)
+
+
+#: The step ``--policies`` plans: :func:`transformer_step`'s arguments.
+POLICY_STEP = {"blocks": 52, "seq": 32, "dim": 32, "batch": 8}
+#: The policies ``--policies`` plans it under: none, the default, and the default with the
+#: passes that re-associate float sums.
+POLICIES = {
+    "none": "none",
+    "swap_gradients": ("swap_gradients",),
+    "swap_gradients,split_sums,drop_tiles": ("swap_gradients", "split_sums", "drop_tiles"),
+}
+
+
+def time_policies(runs: int) -> list[dict]:
+    """One row per policy of :data:`POLICIES` for the step of :data:`POLICY_STEP` (see the module doc)."""
+    cf, _keep_alive = transformer_step(**POLICY_STEP)
+    load_before = [round(x, 2) for x in os.getloadavg()]  # the machine may be shared: its load, 1/5/15 min
+    times: dict[str, dict[str, list[float]]] = {
+        name: {"model": [], "plan": [], "plan_cpu": [], "rewrite": [], "total": []} for name in POLICIES
+    }
+    plans = {}
+    for _ in range(runs):
+        for name, policy in POLICIES.items():
+            config = tflms.LMSConfig(device="/device:CPU:1", policy=policy)
+            with paused_gc():  # as tflms.optimize does
+                t0 = time.perf_counter()
+                model = tflms.GraphModel.from_func_graph(cf.graph)
+                t1, c1 = time.perf_counter(), time.process_time()
+                plan = tflms.make_plan(model, config)
+                t2, c2 = time.perf_counter(), time.process_time()
+                if plan.swaps or plan.recomputes or plan.orders or plan.sums or plan.tiles:
+                    graph = tfi.copy_graph(cf)
+                    apply_plan(graph, plan, device=config.device, host=config.host)
+                    tfi.rebuild(cf, graph)
+                t3 = time.perf_counter()
+            for key, value in (
+                ("model", t1 - t0),
+                ("plan", t2 - t1),
+                ("plan_cpu", c2 - c1),
+                ("rewrite", t3 - t2),
+                ("total", t3 - t0),
+            ):
+                times[name][key].append(value)
+            plans[name] = plan
+            print(name, {key: round(values[-1], 2) for key, values in times[name].items()}, flush=True)
+    stamp = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} CPUs",
+        "load_average": {"start": load_before, "end": [round(x, 2) for x in os.getloadavg()]},
+        "tensorflow": tf.__version__,
+        "tflms": tflms.__version__,
+    }
+    return [
+        {
+            **stamp,
+            "name": "attention",
+            **POLICY_STEP,
+            "policy": name,
+            "ops": plans[name].n_ops,
+            "swaps": len(plans[name].swaps),
+            "sums": len(plans[name].sums),
+            "tiles": len(plans[name].tiles),
+            "orders": len(plans[name].orders),
+            "peak_bytes_before": plans[name].peak_bytes_before,
+            "peak_bytes_after": plans[name].peak_bytes_after,
+            "seconds": {key: _stats(values) for key, values in times[name].items()},
+        }
+        for name in POLICIES
+    ]
 
 
 def time_pass(cf, config: tflms.LMSConfig, repeat: int) -> dict:
@@ -177,9 +258,9 @@ def time_capacity(name: str, batch: int, budget: str, runs: int) -> dict:
     }
 
 
-def _merged(old: list[dict], new: list[dict]) -> list[dict]:
-    """``old`` with the rows of ``new`` in place of those of the same label, name and batch."""
-    key = lambda r: (r.get("label"), r["name"], r["batch"])  # noqa: E731
+def _merged(old: list[dict], new: list[dict], field: str = "batch") -> list[dict]:
+    """``old`` with the rows of ``new`` in place of those of the same label, name and ``field``."""
+    key = lambda r: (r.get("label"), r["name"], r[field])  # noqa: E731
     replaced = {key(r) for r in new}
     return [r for r in old if key(r) not in replaced] + new
 
@@ -198,8 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--capacity", nargs="*", default=[], metavar="NAME:BATCH:BUDGET", help="capacity searches (--max-batch) to time"
     )
-    parser.add_argument("--runs", type=int, default=3, help="runs of each --keras and --capacity row (min, median)")
-    parser.add_argument("--label", default="", help="what code the --keras and --capacity rows measure")
+    parser.add_argument(
+        "--policies", action="store_true", help="time the 52-block attention stack under each policy (module doc)"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=3, help="runs of each --keras, --capacity and --policies row (min, median)"
+    )
+    parser.add_argument("--label", default="", help="what code the --keras, --capacity and --policies rows measure")
     parser.add_argument("--notes", default="", help="how they were measured (kept in the JSON)")
     parser.add_argument("--json", type=Path, default=Path(__file__).resolve().parent / "results" / "pass_speed.json")
     args = parser.parse_args(argv)
@@ -242,8 +328,11 @@ def main(argv: list[str] | None = None) -> int:
         name, batch, budget = spec.split(":")
         capacity_rows.append({**stamp, **time_capacity(name, int(batch), budget, args.runs)})
         print(json.dumps(capacity_rows[-1]), flush=True)
+    policy_rows = [{"label": args.label, **row} for row in time_policies(args.runs)] if args.policies else []
+    if policy_rows and args.notes:
+        policy_rows = [{**row, "notes": args.notes} for row in policy_rows]
     notes = dict(old.get("notes", {}))
-    if args.notes:
+    if args.notes and not policy_rows:  # --policies rows keep their notes in the rows
         notes[args.label or "rows"] = args.notes
     save_result(
         args.json,
@@ -252,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         notes=notes,
         keras=_merged(old.get("keras", []), keras_rows),
         capacity=_merged(old.get("capacity", []), capacity_rows),
+        policies=_merged(old.get("policies", []), policy_rows, field="policy"),
     )
     return 0
 
