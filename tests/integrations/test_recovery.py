@@ -162,3 +162,22 @@ def test_the_margin_is_learned_from_the_measured_peaks(monkeypatch, ratio, loose
     np.testing.assert_array_equal(losses, plain_losses)
     for a, b in zip(variables, plain_vars, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_an_auto_budget_that_no_plan_meets_plans_for_the_limit_itself(monkeypatch):
+    """``budget="auto"`` is 0.9 of the device's limit; where no plan is predicted within it but the
+    best is within the limit itself, the step is planned for the limit (a warning says so; the
+    recovery watches its first calls) instead of raising; past the limit, BudgetError as before."""
+    setup = zoo.cnn()
+    with pytest.raises(tflms.BudgetError) as info:
+        tflms.function(setup.step_fn(), device=DEVICE, budget=1, **SMALL).get_plan(setup.x, setup.y)
+    best = info.value.best_peak_bytes
+    limit = int(best / 0.95)  # 0.9 of it is below the best plan, the limit above
+    monkeypatch.setattr(tflms.integrations.function, "device_memory_limit", lambda device: (limit, "a simulated limit"))
+    step = tflms.function(setup.step_fn(), device=DEVICE, **SMALL)
+    with pytest.warns(tflms.LMSWarning, match="planned for the limit itself"):
+        plan = step.get_plan(setup.x, setup.y)
+    assert plan.options["budget"] == limit and plan.peak_bytes_after <= limit and plan.swaps
+    monkeypatch.setattr(tflms.integrations.function, "device_memory_limit", lambda device: (best - 1, "too small"))
+    with pytest.raises(tflms.BudgetError):
+        tflms.function(setup.step_fn(), device=DEVICE, **SMALL).get_plan(setup.x, setup.y)

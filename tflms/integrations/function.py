@@ -27,12 +27,12 @@ from .. import _tf_internal as tfi
 from .._util import paused_gc
 from ..config import LMSConfig, resolve_budget, resolve_swapout_window
 from ..emulate.simulator import Simulator
-from ..errors import LMSWarning
+from ..errors import BudgetError, LMSWarning
 from ..ir.graph import GraphModel
 from ..plan.passes.offload import OffloadDecisions, offload_decisions, with_offload
 from ..plan.planner import empty_plan, make_plan
 from ..plan.profiles import AUTO_PROFILE, auto_profile_path, profile_of_call
-from ..plan.records import SwapPlan
+from ..plan.records import SwapPlan, format_bytes
 from ..rewrite.apply import apply_offload, apply_plan, is_rewritten
 from .devices import check_host, device_memory, device_memory_limit, no_device_message, resolve_device
 from .recovery import Recovering
@@ -183,8 +183,26 @@ def _optimize(
     offload = _offload(model, graph, config)
     if offload is not None:
         model = with_offload(model, offload, config.host)
-    config, budget_text = resolve_budget(config, *device_memory_limit(device) if device else (None, "no device"))
-    plan = make_plan(model, resolve_swapout_window(config, device)).with_budget_text(budget_text)
+    limit, source = device_memory_limit(device) if device else (None, "no device")
+    auto = config.budget == "auto"
+    config, budget_text = resolve_budget(config, limit, source)
+    try:
+        plan = make_plan(model, resolve_swapout_window(config, device))
+    except BudgetError as err:
+        # budget="auto" keeps a margin below the limit that the closed loop may find it does not
+        # need: a plan predicted under the limit itself is tried, watched by the recovery.
+        if not auto or limit is None or err.best_peak_bytes > limit:
+            raise
+        warnings.warn(
+            f"tflms: {graph.name}: no plan is predicted within {budget_text}; the best is predicted at "
+            f"{format_bytes(err.best_peak_bytes)}, within the device's limit, so the step is planned for the "
+            "limit itself. If it runs out of memory, the step is undone and planned again for less (recovery).",
+            LMSWarning,
+            stacklevel=stacklevel,
+        )
+        config, budget_text = config.replace(budget=limit), f"budget {format_bytes(limit)}: the limit ({source})"
+        plan = make_plan(model, resolve_swapout_window(config, device))
+    plan = plan.with_budget_text(budget_text)
     if offload is None and not (plan.swaps or plan.recomputes or plan.orders or plan.sums or plan.tiles):
         return concrete_function, plan, None
     if device is None:
