@@ -363,3 +363,55 @@ def offload_gpt(
         "step_seconds": float(np.median(seconds[1:])),
         "weight_bytes": weights,
     }
+
+
+def keras_hub_gpt2_fit(lms: bool = True) -> dict[str, Any]:
+    """KerasHub's ``GPT2CausalLM`` of tests/ecosystem/models.py (vocabulary 5000, 4 layers, 4 heads,
+    hidden 256, random weights) through ``model.fit``: 3 Adam steps of batch 8 (128 tokens), plain or
+    with ``LMSCallback`` given the test bed's device and host and nothing else (``budget="auto"``: 0.9
+    of the process's cap). Returns per step the measured peak (reset as each step begins) and the
+    logged loss, the bytes held once the model and Adam's state were built (``loaded``), and with
+    ``lms`` the plan the last step ran: swaps, the swapped tensors' shapes, the predicted peaks, the
+    budget, and the plans made again after the first calls (``replans``)."""
+    import keras
+    import tensorflow as tf
+    from ecosystem.models import gpt2
+
+    import tflms
+    from tflms import testbed
+
+    tf.config.experimental.enable_op_determinism()
+    case = gpt2()
+    peaks: list[int] = []
+    losses: list[float] = []
+
+    class Meter(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+            testbed.reset_peak()
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            peaks.append(int(testbed.memory()["peak"]))
+            losses.append(float((logs or {})["loss"]))
+
+    out: dict[str, Any] = {"loaded": int(testbed.memory()["current"])}
+    callbacks: list[Any] = [Meter()]
+    cb = tflms.LMSCallback(device=testbed.DEVICE, host=testbed.HOST) if lms else None
+    if cb is not None:
+        callbacks.insert(0, cb)
+    case.model.fit(**case.fit_kwargs(), verbose=0, callbacks=callbacks)
+    out.update(peaks=peaks, losses=losses)
+    if cb is not None:
+        plan = cb.plan
+        out.update(
+            n_plans=len(cb.plans),
+            n_swaps=len(plan.swaps),
+            swap_shapes=sorted({tuple(s.shape) for s in plan.swaps if s.shape is not None}),
+            swapped_bytes=sum(s.bytes for s in plan.swaps),
+            predicted=int(plan.peak_bytes_after),
+            predicted_plain=int(plan.peak_bytes_before),
+            budget=plan.options.get("budget"),
+            budget_text=plan.budget_text,
+            # Plans made again after the first calls (budget="auto" learns its margin from measured peaks).
+            replans=[{k: r.get(k) for k in ("why", "old_budget", "budget")} for r in getattr(cb.step, "replans", [])],
+        )
+    return out
