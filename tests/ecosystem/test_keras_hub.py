@@ -8,7 +8,8 @@ determinism on (``conftest``), ``shuffle=False``. Asserted: the per-step losses 
 the optimizer's included, equal bit for bit (the default policy swaps only: a swap is a copy); the
 plan swaps, and was made for the real batch (KerasHub's tasks feed ``fit`` batches of unknown
 dimensions; the callback feeds the rewritten step concrete ones); and, after Grappler, the rewritten
-step runs the kernels of the plain step traced for the same batch, the swap ops aside.
+step runs the kernels of the plain step traced for the same batch, the swap ops aside. Where that does
+not hold today (``FIT_DIFFERS``, ``KERNELS_DIFFER``: why, measured) the test is a strict xfail.
 """
 
 from __future__ import annotations
