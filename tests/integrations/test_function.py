@@ -138,23 +138,28 @@ def test_inference_function_is_left_unchanged(mlp):
     np.testing.assert_array_equal(predict(mlp.x).numpy(), model(mlp.x, training=False).numpy())
 
 
-def test_unknown_batch_dimension_uses_batch_size(mlp):
+def test_a_trace_of_unknown_sizes_is_sized_from_the_call_or_batch_size(mlp):
+    """With an ``input_signature`` of unknown batch, the trace is planned for the sizes of the call
+    that made it (no warning); planned from specs alone (no call), it sizes the unknown batch as
+    ``batch_size``, and without one as 1, with a warning that names the inputs."""
     fn = mlp.step_fn()
     spec = [tf.TensorSpec((None, 64), tf.float32), tf.TensorSpec((None,), tf.int32)]
-    small = tflms.function(fn, input_signature=spec, device=DEVICE, **SMALL)
-    big = tflms.function(fn, input_signature=spec, device=DEVICE, batch_size=64, **SMALL)
-    # Never sized as batch 1 silently: a warning names the inputs and the way out.
-    with pytest.warns(LMSWarning, match=r"unknown size \(x: float32\[\?, 64\]; y: int32\[\?\]\).*batch_size=1"):
-        p_small = small.get_plan(mlp.x, mlp.y)
     with warnings.catch_warnings():
         warnings.simplefilter("error", LMSWarning)
-        p_big = big.get_plan(mlp.x, mlp.y)
+        called = tflms.function(fn, input_signature=spec, device=DEVICE, **SMALL).get_plan(mlp.x, mlp.y)
+        given = tflms.function(fn, input_signature=spec, device=DEVICE, batch_size=64, **SMALL).get_plan(*spec)
+    small = tflms.function(fn, input_signature=spec, device=DEVICE, **SMALL)
+    with pytest.warns(LMSWarning, match=r"unknown size \(x: float32\[\?, 64\]; y: int32\[\?\]\).*batch_size=1"):
+        p_small = small.get_plan(*spec)
     # With batch 1 the 256-float activations (1 KiB) are below min_bytes; with 64 they qualify.
     assert p_small.swaps == ()
-    assert len(p_big.swaps) >= 1 and p_big.swaps[0].shape[0] is None
-    assert p_big.swaps[0].bytes == 64 * 256 * 4
+    for plan in (called, given):
+        assert len(plan.swaps) >= 1 and plan.swaps[0].bytes == 64 * 256 * 4
+    assert called.swaps[0].shape[0] == 64 and given.swaps[0].shape[0] is None
+    big = tflms.function(fn, input_signature=spec, device=DEVICE, **SMALL)
     losses, variables = zoo.run_steps(mlp, big, n=2)
     ref_losses, ref_vars = zoo.run_steps(mlp, tf.function(fn), n=2)
+    assert big.plans[0].swaps
     np.testing.assert_array_equal(losses, ref_losses)
     for a, b in zip(variables, ref_vars):
         np.testing.assert_array_equal(a, b)

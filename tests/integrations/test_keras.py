@@ -574,11 +574,11 @@ def test_several_replicas_warn_and_run_plain():
     assert cb.step is None
 
 
-def test_each_concrete_batch_shape_gets_its_own_plan(mlp):
-    """fit's batches have an unknown batch dimension in Keras's own function (96 samples in
-    batches of 64: the last batch is partial); the callback feeds the rewritten step concrete
-    batches, so it plans batch 64 and the last batch of 32 each for their real shapes, warns
-    about nothing, and trains to the plain fit's numbers."""
+def test_the_step_is_traced_as_keras_traces_it_and_planned_for_the_real_batch(mlp):
+    """fit's batches have an unknown batch dimension (96 samples in batches of 64: the last batch is
+    partial). The callback traces the step as Keras's own train function does, with that unknown
+    dimension (so that Grappler sees the plain step's graph), and plans it for the sizes of the
+    batches it is fed: batch 64, no warning, and the plain fit's numbers."""
     x, y = _data(mlp, 2)
     data = (x[:96], y[:96])
     plain = _fit(mlp, data=data)
@@ -587,38 +587,13 @@ def test_each_concrete_batch_shape_gets_its_own_plan(mlp):
         warnings.simplefilter("error", LMSWarning)
         lms = _fit(mlp, [cb], data=data)
     _assert_same(lms, plain)
-    by_signature = cb.step.plans_by_signature
-    assert len(by_signature) == 2 and all("?" not in text for text in by_signature)
-    batches = sorted({s.shape[0] for plan in cb.plans for s in plan.swaps})
-    assert batches == [32, 64]  # each plan's swapped tensors have their trace's real batch
-    assert cb.plan.peak_bytes_before > cb.plans[1].peak_bytes_before
-    cf = cb.step.get_concrete_function((tf.constant(x[:64]), tf.constant(y[:64])))
-    assert len(cb.plans) == 2  # the fit's own trace, not a new one
-    check_structure(cf, cb.plan, DEVICE, HOST)
-
-
-def test_a_dataset_of_unknown_shapes_is_planned_from_its_real_batches(mlp):
-    """A tf.data pipeline whose element spec has no static dimension at all (a generator) is
-    planned for the shapes it yields: the plan is the one of a step traced with those shapes."""
-    x, y = _data(mlp, 2)
-    n = mlp.x.shape[0]
-
-    def batches():
-        for k in range(2):
-            yield x[k * n : (k + 1) * n], y[k * n : (k + 1) * n]
-
-    spec = (tf.TensorSpec(None, tf.float32), tf.TensorSpec(None, y.dtype))
-    ds = tf.data.Dataset.from_generator(batches, output_signature=spec)
-    assert ds.element_spec[0].shape.rank is None
-    cb = LMSCallback(device=DEVICE, **SMALL)
-    mlp.reset()
-    with tf.device(DEVICE):
-        mlp.model.fit(ds, epochs=1, verbose=0, callbacks=[cb])
+    (text,) = cb.step.plans_by_signature
+    assert text == "data_0: float32[?, 64], data_1: int32[?]"  # Keras's own signature
+    assert cb.plan.swaps and {s.shape[0] for s in cb.plan.swaps} == {64}  # sized for the real batch
+    # As sized as the same train step traced for batch 64 (the relaxed trace adds a few shape ops).
     concrete = tflms.function(mlp.model.train_step, device=DEVICE, **SMALL)
-    expected = concrete.get_plan((tf.constant(x[:n]), tf.constant(y[:n])))
-    assert cb.plans == [cb.plan] and cb.plan.swaps
-    assert [s.tensor for s in cb.plan.swaps] == [s.tensor for s in expected.swaps]
-    assert cb.plan.peak_bytes_after == expected.peak_bytes_after
+    sized = concrete.get_plan((tf.constant(x[:64]), tf.constant(y[:64])))
+    assert abs(cb.plan.peak_bytes_before / sized.peak_bytes_before - 1) < 0.01
 
 
 class PythonIfStep(keras.Sequential):

@@ -148,16 +148,19 @@ def _refuse_xla(concrete_function: Any, config: LMSConfig | None = None) -> None
 
 
 def _optimize(
-    concrete_function: Any, config: LMSConfig, copy: bool, stacklevel: int
+    concrete_function: Any, config: LMSConfig, copy: bool, stacklevel: int, sizes_from: Any = None
 ) -> tuple[Any, SwapPlan, str | None]:
     """:func:`optimize`'s work: ``(new_cf, plan, device the rewrite targets or None)``.
 
-    ``stacklevel`` makes a warning point at the user's frame (1 = this function).
+    ``stacklevel`` makes a warning point at the user's frame (1 = this function). ``sizes_from``: a
+    trace of the same step with the concrete shapes of a call, which sizes the tensors whose size
+    ``concrete_function`` leaves unknown (:meth:`GraphModel.from_func_graph`).
     """
     graph = concrete_function.graph
-    model = GraphModel.from_func_graph(graph, batch_size=config.knobs.batch_size)
+    sizing = None if sizes_from is None else sizes_from.graph
+    model = GraphModel.from_func_graph(graph, batch_size=config.knobs.batch_size, sizes_from=sizing)
     unknown = unknown_dimensions(concrete_function, batch_known=config.knobs.batch_size is not None)
-    if unknown and not is_rewritten(graph):
+    if unknown and sizes_from is None and not is_rewritten(graph):
         warnings.warn(
             f"tflms: {graph.name} was traced with inputs of unknown size ({'; '.join(unknown)}), so the plan "
             f"sizes an unknown leading dimension as batch_size={config.knobs.batch_size or 1} and any other "
@@ -294,6 +297,7 @@ class LMSFunction(Recovering):
         self._cache: dict[Any, tuple[Any, SwapPlan, str | None]] = {}
         self._profiled: set[Any] = set()  # traces planned again with a profile of their first call
         self._init_recovery()
+        self._sizes: dict[Any, Any] = {}  # trace -> a trace with a call's concrete shapes, or None
         self._lock = threading.Lock()
         self._warned_eager = False
         self._bound: weakref.WeakKeyDictionary[Any, LMSFunction] = weakref.WeakKeyDictionary()
@@ -319,11 +323,12 @@ class LMSFunction(Recovering):
                         entry = (cf, known, None)
                     else:
                         _refuse_xla(cf, self._config)
+                        self._sizes[cf] = self._sizing_trace(cf, args, kwargs)
                         with paused_gc():
                             # user -> __call__ / get_plan / ... -> _entry -> _optimize
                             # op_profile="auto" plans the trace again after its first call: keep it unedited.
                             copy = not self._owns_traces or self.profiles_calls
-                            entry = _optimize(cf, self._config, copy, stacklevel=4)
+                            entry = _optimize(cf, self._config, copy, stacklevel=4, sizes_from=self._sizes[cf])
                     self._cache[cf] = entry
         return cf, entry
 
@@ -351,7 +356,19 @@ class LMSFunction(Recovering):
 
     def _replan(self, cf: Any, config: LMSConfig) -> tuple[Any, SwapPlan, str | None]:
         """A new entry for trace ``cf``, planned with ``config`` on an unedited trace."""
-        return _optimize(self._fresh_trace(cf), config, copy=False, stacklevel=6)
+        return _optimize(self._fresh_trace(cf), config, copy=False, stacklevel=6, sizes_from=self._sizes.get(cf))
+
+    def _sizing_trace(self, cf: Any, args: tuple, kwargs: dict) -> Any:
+        """A trace of the step with the concrete shapes of ``args`` and ``kwargs``, where trace ``cf``
+        leaves sizes unknown (an ``input_signature`` with ``None``, ``fit``'s relaxed batches) and
+        the call's arguments are concrete tensors; else ``None``."""
+        if not unknown_dimensions(cf) or not tf.executing_eagerly():
+            return None  # nothing to size, or traced into a caller's function (symbolic arguments)
+        if any(isinstance(a, tf.TypeSpec) for a in tf.nest.flatten((args, kwargs))):
+            return None  # get_plan(TensorSpec(...)): no concrete shapes
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return tf.function(self.python_function).get_concrete_function(*args, **kwargs)
 
     def _fresh_trace(self, cf: Any) -> Any:
         """An unedited trace of the same signature as ``cf`` (``tflms.function`` rewrites its own
@@ -398,7 +415,7 @@ class LMSFunction(Recovering):
                 profile.save(path)
                 config = self._config.replace(op_profile=path)
                 with paused_gc():
-                    entry = _optimize(cf, config, not self._owns_traces, stacklevel=4)
+                    entry = _optimize(cf, config, not self._owns_traces, stacklevel=4, sizes_from=self._sizes.get(cf))
                 self._cache[cf] = entry
                 log.info("tflms: %s: planned again with the op times of its first call (%s)", plan.function, path)
                 new_plans.append(entry[1])

@@ -76,7 +76,6 @@ from ..errors import LMSWarning
 from ..plan.records import SwapPlan
 from ..report.summary import short_summary
 from .function import LMSFunction, device_memory, resolve_device
-from .function import function as lms_function
 from .one_process import OneProcess, TrainStep
 
 __all__ = ["LMSCallback", "XLA_MODES"]
@@ -101,8 +100,9 @@ class _Installation:
 
     model: weakref.ReferenceType
     keras_function: Callable[[Any], Any]  # what Keras built (restored at train end)
-    step: LMSFunction | None  # the rewritten per-batch step (None: runs eagerly, no LMS)
+    step: LMSFunction | None  # the rewritten per-batch step (None: no LMS, or before the first batch)
     function: Callable[[Any], Any]  # what is installed as model.train_function while fitting
+    lms: bool = True  # whether the installed function runs the rewritten step
 
 
 class LMSCallback(keras.callbacks.Callback):
@@ -319,7 +319,7 @@ class LMSCallback(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         step = self.step
-        self._peaks_seen = 0 if step is None else len(step.measured_peaks)
+        self._peaks_seen = 0 if step is None else len(step.measured_peaks)  # none before the first batch
         self._measured_device = self._memory_device()
         if self._measured_device is not None:
             try:
@@ -459,11 +459,10 @@ class LMSCallback(keras.callbacks.Callback):
                 self._mode.before_run(model_ref, iterator)
                 return run(iterator)
 
-            return _Installation(model_ref, keras_function, None, plain_function)
-        # One trace, hence one plan, per concrete shape of the batches fit feeds (no relaxed
-        # retracing): the planner sizes every tensor from the real batch, a last partial batch
-        # gets a plan of its own.
-        lms_step = lms_function(step, config=self.config)
+            return _Installation(model_ref, keras_function, None, plain_function, lms=False)
+        # Made at the first call, traced as Keras traces the step (the iterator's element spec, so that
+        # Grappler sees the plain step's graph) and sized from the first batch's concrete shapes.
+        lms_step: LMSFunction | None = None
         if model.jit_compile:  # only where it may be Keras's jit_compile="auto": _supported raised otherwise
             warnings.warn(
                 "tflms.LMSCallback: the model is compiled with XLA (model.jit_compile=True; Keras's default "
@@ -478,9 +477,13 @@ class LMSCallback(keras.callbacks.Callback):
 
         def train_function(iterator: Any) -> Any:
             """Keras's train function, fed from Python: each batch is taken from ``iterator`` as
-            concrete tensors and handed to the rewritten step (traced and planned per shape)."""
+            concrete tensors and handed to the rewritten step, planned for the first batch's sizes."""
+            nonlocal lms_step
             model = model_ref()
             self._mode.before_run(model_ref, iterator)
+            if lms_step is None:
+                lms_step = LMSFunction(step, self.config, input_signature=_fit_signature(iterator))
+                installation.step = lms_step
             logs = None
             for _ in range(steps_per_execution(model)):
                 try:
@@ -494,7 +497,7 @@ class LMSCallback(keras.callbacks.Callback):
                 self._report(installation)
             return logs
 
-        installation = _Installation(model_ref, keras_function, lms_step, train_function)
+        installation = _Installation(model_ref, keras_function, None, train_function)
         return installation
 
     def _report(self, inst: _Installation) -> None:
@@ -517,7 +520,7 @@ class LMSCallback(keras.callbacks.Callback):
         """
         inst = self._installation
         model = None if inst is None else inst.model()
-        if inst is None or inst.step is None or model is None or model.train_function is not inst.function:
+        if inst is None or not inst.lms or model is None or model.train_function is not inst.function:
             return None
         try:
             device = resolve_device(self.config)
@@ -542,6 +545,16 @@ class LMSCallback(keras.callbacks.Callback):
         if not peak or not plans:
             return logs
         return {**logs, MEASURED_PEAK_KEY: peak, PREDICTED_PEAK_KEY: max(p.peak_bytes_after for p in plans)}
+
+
+def _fit_signature(iterator: Any) -> list[Any] | None:
+    """The input signature Keras's own train function traces the step with: the batches' element
+    spec (``[spec]``, the step's one argument); ``None`` where it is not all tensors (an optional
+    input): then the step is traced for each batch's concrete shapes."""
+    spec = getattr(iterator, "element_spec", None)
+    if spec is None or not all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec)):
+        return None
+    return [spec]
 
 
 def _auto_would_choose_xla(model: keras.Model) -> bool:

@@ -225,10 +225,15 @@ class GraphModel:
         return model
 
     @classmethod
-    def from_func_graph(cls, graph: Any, batch_size: int | None = None) -> GraphModel:
+    def from_func_graph(cls, graph: Any, batch_size: int | None = None, sizes_from: Any = None) -> GraphModel:
         """Build from a TensorFlow ``FuncGraph`` (or any ``tf.Graph``). Python's cyclic garbage
-        collector is paused meanwhile (the graph's objects would make each collection long)."""
-        return func_graph_sizer(graph)(batch_size)
+        collector is paused meanwhile (the graph's objects would make each collection long).
+
+        ``sizes_from``: another trace of the same step with concrete shapes (a ``tf.Graph``); a
+        tensor whose size ``graph`` leaves unknown takes the shape of the tensor of the same name
+        and rank there, so that a step traced with unknown sizes (as Keras traces ``fit``'s step)
+        is planned for the sizes it runs with."""
+        return func_graph_sizer(graph, sizes_from)(batch_size)
 
     def _annotate(self) -> None:
         """Set ``level`` and ``phase`` on every node."""
@@ -266,18 +271,23 @@ class GraphModel:
                 data["phase"] = "forward"
 
 
-def func_graph_sizer(graph: Any) -> Any:
+def func_graph_sizer(graph: Any, sizes_from: Any = None) -> Any:
     """``sized(batch_size) -> GraphModel``, each call equal to ``GraphModel.from_func_graph(graph,
     batch_size)``: ``graph`` (a ``FuncGraph`` or any ``tf.Graph``) is read once, and each call only
     sizes its tensors (:func:`estimate_bytes`), for searches over batch sizes
     (:func:`tflms.max_batch_size`). The cyclic garbage collector is paused while it reads and sizes."""
     with paused_gc():
+        known = _known_shapes(sizes_from) if sizes_from is not None else {}
         ops = []
         for op in graph.get_operations():
             outs = []
             for t in op.outputs:
                 shape, dtype = t.shape, t.dtype
                 dims = tuple(shape.as_list()) if shape.rank is not None else None
+                if dims is None or None in dims:
+                    other = known.get(t.name)
+                    if other is not None and (dims is None or len(other) == len(dims)):
+                        dims = other
                 outs.append((dtype.name, dims, dtype.size if dtype.is_numpy_compatible else 0))
             ops.append(
                 (
@@ -315,6 +325,16 @@ def func_graph_sizer(graph: Any) -> Any:
             return GraphModel.from_ops(records, variable_bytes=var_bytes, name=name, variables=variables)
 
     return sized
+
+
+def _known_shapes(graph: Any) -> dict[str, tuple[int, ...]]:
+    """The fully known shapes of ``graph``'s tensors, by name."""
+    shapes = {}
+    for op in graph.get_operations():
+        for t in op.outputs:
+            if t.shape.rank is not None and t.shape.is_fully_defined():
+                shapes[t.name] = tuple(t.shape.as_list())
+    return shapes
 
 
 def with_recomputes(model: GraphModel, recomputes: Sequence[Any]) -> GraphModel:

@@ -47,6 +47,11 @@ EXCLUDED_DTYPES = frozenset({"resource", "variant", "string", "int32"})
 #: Only where the step does not run on a GPU (:func:`pins_inputs`): a GPU runs these gradients
 #: with the same kernel whether the input comes from the forward op or from a swap-in.
 PINNED_INPUTS = frozenset({("MaxPoolGrad", 1), ("MaxPool3DGrad", 1), ("LRNGrad", 2)})
+#: Ops into which Grappler's arithmetic optimizer folds a ``Transpose`` of an input
+#: (``FoldTransposeIntoMatMul``): a ``Transpose`` that only they read never runs in the plain step,
+#: and swapping its output would make it run (another kernel, and a buffer the plain step never holds).
+TRANSPOSE_FOLDING_TYPES = frozenset({"MatMul", "BatchMatMul", "BatchMatMulV2", "BatchMatMulV3"})
+
 #: Ops that read only their input's shape, never its data.
 SHAPE_OP_TYPES = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 #: Ops whose output buffer stays on the device whatever the plan does (weights, the
@@ -120,6 +125,10 @@ def _is_candidate(model: GraphModel, t: TensorInfo, config: LMSConfig) -> bool:
         return False
     if same_device(node["device"], config.host):
         return False
+    if op_type in ("Transpose", "ConjugateTranspose") and all(
+        model.dag.nodes[c]["type"] in TRANSPOSE_FOLDING_TYPES for c, _ in t.consumers
+    ):
+        return False  # Grappler folds it into its readers: it does not run in the plain step
     if model.dag.nodes[buffer_owner(model, t.name).op]["type"] in RESIDENT_OP_TYPES:
         return False  # a view of a weight, an input or a constant: it stays on the device anyway
     if config.knobs.incl_types and op_type not in config.knobs.incl_types:
