@@ -415,3 +415,162 @@ def keras_hub_gpt2_fit(lms: bool = True) -> dict[str, Any]:
             replans=[{k: r.get(k) for k in ("why", "old_budget", "budget")} for r in getattr(cb.step, "replans", [])],
         )
     return out
+
+
+def _digest(variables: Any) -> str:
+    """One sha1 of the variables' bytes, in order: weights compared across processes, bit for bit."""
+    import hashlib
+
+    h = hashlib.sha1()
+    for v in variables:
+        h.update(v.numpy().tobytes())
+    return h.hexdigest()
+
+
+def _plan_summary(plan: Any) -> dict[str, Any]:
+    return {
+        "predicted": int(plan.peak_bytes_after),
+        "predicted_plain": int(plan.peak_bytes_before),
+        "n_swaps": len(plan.swaps),
+        "budget": plan.options.get("budget"),
+        "reason": plan.reason,
+    }
+
+
+def resnet_steps(
+    batch: int = 48, mode: str = "plain", budget: str | None = None, steps: int = 3, size: int = 96
+) -> dict[str, Any]:
+    """ResNet50 (``size``², Adam) of tflms.testing.zoo trained ``steps`` steps on one batch, all under
+    Grappler's memory optimizer at ``MANUAL`` (as tflms calls its steps): ``mode`` ``'plain'``
+    (``tf.function`` of the zoo's step), ``'function'`` (``tflms.function`` of it, the test bed's
+    device and host and ``budget`` if given), ``'plain_fit'`` (``model.fit`` of the batch repeated
+    ``steps`` times, batch ``batch``, no shuffle) or ``'fit'`` (the same with ``LMSCallback``).
+    Returns the losses, the measured peak of each step (reset as it begins), one sha1 of every
+    variable of the model and of the optimizer before (``initial``) and after the run, and for the
+    tflms modes the ``replans`` (:attr:`tflms.LMSFunction.replans`) and the plans made. Where the
+    tflms step ran out of memory in every way its recovery tried, ``error`` is the message of
+    the error it raised (the digests are those after it: its writes undone); a plain step's
+    out-of-memory error propagates (``run_measured``: status ``'oom'``)."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tflms
+    from tflms import testbed
+    from tflms.testing.zoo import build
+
+    if mode not in ("plain", "function", "plain_fit", "fit"):
+        raise ValueError(f"mode must be 'plain', 'function', 'plain_fit' or 'fit'. Received: mode={mode!r}")
+    tf.config.experimental.enable_op_determinism()
+    model, x, y, step = build("resnet50", batch, size)
+    state = [*model.variables, *step.optimizer.variables]
+    options = {} if budget is None else {"budget": budget}
+    peaks: list[int] = []
+    losses: list[float] = []
+    out: dict[str, Any] = {"loaded": int(testbed.memory()["current"]), "initial": _digest(state)}
+    lms: Any = None
+    with tflms.manual_memory_optimizer():
+        if mode in ("plain", "function"):
+            if mode == "plain":
+                run = tf.function(step)
+            else:
+                run = lms = tflms.function(step, device=testbed.DEVICE, host=testbed.HOST, **options)
+            with tf.device(testbed.DEVICE):
+                for _ in range(steps):
+                    testbed.reset_peak()
+                    try:
+                        losses.append(float(run(x, y)))
+                    except tf.errors.ResourceExhaustedError as err:
+                        if lms is None:
+                            raise
+                        out["error"] = err.message
+                        break
+                    peaks.append(int(testbed.memory()["peak"]))
+        else:
+
+            class Meter(keras.callbacks.Callback):
+                def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+                    testbed.reset_peak()
+
+                def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+                    peaks.append(int(testbed.memory()["peak"]))
+                    losses.append(float((logs or {})["loss"]))
+
+            model.compile(
+                optimizer=step.optimizer,
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                jit_compile=False,
+            )
+            callbacks: list[Any] = [Meter()]
+            cb = None
+            if mode == "fit":
+                cb = tflms.LMSCallback(device=testbed.DEVICE, host=testbed.HOST, **options)
+                callbacks.insert(0, cb)
+            xs, ys = (np.concatenate([t.numpy()] * steps) for t in (x, y))
+            with tf.device(testbed.DEVICE):
+                try:
+                    model.fit(xs, ys, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+                except tf.errors.ResourceExhaustedError as err:
+                    if cb is None:
+                        raise
+                    out["error"] = err.message
+            lms = None if cb is None else cb.step
+    out.update(losses=losses, peaks=peaks, weights=_digest(model.variables), state=_digest(state))
+    if lms is not None:
+        out.update(
+            replans=[{k: v for k, v in r.items() if k != "function"} for r in lms.replans],
+            plans=[_plan_summary(p) for p in lms.plans],
+        )
+    return out
+
+
+def twoinput_fit(lms: bool = True, batch: int = 32, steps: int = 3, size: int = 128) -> dict[str, Any]:
+    """The two-input model of tflms.testing.zoo (a ``size``² image and a 64-wide vector, its own
+    ``train_step``, Adam, the sparse cross-entropy) trained by ``model.fit`` on numpy data: ``steps``
+    batches of ``batch``, plain or with ``LMSCallback`` given the test bed's device and host and
+    nothing else. Returns the measured peak of each step (reset as it begins), its largest
+    (``peak``), the logged losses and, with ``lms``, the replans and the plans made."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    import tflms
+    from tflms import testbed
+    from tflms.testing.zoo import build
+
+    tf.config.experimental.enable_op_determinism()
+    model, _, _, _ = build("twoinput", batch, size)
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
+    rng = np.random.default_rng(0)
+    n = batch * steps
+    images = rng.normal(size=(n, size, size, 3)).astype("float32")
+    vectors = rng.normal(size=(n, 64)).astype("float32")
+    labels = rng.integers(0, 10, size=(n,)).astype("int32")
+    peaks: list[int] = []
+    losses: list[float] = []
+
+    class Meter(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+            testbed.reset_peak()
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            peaks.append(int(testbed.memory()["peak"]))
+            losses.append(float((logs or {})["loss"]))
+
+    callbacks: list[Any] = [Meter()]
+    cb = tflms.LMSCallback(device=testbed.DEVICE, host=testbed.HOST) if lms else None
+    if cb is not None:
+        callbacks.insert(0, cb)
+    with tf.device(testbed.DEVICE):
+        model.fit((images, vectors), labels, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
+    out: dict[str, Any] = {"peaks": peaks, "peak": max(peaks), "losses": losses}
+    if cb is not None and cb.step is not None:
+        out.update(
+            replans=[{k: v for k, v in r.items() if k != "function"} for r in cb.step.replans],
+            plans=[_plan_summary(p) for p in cb.plans],
+        )
+    return out

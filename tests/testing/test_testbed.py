@@ -123,12 +123,21 @@ def test_memory_needs_the_bfc_allocator():
     assert not testbed.is_measured_process()
     with pytest.raises(testbed.TestBedError, match="TF_CPU_ALLOCATOR_USE_BFC=true"):
         testbed.memory()
-    env = testbed.device_environ("1GiB", base={"TF_CPU_BFC_MEM_LIMIT_IN_MB": "5"})
+    env = testbed.device_environ("1GiB", base={"TF_CPU_BFC_MEM_LIMIT_IN_MB": "5", "TF_ENABLE_ONEDNN_OPTS": "1"})
+    # TensorFlow's own kernels, whatever the caller's process runs (tests/conftest.py: oneDNN), so
+    # that an allocation past the cap raises as on a GPU; the choice travels to the processes it starts.
     assert env == {
         "TF_CPU_ALLOCATOR_USE_BFC": "true",
         "TF_CPU_BFC_MEM_LIMIT_IN_MB": "1024",
-        "TF_ENABLE_ONEDNN_OPTS": "1",
+        "TF_ENABLE_ONEDNN_OPTS": "0",
+        "TFLMS_TESTBED_ONEDNN": "0",
     }
+    for opted_in in (
+        testbed.device_environ(base={}, onednn=True),
+        testbed.device_environ(base={"TFLMS_TESTBED_ONEDNN": "1"}),
+    ):
+        assert opted_in["TF_ENABLE_ONEDNN_OPTS"] == opted_in["TFLMS_TESTBED_ONEDNN"] == "1", opted_in
+    assert testbed.device_environ(base={"TFLMS_TESTBED_ONEDNN": "1"}, onednn=False)["TF_ENABLE_ONEDNN_OPTS"] == "0"
     with pytest.raises(ValueError, match="cap"):
         testbed.device_environ(1000)
 

@@ -38,12 +38,14 @@ _READY = "TFLMS_DEVICE_READY"
 
 class DeviceWorker:
     """A measured device in a child process (job :data:`JOB`, one task), its BFC allocator capped at
-    ``cap`` (bytes or a size string; ``None``: no cap). Use it in a ``with`` block; it dies with its
+    ``cap`` (bytes or a size string; ``None``: no cap), on the kernels of :func:`device_environ`
+    (``onednn``: as there; by default those of the process that starts it). Use it in a ``with`` block; it dies with its
     parent. :attr:`device` is its device string; :meth:`peak` and :meth:`reset_peak` read and reset
     its allocator's peak."""
 
-    def __init__(self, cap: int | str | None = None, timeout: float = 60.0) -> None:
+    def __init__(self, cap: int | str | None = None, timeout: float = 60.0, onednn: bool | None = None) -> None:
         self.cap = cap
+        self.onednn = onednn
         self.timeout = timeout
         self.port = _free_port()
         self.device = f"/job:{JOB}/replica:0/task:0/device:CPU:0"
@@ -53,7 +55,7 @@ class DeviceWorker:
         self._log: Any = None
 
     def __enter__(self) -> DeviceWorker:
-        env = device_environ(self.cap)
+        env = device_environ(self.cap, onednn=self.onednn)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         self._log = tempfile.TemporaryFile()
         args = ["--port", str(self.port), "--parent", str(os.getpid()), "--peak-file", str(self.peak_file)]

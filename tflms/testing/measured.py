@@ -148,6 +148,7 @@ def run_measured(
     timeout: float = 1800.0,
     pythonpath: list[str] | None = None,
     gpu: bool = False,
+    onednn: bool | None = None,
 ) -> MeasuredResult:
     """Call ``target`` in a fresh measured process; return what it returned, or how it failed.
 
@@ -173,6 +174,11 @@ def run_measured(
     own CPU, :func:`devices`); ``cap`` becomes TensorFlow's GPU memory limit (a logical
     device with ``memory_limit``), and without it the GPU's memory grows as needed. A
     process that sees no GPU ends with ``status='error'`` and says so.
+
+    ``onednn``: the test bed's processes run TensorFlow's own CPU kernels, which raise
+    ``ResourceExhaustedError`` past the cap as a GPU does; ``True`` runs oneDNN's (whose
+    out-of-memory inside a conv backprop aborts the process: ``status='oom'`` all the same).
+    ``None``: as ``TFLMS_TESTBED_ONEDNN`` in the environment says (:func:`device_environ`).
     """
     if _IMPORTING_MAIN in os.environ:
         raise RuntimeError(
@@ -193,7 +199,7 @@ def run_measured(
         raise TypeError(
             f"target must be 'package.module:function' or a picklable callable. Received: target={target!r}"
         )
-    env = device_environ(cap, gpu=gpu)
+    env = device_environ(cap, gpu=gpu, onednn=onednn)
     # Under a cap, the allocator's out-of-memory dump (INFO lines) feeds MeasuredResult.oom.
     env["TF_CPP_MIN_LOG_LEVEL"] = "0" if cap is not None else env.get("TF_CPP_MIN_LOG_LEVEL", "2")
     if pythonpath:

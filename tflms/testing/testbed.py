@@ -11,9 +11,10 @@ travel to it over gRPC and back.
 The BFC allocator must be chosen before TensorFlow starts, so the measured
 process is usually a fresh one: :func:`run_measured` starts it with the right
 environment, starts the host worker inside it, calls your function and returns
-what it returned, and reports an out-of-memory death (a segfault, or oneDNN's
-abort in a conv backprop, are common under a BFC cap) as a result instead of
-a crash::
+what it returned, and reports an out-of-memory death (a segfault under a BFC cap,
+or oneDNN's abort in a conv backprop where its kernels are chosen) as a result
+instead of a crash. The test bed runs TensorFlow's own CPU kernels by default, which
+raise ``ResourceExhaustedError`` past the cap as a GPU does (:func:`device_environ`)::
 
     result = tflms.testbed.run_measured("mypkg.bench:measure", {"batch": 32}, cap="1GiB")
     if result.ok: print(result.value)
@@ -68,6 +69,7 @@ __all__ = [
     "GPU_DEVICE",
     "GPU_HOST",
     "HOST",
+    "ONEDNN_OPT_IN",
     "TestBedError",
     "HostWorker",
     "connect",
@@ -96,6 +98,10 @@ DEVICE_NICE = 10
 _BFC = "TF_CPU_ALLOCATOR_USE_BFC"
 _CAP = "TF_CPU_BFC_MEM_LIMIT_IN_MB"
 _ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
+#: Set to ``1`` in the environment to run the test bed's processes on oneDNN's CPU kernels
+#: (:func:`device_environ`); by default they run TensorFlow's own (Eigen's), which raise
+#: ``ResourceExhaustedError`` under a cap as a GPU does.
+ONEDNN_OPT_IN = "TFLMS_TESTBED_ONEDNN"
 _GPU = "TFLMS_MEASURED_GPU"  # a measured GPU process: its cap in MiB, or 0 (no cap)
 #: The measured GPU process's device and host (``run_measured(..., gpu=True)``).
 GPU_DEVICE = "/job:localhost/replica:0/task:0/device:GPU:0"
@@ -110,27 +116,37 @@ class TestBedError(TflmsError, RuntimeError):
 
 
 def device_environ(
-    cap: int | str | None = None, base: Mapping[str, str] | None = None, gpu: bool = False
+    cap: int | str | None = None,
+    base: Mapping[str, str] | None = None,
+    gpu: bool = False,
+    onednn: bool | None = None,
 ) -> dict[str, str]:
     """Environment for a measured process: BFC allocator on the CPU, optional real cap.
 
     ``cap`` (bytes or a size string such as ``"1GiB"``) is rounded down to whole MiB.
 
-    The CPU kernels are pinned to oneDNN's (``TF_ENABLE_ONEDNN_OPTS=1``) unless ``base``
-    already sets ``TF_ENABLE_ONEDNN_OPTS``: TensorFlow turns oneDNN on by default only on
-    CPUs with AVX-512 VNNI and newer, and its fallback, Eigen's kernels, give different
-    peaks (a conv's filter gradient allocates up to 30 MiB of im2col scratch), so without
-    the pin the same step measures differently from one machine to the next.
+    The CPU kernels are TensorFlow's own (Eigen's: ``TF_ENABLE_ONEDNN_OPTS=0``), whatever
+    ``base`` sets, unless ``onednn=True``, or ``onednn`` is None and ``base`` sets
+    ``TFLMS_TESTBED_ONEDNN=1`` (:data:`ONEDNN_OPT_IN`); the environment records the choice
+    there too, so that the processes a measured process starts (its :class:`HostWorker`, a
+    :class:`~tflms.testing.device_worker.DeviceWorker`) run the same kernel library. A GPU
+    raises ``ResourceExhaustedError`` when its allocator fails a request, and so do Eigen's
+    kernels under the BFC cap; oneDNN's kernels abort the process instead (``mkl_util.h`` "'tensor'
+    Must be non NULL" in a conv backprop), which no recovery can answer. Pinned either way:
+    TensorFlow turns oneDNN on by default only on CPUs with AVX-512 VNNI and newer, so
+    without the pin the same step measures differently from one machine to the next.
 
     With ``gpu=True`` the measured device is GPU 0 instead: the environment marks the
     process as such (``TFLMS_MEASURED_GPU``: the cap in MiB, 0 for none), and the CPU
     keeps TensorFlow's defaults.
 
-    >>> env = device_environ("512MiB", base={})
+    >>> env = device_environ("512MiB", base={"TF_ENABLE_ONEDNN_OPTS": "1"})
     >>> env["TF_CPU_ALLOCATOR_USE_BFC"], env["TF_CPU_BFC_MEM_LIMIT_IN_MB"], env["TF_ENABLE_ONEDNN_OPTS"]
-    ('true', '512', '1')
-    >>> device_environ(base={"TF_ENABLE_ONEDNN_OPTS": "0"})["TF_ENABLE_ONEDNN_OPTS"]
-    '0'
+    ('true', '512', '0')
+    >>> device_environ(base={}, onednn=True)["TF_ENABLE_ONEDNN_OPTS"]
+    '1'
+    >>> device_environ(base={"TFLMS_TESTBED_ONEDNN": "1"})["TF_ENABLE_ONEDNN_OPTS"]
+    '1'
     >>> device_environ("1GiB", base={"TF_CPU_ALLOCATOR_USE_BFC": "true"}, gpu=True)
     {'TFLMS_MEASURED_GPU': '1024'}
     """
@@ -145,8 +161,12 @@ def device_environ(
     if gpu:
         env[_GPU] = str(mib)
         return env
+    if onednn is None:
+        onednn = env.get(ONEDNN_OPT_IN, "").strip().lower() in ("1", "true", "yes", "on")
+    elif not isinstance(onednn, bool):
+        raise TypeError(f"onednn must be True, False or None. Received: onednn={onednn!r}")
     env[_BFC] = "true"
-    env.setdefault(_ONEDNN, "1")
+    env[_ONEDNN] = env[ONEDNN_OPT_IN] = "1" if onednn else "0"
     if cap is not None:
         env[_CAP] = str(mib)
     return env
