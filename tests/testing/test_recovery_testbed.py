@@ -43,12 +43,15 @@ def test_a_plan_over_the_real_cap_recovers_and_trains_to_the_uncapped_plain_weig
     uncapped plain run's (``tf.function`` of the same step, or plain ``fit``), bit for bit.
 
     Whether a plan fits is the allocator's call: its regions grow by doubling under the cap and
-    fragment (test_testbed.py's GPT logits). Measured here (2026-11-28, Eigen's kernels): the plan
-    for 900 MiB (671 MiB predicted) ran out of memory, so did the next (530 MiB predicted, 570 MiB
-    budget), and the third (455 MiB predicted, 158 swaps) trained at 517-545 MiB per step; in
-    another process of the same run every plan and the plain step ran out of memory. So where the
-    recovery ends in its error, what must hold is what it promises then: one error naming every
-    way tried, and every variable as it was before the failed call (xfail, not pass)."""
+    fragment (test_testbed.py's GPT logits). Measured here (2026-11-28, Eigen's kernels, 2-CPU AMD
+    EPYC), ``tflms.function``: the plan for 900 MiB (671 MiB predicted) ran out of memory, so did the
+    next (530 MiB predicted, 570 MiB budget), and the third (455 MiB predicted, 158 swaps) trained at
+    517-545 MiB per step, bit-identical, in 3 of 4 processes; in the fourth every plan and the plain
+    step ran out of memory. ``fit`` (another graph: 690, 545 and 450 MiB predicted, 84 swaps last)
+    ran out of memory with every plan in 2 of 2, each time asking for a 27 MiB [48,24,24,256]
+    tensor with the pool at the cap. So where the recovery ends in its error, what must hold is what
+    it promises then: one error naming every way tried, and every variable as it was before the
+    failed call (xfail, not pass)."""
     cap = 600 * MIB
     lms = _job("resnet_steps", {"batch": 48, "mode": path, "budget": "900MiB"}, cap="600MiB")
     oom = _oom_replans(lms)
