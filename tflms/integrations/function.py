@@ -423,11 +423,11 @@ class LMSFunction(Recovering):
 
     def get_concrete_function(self, *args: Any, **kwargs: Any) -> Any:
         """The rewritten ConcreteFunction for these arguments (traced and planned on first use)."""
-        return self._entry(args, kwargs)[0]
+        return self._traced_entry(args, kwargs)[1][0]
 
     def get_plan(self, *args: Any, **kwargs: Any) -> SwapPlan:
         """The :class:`~tflms.SwapPlan` for these arguments' input signature."""
-        return self._entry(args, kwargs)[1]
+        return self._traced_entry(args, kwargs)[1][1]
 
     def _measured_device(self, args: tuple, kwargs: dict) -> str | None:
         device = self._entry(args, kwargs)[2] if args or kwargs else None
