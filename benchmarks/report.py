@@ -118,8 +118,45 @@ def pass_speed(data: dict) -> str:
                 f"| {s['trace']['min']:.1f} / {s['trace']['median']:.1f} | {s['search']['min']:.0f} / "
                 f"{s['search']['median']:.0f} |"
             )
+    if data.get("policies"):
+        lines += ["", _pass_speed_policies(data["policies"])]
     notes = data.get("notes") or {}
     lines += ["", *(f"- {k}: {v}" for k, v in notes.items())] if isinstance(notes, dict) else []
+    # The --policies rows keep their notes in the rows: one line per label.
+    policy_notes = {r["label"]: r["notes"] for r in data.get("policies", []) if r.get("notes")}
+    lines += [f"- policies, {label}: {note}" for label, note in policy_notes.items()]
+    return "\n".join(lines)
+
+
+def _load_average(load: dict) -> str:
+    """The 1-minute load average at a run's start and end (``-`` where not recorded)."""
+    return " -> ".join(f"{load[k][0]:.1f}" if k in load else "-" for k in ("start", "end"))
+
+
+def _pass_speed_policies(rows: list[dict]) -> str:
+    """``pass_speed.py --policies``: one step planned under each policy (module doc there)."""
+    first = rows[0]
+    lines = [
+        f"The {first['name']} stack of {first['blocks']} blocks (width {first['dim']}, sequence {first['seq']}, "
+        f"batch {first['batch']}) planned under each policy, as `tflms.optimize` does (seconds, min / median of "
+        "the runs; plan CPU: the process's CPU seconds; rewrite: only where the plan changes the step; load "
+        "average: 1 minute, at the start and the end of the run):",
+        "",
+        "| when | date | policy | ops | swaps | sums split | tiles dropped | predicted peak before -> after "
+        "| graph model | plan | plan CPU | rewrite | total | runs | load average |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        s = r["seconds"]
+        cells = " | ".join(
+            f"{s[k]['min']:.2f} / {s[k]['median']:.2f}" for k in ("model", "plan", "plan_cpu", "rewrite", "total")
+        )
+        lines.append(
+            f"| {r['label']} | {r['date']} | `{r['policy']}` | {r['ops']:,} | {r['swaps']} | {r['sums']} "
+            f"| {r['tiles']} | {r['peak_bytes_before'] / 2**20:,.1f} -> {r['peak_bytes_after'] / 2**20:,.1f} MiB "
+            f"| {cells} "
+            f"| {len(s['total']['runs'])} | {_load_average(r.get('load_average') or {})} |"
+        )
     return "\n".join(lines)
 
 
@@ -855,12 +892,165 @@ def horovod_overlap(data: dict) -> str:
     return "\n".join(lines)
 
 
+def ecosystem_testbed(data: dict) -> str:
+    """A library's model trained under a real cap, plain and with ``LMSCallback`` (``tests/testbed_jobs.py``)."""
+    lines = [
+        f"_{data['model']}, batch {data['batch']}; each way one fresh measured process; peaks per step, the "
+        "steady peak the largest after the first step_",
+        "",
+        "| way | cap | status | peak per step | steady peak | predicted | predicted plain | measured / predicted "
+        "| swaps | budget | replans | losses |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|---|",
+    ]
+    for r in data["rows"]:
+        oom = r.get("oom")
+        status = r["status"]
+        if oom:
+            status += (
+                f" (`{oom['op'].removeprefix('StatefulPartitionedCall/')}` asked "
+                f"{oom['requested'] / 2**20:,.1f} MiB with "
+                f"{oom['in_use'] / 2**20:,.1f} MiB in use, largest free block {oom['largest_free'] / 2**20:,.1f} MiB)"
+            )
+        peaks = ", ".join(f"{p:,.1f}" for p in r["peaks_mib"]) + " MiB" if r.get("peaks_mib") else "-"
+        steady = f"{r['steady_peak_mib']:,.1f} MiB" if r.get("steady_peak_mib") is not None else "-"
+        predicted = f"{r['predicted_mib']:,.1f} MiB" if r.get("predicted_mib") is not None else "-"
+        plain = f"{r['predicted_plain_mib']:,.1f} MiB" if r.get("predicted_plain_mib") is not None else "-"
+        ratio = f"{r['measured_over_predicted']:.2f}" if r.get("measured_over_predicted") is not None else "-"
+        swaps = f"{r['n_swaps']} ({r['swapped_mib']:,.1f} MiB)" if r.get("n_swaps") is not None else "-"
+        replans = "; ".join(
+            f"{p['old_budget'] / 2**20:,.1f} -> {p['budget'] / 2**20:,.1f} MiB ({p['why']})"
+            for p in r.get("replans") or []
+        )
+        losses = ", ".join(f"{x:.4f}" for x in r.get("losses") or []) or "-"
+        lines.append(
+            f"| {r['way']} | {r['cap_mib']} MiB | {status} | {peaks} | {steady} | {predicted} | {plain} | {ratio} "
+            f"| {swaps} | {r.get('budget_text') or '-'} | {replans or '-'} | {losses} |"
+        )
+    lines += ["", *(f"- {note}" for note in data.get("notes", []))]
+    return "\n".join(lines)
+
+
+#: ``tests/testbed_jobs.py``'s jobs of the recovery table: the model, and its batch by default.
+RECOVERY_JOBS = {"resnet_steps": ("ResNet50 96²", 48), "twoinput_fit": ("two-input model 128²", 32)}
+#: The steps of those jobs, by ``mode`` (``resnet_steps``) or ``lms`` (``twoinput_fit``).
+RECOVERY_STEPS = {
+    "plain": "plain `tf.function`",
+    "function": "`tflms.function`",
+    "plain_fit": "plain `model.fit`",
+    "fit": "`model.fit` + `LMSCallback`",
+    False: "plain `model.fit`",
+    True: "`model.fit` + `LMSCallback`",
+}
+
+
+def _mib_field(d: dict, key: str) -> float | str:
+    """``d[key]`` in MiB, from ``key`` (bytes) or ``key_mib``; a string (``'plain'``, ``'auto'``) as it is."""
+    if f"{key}_mib" in d:
+        return d[f"{key}_mib"]
+    return d[key] if isinstance(d[key], str) else d[key] / 2**20
+
+
+def _recovery_row(r: dict, uncapped: dict) -> str:
+    kwargs, v = r["kwargs"], r.get("value") or {}
+    model, default_batch = RECOVERY_JOBS.get(r["job"], (r["job"], None))
+    batch = kwargs.get("batch", default_batch)
+    step = RECOVERY_STEPS[kwargs["mode"] if "mode" in kwargs else kwargs.get("lms")]
+    if kwargs.get("budget"):
+        step += f", `budget={kwargs['budget']!r}`"
+    failed = []
+    for p in v.get("replans") or []:
+        budget = _mib_field(p, "old_budget")
+        budget = f"{budget:,.1f} MiB" if isinstance(budget, float) else budget
+        failed.append(f"budget {budget}: {_mib_field(p, 'failed_peak'):,.1f} MiB")
+    if (v.get("replans") or [{}])[-1].get("budget") == "plain":
+        failed.append("the plain step")
+    plan = v.get("plan") or (v.get("plans") or [None])[-1]
+    if v.get("error"):
+        result = "out of memory in every way tried"
+    elif r["status"] != "ok":
+        result = f"{r['status']}: {r['error']}"
+    elif r.get("error"):  # the job returned, but the step did not train
+        result = f"did not train: {r['error']}"
+    else:
+        result = "trained" if v else "trained (figures not kept)"
+    ran = "-"
+    if plan and v.get("losses"):
+        predicted = plan["predicted_mib"] if "predicted_mib" in plan else plan["predicted"] / 2**20
+        ran = f"{plan['n_swaps']} swaps, {predicted:,.1f} MiB predicted"
+        if plan.get("reason"):
+            ran += f" ({plan['reason']})"
+    reference = uncapped.get((r["job"], batch, "model.fit" in step))
+    if r["cap"] is None:
+        against = "reference"
+    elif v.get("state") and v["state"] == v.get("initial"):
+        against = "variables and optimizer state restored to their initial values"
+    elif reference is None or not v.get("losses"):
+        against = "-"
+    else:
+        kinds = (("losses", "losses"), ("weights", "weights"), ("optimizer state", "state"))
+        same = [what for what, key in kinds if key in v and key in reference and v[key] == reference[key]]
+        differ = [what for what, key in kinds if key in v and key in reference and v[key] != reference[key]]
+        parts = ([", ".join(same) + " identical"] if same else []) + ([", ".join(differ) + " differ"] if differ else [])
+        against = "; ".join(parts) or "-"
+    peaks = ", ".join(f"{p:,.1f}" for p in v["peaks_mib"]) + " MiB" if v.get("peaks_mib") else "-"
+    return (
+        f"| {model} | {batch} | {step} | {r['cap'] or 'none'} | {r.get('run') or '-'} | {result} | {peaks} "
+        f"| {'; '.join(failed) or '-'} | {ran} | {against} |"
+    )
+
+
+def recovery_testbed(data: dict) -> str:
+    """Recovery from an out-of-memory step, and oneDNN's kernels against TensorFlow's own
+    (``benchmarks/recovery_testbed.py``)."""
+    kernels = [r for r in data["rows"] if r["part"] == "onednn"]
+    lines = [
+        f"_{data['source']}; {data['warmup']} warm-up step, then {data['steps']} measured; `{data['command']}`_",
+        "",
+        "oneDNN's kernels against TensorFlow's own, no cap (each row a fresh measured process):",
+        "",
+        "| model | batch | step | kernels | status | peak per step (warm-up first) | steady peak | predicted "
+        "| measured / predicted | median step | process |",
+        "|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in kernels:
+        step = "plain" if r["mode"] == "plain" else f"tflms ({r['n_swaps']} swaps)"
+        lines.append(
+            f"| {r['model']} {r['size']}² | {r['batch']} | {step} "
+            f"| {'oneDNN' if r['onednn'] else 'TensorFlow (Eigen)'} | {r['status']} "
+            f"| {', '.join(f'{p:,.1f}' for p in r['peaks_mib'])} MiB | {r['peak_mib']:,.1f} MiB "
+            f"| {r['predicted_mib']:,.1f} MiB | {r['peak'] / r['predicted']:.2f} | {r['step_seconds']:.2f} s "
+            f"| {r['process_seconds']:.0f} s |"
+        )
+    recovery = [r for r in data["rows"] if r["part"] == "recovery"]
+    # The uncapped runs of each job and batch: what a recovered run should end with.
+    uncapped = {}
+    for r in recovery:
+        if r["cap"] is None and r.get("value"):
+            kwargs = r["kwargs"]
+            batch = kwargs.get("batch", RECOVERY_JOBS.get(r["job"], (None, None))[1])
+            fit = "model.fit" in RECOVERY_STEPS[kwargs["mode"] if "mode" in kwargs else kwargs.get("lms")]
+            uncapped.setdefault((r["job"], batch, fit), r["value"])
+    lines += [
+        "",
+        "Recovery under a real cap (each row one fresh process; plans that ran out of memory: the budget "
+        "planned for and the plan's predicted peak):",
+        "",
+        "| model | batch | step | cap | run | result | peak per step | plans that ran out of memory "
+        "| plan that trained | against the uncapped plain run |",
+        "|---|---:|---|---|---|---|---:|---|---|---|",
+        *(_recovery_row(r, uncapped) for r in recovery),
+    ]
+    return "\n".join(lines + (["", data["notes"]] if data.get("notes") else []))
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "pass_speed": pass_speed,
     "capacity": capacity,
     "cpu_overhead": cpu_overhead,
     "testbed_time": testbed_time,
     "testbed_defaults": testbed_defaults,
+    "ecosystem_testbed": ecosystem_testbed,
+    "recovery_testbed": recovery_testbed,
     "simulator_accuracy": simulator_accuracy,
     "testbed_memory": testbed_memory,
     "testbed_capacity": testbed_capacity,
@@ -1037,6 +1227,22 @@ SECTIONS: list[tuple[str, str, str]] = [
         "times share the 2 CPU cores with the host process.",
     ),
     (
+        "ecosystem_testbed",
+        "A KerasHub model under a real cap (test bed)",
+        "KerasHub's GPT-2 (`GPT2CausalLM`, 4 layers, random weights) trained with `model.fit` under a real 220 MiB "
+        "cap, plain and with `LMSCallback` given only the test bed's device and host "
+        "(`tests/testbed_jobs.py:keras_hub_gpt2_fit`). **Measured (test bed)** against **predicted**.",
+    ),
+    (
+        "recovery_testbed",
+        "Recovery from an out-of-memory step, and oneDNN's kernels (test bed)",
+        "ResNet50 96² and the two-input model trained under a real cap with plans that run out of memory: "
+        "`tflms.function` and `LMSCallback` plan again and retry the same batch, and are compared with the "
+        "uncapped plain run; and the test bed's steps on oneDNN's kernels against TensorFlow's own "
+        "(`benchmarks/recovery_testbed.py`). **Measured (test bed)** against **predicted**; step times share the "
+        "2 CPU cores with the host process and other jobs.",
+    ),
+    (
         "offload_capacity",
         "Deeper models with the optimizer on the host (test bed)",
         'A GPT-style decoder of growing depth under one real cap, plain, with `offload="optimizer"` '
@@ -1099,8 +1305,10 @@ SECTIONS: list[tuple[str, str, str]] = [
         "pass_speed",
         "Speed of the pass",
         "Graph model, plan and rewrite of growing training steps (stacks of transformer encoder blocks; "
-        "`benchmarks/pass_speed.py`). **Measured (CPU)**, seconds, best of the runs. Tracing the step "
-        "(TensorFlow's work, the same with or without tflms) is not timed.",
+        "`benchmarks/pass_speed.py`), Keras applications, the capacity search, and one 51,779-op attention "
+        "stack planned per policy. **Measured (one process, 2 CPUs)**, seconds; the machine was shared, so "
+        "runs spread: min and median kept. Tracing the step (TensorFlow's work, the same with or without "
+        "tflms) is not timed, except where a column says so.",
     ),
 ]
 
