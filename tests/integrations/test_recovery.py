@@ -181,3 +181,34 @@ def test_an_auto_budget_that_no_plan_meets_plans_for_the_limit_itself(monkeypatc
     monkeypatch.setattr(tflms.integrations.function, "device_memory_limit", lambda device: (best - 1, "too small"))
     with pytest.raises(tflms.BudgetError):
         tflms.function(setup.step_fn(), device=DEVICE, **SMALL).get_plan(setup.x, setup.y)
+
+
+def test_a_step_predicted_to_fit_that_runs_out_of_memory_is_planned_for_less():
+    """A step predicted to fit its budget runs unrewritten, watched all the same: when it runs out of
+    memory (here its own op asks for a huge tensor at its second call, once), its writes are undone
+    and it is planned for less than its predicted peak, with swaps, and trains to the plain numbers."""
+    setup = zoo.cnn()
+    base = setup.step_fn()
+    calls = []
+
+    def side():
+        calls.append(1)
+        return np.array([2**21 if len(calls) == 2 else 1], np.int32)
+
+    def step(x, y):
+        loss = base(x, y)
+        size = tf.numpy_function(side, [], tf.int32, stateful=True)
+        size.set_shape([1])
+        with tf.control_dependencies([loss]):
+            huge = tf.raw_ops.Empty(shape=tf.concat([size, size], 0), dtype=tf.float32)
+        return loss + tf.reduce_sum(huge[:0, :0])
+
+    plain_losses, plain_vars = zoo.run_steps(setup, tf.function(setup.step_fn()), n=3)
+    lms = tflms.function(step, device=DEVICE, budget="1GiB", **SMALL)
+    losses, variables = zoo.run_steps(setup, lms, n=3)
+    (replan,) = lms.replans
+    assert replan["old_budget"] == 1 << 30 and replan["budget"] < replan["failed_peak"]
+    assert lms.plans[0].swaps and len(calls) == 4  # the second call ran twice
+    np.testing.assert_array_equal(losses, plain_losses)
+    for a, b in zip(variables, plain_vars, strict=True):
+        np.testing.assert_array_equal(a, b)

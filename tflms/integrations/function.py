@@ -344,8 +344,8 @@ class LMSFunction(Recovering):
                 )
             return self.python_function(*args, **kwargs)
         cf, (new_cf, plan, device) = self._traced_entry(args, kwargs)
-        if device is None or not tf.executing_eagerly():
-            # Traced into a caller's function, the caller runs (and profiles) the call.
+        if self._watched_device(cf) is None or not tf.executing_eagerly():
+            # No device (or a placement), or traced into a caller's function: the caller runs the call.
             return self._run(new_cf, device, args, kwargs)
         if self.profiles_calls and cf not in self._profiled:
             out: list[Any] = []
@@ -353,6 +353,20 @@ class LMSFunction(Recovering):
             self.replan_with_kernels(kernels, [cf])
             return out[0]
         return self._run_recovering(cf, args, kwargs)
+
+    def _watched_device(self, cf: Any) -> str | None:
+        """The device whose memory the recovery watches for trace ``cf``: the rewrite's, or for a step
+        left unrewritten (predicted to fit) the device it would have been rewritten for; ``None`` for
+        a placement over several devices (not watched) or where no device is known."""
+        device = self._cache[cf][2]
+        if self._config.devices:
+            return None
+        if device is None:
+            try:
+                device = resolve_device(self._config)
+            except ValueError:
+                return None
+        return device
 
     def _replan(self, cf: Any, config: LMSConfig) -> tuple[Any, SwapPlan, str | None]:
         """A new entry for trace ``cf``, planned with ``config`` on an unedited trace."""

@@ -86,6 +86,9 @@ LEARN_TOLERANCE = 0.05
 #: step may hold one-time allocations, a GPU's convolution autotuning among them).
 LEARN_AFTER_CALLS = 2
 
+#: The reason of the plan that runs the plain step after every plan ran out of memory.
+FALLBACK_REASON = "the plans ran out of device memory: the plain step runs"
+
 #: Ops that read a resource variable without writing it.
 _READ_ONLY = frozenset(
     {"ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape", "VarIsInitializedOp", "Identity"}
@@ -216,6 +219,9 @@ class Recovering:
     def _fresh_trace(self, cf: Any) -> Any:
         raise NotImplementedError
 
+    def _watched_device(self, cf: Any) -> str | None:
+        raise NotImplementedError
+
     def _run_recovering(self, cf: Any, args: tuple, kwargs: dict) -> Any:
         """Run the rewritten step of trace ``cf``; while its plan is on probation, undo a call that
         runs out of device memory and run the same arguments again with a plan for less memory,
@@ -225,19 +231,20 @@ class Recovering:
         if left <= 0:
             return self._run(new_cf, device, args, kwargs)
         tries: list[str] = []
-        measured = device is not None and device_memory(device) is not None
+        watched = self._watched_device(cf)  # the rewrite's device, or the one a fitting step would use
+        measured = watched is not None and device_memory(watched) is not None
         while True:
             variables = written_variables(new_cf)
             saved = save_state(variables, self._config.host)
             if measured:
-                tf.config.experimental.reset_memory_stats(device)
+                tf.config.experimental.reset_memory_stats(watched)
             try:
                 out = self._run(new_cf, device, args, kwargs)
             except tf.errors.ResourceExhaustedError as err:
                 restore_state(variables, saved)
                 del saved
-                tries.append(tried(new_cf is cf, plan, device, err))
-                entry = self._after_out_of_memory(cf, new_cf is cf, plan, device, tries)
+                tries.append(tried(new_cf is cf, plan, watched, err))
+                entry = self._after_out_of_memory(cf, new_cf is cf, plan, watched, tries)
                 if entry is None:
                     raise tf.errors.ResourceExhaustedError(
                         None, None, out_of_memory_message(plan.function, tries)
@@ -248,12 +255,12 @@ class Recovering:
                 continue
             self._probation[cf] = left - 1
             if measured:
-                peak = int(device_memory(device)["peak"])
+                peak = int(device_memory(watched)["peak"])
                 self.measured_peaks.append(peak)
                 peaks = self._plan_peaks.setdefault(cf, [])
                 peaks.append(peak)
                 if len(peaks) == LEARN_AFTER_CALLS and self._config.budget == "auto":
-                    self._learn_margin(cf, plan, device, max(peaks))
+                    self._learn_margin(cf, plan, watched, max(peaks))
             return out
 
     def _learn_margin(self, cf: Any, plan: SwapPlan, device: str, measured: int) -> None:
@@ -307,8 +314,9 @@ class Recovering:
         (at most :data:`MAX_REPLANS`), then the plain step; ``None``
         when the plain step (``plain``: the one that failed) ran out of memory too."""
         budget = plan.options.get("budget")
-        if not plain and len(tries) <= MAX_REPLANS:
-            new_budget = replan_budget(plan.peak_bytes_after, budget)
+        fallback = plain and plan.reason == FALLBACK_REASON  # the plain step after the plans failed
+        if not fallback and len(tries) <= MAX_REPLANS:
+            new_budget = replan_budget(plan.peak_bytes_after, budget)  # a step left plain: its own peak
             config = self._config.replace(budget=new_budget, on_budget_miss="best")
             with paused_gc(), warnings.catch_warnings():
                 warnings.simplefilter("ignore", LMSWarning)
@@ -333,7 +341,7 @@ class Recovering:
                 )
                 return entry
         if plain:
-            return None
+            return None  # the plain step ran out of memory: nothing uses less that tflms can run
         log.warning(
             "tflms: %s ran out of device memory with every plan tried (%s); it runs the same batch with the plain step",
             plan.function,
@@ -348,6 +356,6 @@ class Recovering:
                 "budget": "plain",
             }
         )
-        reason = "the plans ran out of device memory: the plain step runs"
+        reason = FALLBACK_REASON
         model = GraphModel.from_func_graph(self._fresh_trace(cf).graph)
         return cf, empty_plan(model, self._config, plan.peak_bytes_before, reason), device
