@@ -373,7 +373,6 @@ def keras_hub_gpt2_fit(lms: bool = True) -> dict[str, Any]:
     logged loss, the bytes held once the model and Adam's state were built (``loaded``), and with
     ``lms`` the plan the last step ran: swaps, the swapped tensors' shapes, the predicted peaks, the
     budget, and the plans made again after the first calls (``replans``)."""
-    import keras
     import tensorflow as tf
     from ecosystem.models import gpt2
 
@@ -385,13 +384,7 @@ def keras_hub_gpt2_fit(lms: bool = True) -> dict[str, Any]:
     peaks: list[int] = []
     losses: list[float] = []
 
-    class Meter(keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-            testbed.reset_peak()
-
-        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-            peaks.append(int(testbed.memory()["peak"]))
-            losses.append(float((logs or {})["loss"]))
+    Meter = _step_meter(peaks, losses)
 
     out: dict[str, Any] = {"loaded": int(testbed.memory()["current"])}
     callbacks: list[Any] = [Meter()]
@@ -487,14 +480,7 @@ def resnet_steps(
                         break
                     peaks.append(int(testbed.memory()["peak"]))
         else:
-
-            class Meter(keras.callbacks.Callback):
-                def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-                    testbed.reset_peak()
-
-                def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-                    peaks.append(int(testbed.memory()["peak"]))
-                    losses.append(float((logs or {})["loss"]))
+            Meter = _step_meter(peaks, losses)
 
             model.compile(
                 optimizer=step.optimizer,
@@ -553,13 +539,7 @@ def twoinput_fit(lms: bool = True, batch: int = 32, steps: int = 3, size: int = 
     peaks: list[int] = []
     losses: list[float] = []
 
-    class Meter(keras.callbacks.Callback):
-        def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
-            testbed.reset_peak()
-
-        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
-            peaks.append(int(testbed.memory()["peak"]))
-            losses.append(float((logs or {})["loss"]))
+    Meter = _step_meter(peaks, losses)
 
     callbacks: list[Any] = [Meter()]
     cb = tflms.LMSCallback(device=testbed.DEVICE, host=testbed.HOST) if lms else None
@@ -574,3 +554,21 @@ def twoinput_fit(lms: bool = True, batch: int = 32, steps: int = 3, size: int = 
             plans=[_plan_summary(p) for p in cb.plans],
         )
     return out
+
+
+def _step_meter(peaks: list[int], losses: list[float]) -> type:
+    """A Keras callback class that resets the test bed's device peak as each step begins and, as it
+    ends, appends the step's measured peak to ``peaks`` and its logged loss to ``losses``."""
+    import keras
+
+    from tflms import testbed
+
+    class Meter(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+            testbed.reset_peak()
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            peaks.append(int(testbed.memory()["peak"]))
+            losses.append(float((logs or {})["loss"]))
+
+    return Meter

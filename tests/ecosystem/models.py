@@ -59,6 +59,23 @@ class Case:
         return kwargs
 
 
+#: The text models' sizes (GPT-2, BERT, BART): vocabulary 5000, 4 heads, hidden 256, intermediate 1024.
+TEXT = {
+    "vocabulary_size": 5000,
+    "num_heads": 4,
+    "hidden_dim": 256,
+    "intermediate_dim": 1024,
+    "max_sequence_length": SEQUENCE,
+}
+
+
+def _next_tokens(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A language model's labels (the next token at each position) and their weights (the mask)."""
+    labels = np.concatenate([ids[:, 1:], np.zeros_like(ids[:, :1])], axis=1)
+    weights = np.concatenate([mask[:, 1:], np.zeros_like(mask[:, :1])], axis=1).astype("float32")
+    return labels, weights
+
+
 def _compile(model: keras.Model) -> keras.Model:
     # The task's own loss ("auto": sparse cross-entropy from logits) and Adam; no XLA (it would drop swaps).
     model.compile(optimizer=keras.optimizers.Adam(1e-3), jit_compile=False)
@@ -79,19 +96,11 @@ def gpt2(seed: int = 11) -> Case:
     import keras_hub
 
     keras.utils.set_random_seed(seed)
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=5000,
-        num_layers=4,
-        num_heads=4,
-        hidden_dim=256,
-        intermediate_dim=1024,
-        max_sequence_length=SEQUENCE,
-    )
+    backbone = keras_hub.models.GPT2Backbone(**TEXT, num_layers=4)
     model = _compile(keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None))
     rng = np.random.default_rng(seed)
     ids, mask = _tokens(rng, 5000)
-    labels = np.concatenate([ids[:, 1:], np.zeros_like(ids[:, :1])], axis=1)
-    weights = np.concatenate([mask[:, 1:], np.zeros_like(mask[:, :1])], axis=1).astype("float32")
+    labels, weights = _next_tokens(ids, mask)
     return Case("gpt2", model, {"token_ids": ids, "padding_mask": mask}, labels, weights)
 
 
@@ -100,14 +109,7 @@ def bert(seed: int = 12) -> Case:
     import keras_hub
 
     keras.utils.set_random_seed(seed)
-    backbone = keras_hub.models.BertBackbone(
-        vocabulary_size=5000,
-        num_layers=4,
-        num_heads=4,
-        hidden_dim=256,
-        intermediate_dim=1024,
-        max_sequence_length=SEQUENCE,
-    )
+    backbone = keras_hub.models.BertBackbone(**TEXT, num_layers=4)
     model = _compile(keras_hub.models.BertTextClassifier(backbone=backbone, num_classes=2, preprocessor=None))
     rng = np.random.default_rng(seed)
     ids, mask = _tokens(rng, 5000)
@@ -139,20 +141,12 @@ def bart(seed: int = 14) -> Case:
     import keras_hub
 
     keras.utils.set_random_seed(seed)
-    backbone = keras_hub.models.BartBackbone(
-        vocabulary_size=5000,
-        num_layers=2,
-        num_heads=4,
-        hidden_dim=256,
-        intermediate_dim=1024,
-        max_sequence_length=SEQUENCE,
-    )
+    backbone = keras_hub.models.BartBackbone(**TEXT, num_layers=2)
     model = _compile(keras_hub.models.BartSeq2SeqLM(backbone=backbone, preprocessor=None))
     rng = np.random.default_rng(seed)
     enc, enc_mask = _tokens(rng, 5000)
     dec, dec_mask = _tokens(rng, 5000)
-    labels = np.concatenate([dec[:, 1:], np.zeros_like(dec[:, :1])], axis=1)
-    weights = np.concatenate([dec_mask[:, 1:], np.zeros_like(dec_mask[:, :1])], axis=1).astype("float32")
+    labels, weights = _next_tokens(dec, dec_mask)
     x = {
         "encoder_token_ids": enc,
         "encoder_padding_mask": enc_mask,
