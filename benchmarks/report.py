@@ -1363,7 +1363,10 @@ def headline(results: Path = RESULTS) -> str:
         for r in defaults["runs"]
         if r["way"] == "lms" and r["status"] == "ok" and r["cap_mib"] == 600 and not r["options"]
     }
-    zero_config = max(b for b, api in trained if api == "function" and (b, "fit") in trained)
+    by_api = {api: max((b for b, a in trained if a == api), default=None) for api in ("function", "fit")}
+    tried_fit = sorted({r["batch"] for r in defaults["runs"] if r["api"] == "fit" and r["cap_mib"] == 600})
+    zero_config = by_api["function"]
+    fit_cell = str(by_api["fit"]) if by_api["fit"] else f"none of {', '.join(map(str, tried_fit))}"
     accuracy = _load("simulator_accuracy", results)
     plain48, lms48 = (
         next(r for r in accuracy["rows"] if r["model"] == "resnet50" and r["batch"] == 48 and r["mode"] == mode)
@@ -1402,9 +1405,9 @@ def headline(results: Path = RESULTS) -> str:
         ),
         (
             f"ResNet50 {default_row['size']}², Adam, real {_mib(default_row['cap'])} cap, tflms with no option: "
-            "largest batch tried that trains with `LMSCallback` and `tflms.function`",
+            "largest batch tried that trains with `tflms.function` (with `LMSCallback`)",
             str(default_row["plain"]),
-            str(zero_config),
+            f"{zero_config} ({fit_cell})",
             f"x{zero_config / default_row['plain']:.1f}",
             "measured (test bed)",
             defaults["date"],
