@@ -78,13 +78,6 @@ def test_a_plan_over_the_real_cap_recovers_and_trains_to_the_uncapped_plain_weig
 
 @pytest.mark.slow
 @pytest.mark.measured
-@pytest.mark.xfail(
-    strict=False,
-    reason="a plan without swaps runs without recovery (tflms.function's entry has no device, and __call__ "
-    "then runs the step as is), so its out-of-memory error is not undone and planned again: with "
-    "Eigen's kernels the plain step measures 1.3-1.4x its prediction here (280 MiB predicted), the "
-    "plan swaps nothing under the cap, and the step ran out of memory in 1 of 2 processes (2026-11-28)",
-)
 def test_the_two_input_model_trains_with_lms_under_its_plain_steps_measured_peak():
     """The two-input model of issue 57 (a 128² image and a vector, its own ``train_step``, numpy
     data, batch 32), ``fit`` + ``LMSCallback`` given the test bed's device and host and nothing
