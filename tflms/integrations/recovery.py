@@ -195,8 +195,9 @@ class Recovering:
     """What :class:`tflms.LMSFunction` does around a call of a rewritten step: the state saved while
     a plan is on probation, the undo and the re-plans after an out-of-memory error, the learned
     margin. The class that mixes it in provides ``_cache`` (trace -> ``(function, plan, device)``),
-    ``_config``, ``_run(function, device, args, kwargs)`` and ``_replan(trace, config)`` (a new
-    entry for the trace, planned with ``config``)."""
+    ``_config``, ``_run(function, device, args, kwargs)``, ``_replan(trace, config)`` (a new entry
+    for the trace, planned with ``config``), ``_fresh_trace(trace)`` (an unedited trace of its
+    signature) and ``_watched_device(trace)`` (the device whose memory is watched, or ``None``)."""
 
     _cache: dict[Any, tuple[Any, SwapPlan, str | None]]
     _config: LMSConfig
@@ -265,7 +266,7 @@ class Recovering:
 
     def _learn_margin(self, cf: Any, plan: SwapPlan, device: str, measured: int) -> None:
         """Plan trace ``cf`` once again for the budget that its ``measured`` peak says ``budget="auto"``
-        should have had (:func:`~tflms.integrations.learned_budget`), where that differs."""
+        should have had (:func:`learned_budget`), where that differs."""
         limit, _ = device_memory_limit(device)
         budget = plan.options.get("budget")
         if limit is None or not isinstance(budget, int) or not plan.peak_bytes_after:
