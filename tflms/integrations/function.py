@@ -347,7 +347,7 @@ class LMSFunction(Recovering):
         if self._watched_device(cf) is None or not tf.executing_eagerly():
             # No device (or a placement), or traced into a caller's function: the caller runs the call.
             return self._run(new_cf, device, args, kwargs)
-        if self.profiles_calls and cf not in self._profiled:
+        if self.profiles_calls and device is not None and cf not in self._profiled:  # only a rewritten step
             out: list[Any] = []
             kernels = tfi.profile_kernels(lambda: out.append(self._run_recovering(cf, args, kwargs)))
             self.replan_with_kernels(kernels, [cf])
