@@ -205,7 +205,9 @@ class Recovering:
     def _init_recovery(self) -> None:
         self._probation: dict[Any, int] = {}  # trace -> calls left whose writes are saved first
         self._plan_peaks: dict[Any, list[int]] = {}  # trace -> measured peaks of its plan's first calls
-        #: The measured device peak of each call on probation, in order (where the device reports memory).
+        #: The device peaks read while a plan is on probation, in order (where the device reports
+        #: memory): before each call, the peak since the last reset (which the call's own reset would
+        #: lose), and each call's own peak.
         self.measured_peaks: list[int] = []
         #: The re-plans after an out-of-memory error or a learned margin, in order: ``{'function', 'why',
         #: 'failed_peak', 'old_budget', 'budget'}`` (``budget='plain'``: the plain step took over).
@@ -237,7 +239,8 @@ class Recovering:
         while True:
             variables = written_variables(new_cf)
             saved = save_state(variables, self._config.host)
-            if measured:
+            if measured:  # the peak since the last reset (others' allocations too), then each call's own
+                self.measured_peaks.append(int(device_memory(watched)["peak"]))
                 tf.config.experimental.reset_memory_stats(watched)
             try:
                 out = self._run(new_cf, device, args, kwargs)
