@@ -447,8 +447,14 @@ def test_peak_anatomy_names_what_the_measured_peak_holds():
     peak, add up to the allocator's bytes in use and belong to the traced step's ops. Measured
     here (2-CPU AMD EPYC, 2026-11-23): CNN b32 plain, unprofiled 132 MiB, profiled 137 MiB, at a
     backward op, 59 MiB forward and 75 MiB backward buffers (predicted 54 and 57)."""
+    # On oneDNN's kernels, which this anatomy was measured on: Eigen's convolution gradients (the
+    # test bed's default) allocate scratch buffers the simulator does not model, and the recorded
+    # order's requested bytes then fall 24 % short of the live chunks' (measured 2026-11-28).
     r = testbed.run_measured(
-        "tflms.testing.measure:anatomy_step", {"model": "cnn", "batch": 32, "mode": "plain"}, timeout=900
+        "tflms.testing.measure:anatomy_step",
+        {"model": "cnn", "batch": 32, "mode": "plain"},
+        timeout=900,
+        onednn=True,
     )
     assert r.ok, r.error
     prof, pred = r.value["profiled"], r.value["predicted"]
