@@ -16,6 +16,7 @@ import tensorflow as tf
 import tflms
 import tflms.integrations.function
 from tflms.integrations import recovery
+from tflms.rewrite.apply import is_rewritten
 from tflms.testing.faults import out_of_memory
 
 import zoo
@@ -77,6 +78,8 @@ def test_function_falls_back_to_the_plain_step():
     assert fault.failed == list(range(2, 2 + len(step.replans)))  # each failure, one re-plan
     assert step.replans[-1]["budget"] == "plain" and len(step.replans) <= 1 + recovery.MAX_REPLANS
     assert step.plans[0].swaps == () and "plain step runs" in step.plans[0].reason
+    with tf.device(DEVICE):  # what runs is the unedited step, not a trace a plan rewrote in place
+        assert not is_rewritten(step.get_concrete_function(setup.x, setup.y).graph)
     np.testing.assert_array_equal(losses, plain_losses)
     for a, b in zip(variables, plain_vars, strict=True):
         np.testing.assert_array_equal(a, b)

@@ -35,7 +35,7 @@ from ..plan.profiles import AUTO_PROFILE, auto_profile_path, profile_of_call
 from ..plan.records import SwapPlan, format_bytes
 from ..rewrite.apply import apply_offload, apply_plan, is_rewritten
 from .devices import check_host, device_memory, device_memory_limit, no_device_message, resolve_device
-from .recovery import Recovering
+from .recovery import FALLBACK_REASON, Recovering
 from .signature import signature_text, unknown_dimensions
 
 __all__ = [
@@ -370,7 +370,8 @@ class LMSFunction(Recovering):
 
     def _replan(self, cf: Any, config: LMSConfig) -> tuple[Any, SwapPlan, str | None]:
         """A new entry for trace ``cf``, planned with ``config`` on an unedited trace."""
-        return _optimize(self._fresh_trace(cf), config, copy=False, stacklevel=6, sizes_from=self._sizes.get(cf))
+        fresh = self._fresh_trace(cf)  # never edit ``cf`` itself: the plain step falls back to it
+        return _optimize(fresh, config, copy=fresh is cf, stacklevel=6, sizes_from=self._sizes.get(cf))
 
     def _sizing_trace(self, cf: Any, args: tuple, kwargs: dict) -> Any:
         """A trace of the step with the concrete shapes of ``args`` and ``kwargs``, where trace ``cf``
@@ -417,8 +418,8 @@ class LMSFunction(Recovering):
         with self._lock:
             for cf in list(self._cache) if traces is None else traces:
                 entry = self._cache.get(cf)
-                if entry is None or cf in self._profiled or entry[2] is None:
-                    continue
+                if entry is None or cf in self._profiled or entry[2] is None or entry[1].reason == FALLBACK_REASON:
+                    continue  # not rewritten, or the plain step the recovery fell back to
                 self._profiled.add(cf)
                 _, plan, device = entry
                 model = plan.model
@@ -427,9 +428,14 @@ class LMSFunction(Recovering):
                 )
                 path = auto_profile_path(plan.function, signature_text(cf), device)
                 profile.save(path)
-                config = self._config.replace(op_profile=path)
+                # The config of the plan that runs (the recovery may have planned it for less memory).
+                config = self._trace_configs.get(cf, self._config).replace(op_profile=path)
+                fresh = self._fresh_trace(cf)
                 with paused_gc():
-                    entry = _optimize(cf, config, not self._owns_traces, stacklevel=4, sizes_from=self._sizes.get(cf))
+                    entry = _optimize(fresh, config, fresh is cf and not self._owns_traces, stacklevel=4, sizes_from=self._sizes.get(cf))
+                if entry[1].swaps != plan.swaps or entry[1].recomputes != plan.recomputes:
+                    self._probation.pop(cf, None)  # a new plan: on probation again
+                    self._plan_peaks.pop(cf, None)
                 self._cache[cf] = entry
                 log.info("tflms: %s: planned again with the op times of its first call (%s)", plan.function, path)
                 new_plans.append(entry[1])

@@ -51,10 +51,12 @@ from ..errors import BudgetError, LMSWarning
 from ..ir.graph import GraphModel
 from ..plan.planner import empty_plan
 from ..plan.records import SwapPlan, format_bytes
+from ..rewrite.apply import is_rewritten
 from .devices import device_memory, device_memory_limit
 
 __all__ = [
     "Recovering",
+    "FALLBACK_REASON",
     "LEARN_AFTER_CALLS",
     "LEARN_TOLERANCE",
     "MAX_REPLANS",
@@ -205,6 +207,9 @@ class Recovering:
     def _init_recovery(self) -> None:
         self._probation: dict[Any, int] = {}  # trace -> calls left whose writes are saved first
         self._plan_peaks: dict[Any, list[int]] = {}  # trace -> measured peaks of its plan's first calls
+        #: trace -> the config its running plan was made with, where the loop planned it again
+        #: (a lower budget after an out-of-memory error, a learned one).
+        self._trace_configs: dict[Any, LMSConfig] = {}
         #: The device peaks read while a plan is on probation, in order (where the device reports
         #: memory): before each call, the peak since the last reset (which the call's own reset would
         #: lose), and each call's own peak.
@@ -247,8 +252,9 @@ class Recovering:
             except tf.errors.ResourceExhaustedError as err:
                 restore_state(variables, saved)
                 del saved
-                tries.append(tried(new_cf is cf, plan, watched, err))
-                entry = self._after_out_of_memory(cf, new_cf is cf, plan, watched, tries)
+                plain = not is_rewritten(new_cf.graph)
+                tries.append(tried(plain, plan, watched, err))
+                entry = self._after_out_of_memory(cf, plain, plan, watched, tries)
                 if entry is None:
                     raise tf.errors.ResourceExhaustedError(
                         None, None, out_of_memory_message(plan.function, tries)
@@ -308,6 +314,7 @@ class Recovering:
         if entry[1].swaps == plan.swaps and entry[1].recomputes == plan.recomputes and entry[1].orders == plan.orders:
             return  # the same decisions: keep the function that runs
         self._cache[cf] = entry
+        self._trace_configs[cf] = config
         self._probation[cf] = PROBATION_CALLS
         self._plan_peaks[cf] = []
 
@@ -326,6 +333,7 @@ class Recovering:
                 warnings.simplefilter("ignore", LMSWarning)
                 entry = self._replan(cf, config)
             if entry[2] is not None and entry[1].peak_bytes_after < plan.peak_bytes_after:
+                self._trace_configs[cf] = config
                 self.replans.append(
                     {
                         "function": plan.function,
@@ -360,6 +368,7 @@ class Recovering:
                 "budget": "plain",
             }
         )
-        reason = FALLBACK_REASON
-        model = GraphModel.from_func_graph(self._fresh_trace(cf).graph)
-        return cf, empty_plan(model, self._config, plan.peak_bytes_before, reason), device
+        self._trace_configs.pop(cf, None)
+        plain_cf = self._fresh_trace(cf)  # ``cf`` itself may have been rewritten in place
+        model = GraphModel.from_func_graph(plain_cf.graph)
+        return plain_cf, empty_plan(model, self._config, plan.peak_bytes_before, FALLBACK_REASON), device
