@@ -1,8 +1,8 @@
 """KerasHub GPT-2 through ``model.fit`` under a real memory cap, measured on the two-process test bed.
 
-``GPT2CausalLM`` of ``tests/ecosystem/models.py`` (vocabulary 5000, 4 layers, 4 heads, hidden 256,
+``GPT2CausalLM`` of ``tflms/testing/keras_hub.py`` (vocabulary 5000, 4 layers, 4 heads, hidden 256,
 intermediate 1024; random weights, no preset), batch 8 of 128 tokens, Adam, 3 steps: the job
-``tests/testbed_jobs.py:keras_hub_gpt2_fit``, which ``tests/ecosystem/test_keras_hub_testbed.py``
+``tflms.testing.jobs:keras_hub_gpt2_fit``, which ``tests/ecosystem/test_keras_hub_testbed.py``
 runs too, in a fresh measured process per way (plain, then ``LMSCallback`` given the test bed's
 device and host and nothing else: ``budget="auto"``, 0.9 of the cap). Writes
 ``benchmarks/results/ecosystem_testbed.json``.
@@ -28,13 +28,7 @@ MiB = 2**20
 
 def run(lms: bool, cap_mib: int) -> dict[str, Any]:
     """One way in a fresh measured process under the cap: a row of the JSON."""
-    r = testbed.run_measured(
-        "testbed_jobs:keras_hub_gpt2_fit",
-        {"lms": lms},
-        cap=f"{cap_mib}MiB",
-        timeout=1800,
-        pythonpath=[str(ROOT / "tests")],
-    )
+    r = testbed.run_measured("tflms.testing.jobs:keras_hub_gpt2_fit", {"lms": lms}, cap=f"{cap_mib}MiB", timeout=1800)
     row: dict[str, Any] = {"way": "lms" if lms else "plain", "cap_mib": cap_mib, "status": r.status}
     if r.ok:
         v = r.value
@@ -80,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         "KerasHub 0.32 GPT2CausalLM built from a config (vocabulary 5000, 4 layers, 4 heads, hidden 256, "
         "intermediate 1024, max sequence 128; preprocessor=None), random weights; batch 8 of 128 tokens, Adam "
         "1e-3, the padding mask as sample weight; op determinism on",
-        "each way is one fresh measured process (tests/testbed_jobs.py:keras_hub_gpt2_fit): 3 steps of "
+        "each way is one fresh measured process (tflms.testing.jobs:keras_hub_gpt2_fit): 3 steps of "
         "model.fit; peaks_mib per step (the allocator's peak reset as each step begins), steady_peak_mib the "
         "largest after the first step",
         "lms: LMSCallback(device=testbed.DEVICE, host=testbed.HOST), no other option (budget='auto': 0.9 x the "

@@ -9,7 +9,7 @@ flight; ``--optimizer-budget 64GiB`` swaps nothing: the offload alone) and with
 ``offload="weights"`` (the model made on the host worker too, each weight copied to the device for
 its uses; with ``--weights-budget none``, the default, every activation of ``--min-bytes`` or more
 is swapped as well, without the memory-aware schedule), each in a fresh measured process of one
-warm-up step and ``--steps`` more (the job is ``tests/testbed_jobs.py:offload_gpt``). Per run: the
+warm-up step and ``--steps`` more (the job is ``tflms.testing.jobs:offload_gpt``). Per run: the
 measured steady-state peak next to the simulator's prediction, the median step time, the losses;
 and, for the deepest model each offload trains, the losses of an uncapped plain run to compare
 with.
@@ -37,7 +37,6 @@ from report import save_result
 from tflms.config import parse_bytes
 from tflms.testbed import run_measured
 
-TESTS = Path(__file__).resolve().parent.parent / "tests"
 RESULT = Path(__file__).resolve().parent / "results" / "offload_capacity.json"
 
 
@@ -49,7 +48,7 @@ def _run(depth: int, offload: str | None, cap: int | None, args: argparse.Namesp
         kwargs.update(budget=budget, min_bytes=args.min_bytes, serialize=False)
     if offload == "optimizer" and args.optimizer_window != "auto":
         kwargs["swapout_window"] = None if args.optimizer_window == "none" else int(args.optimizer_window)
-    r = run_measured("testbed_jobs:offload_gpt", kwargs, cap=cap, timeout=3000, pythonpath=[str(TESTS)])
+    r = run_measured("tflms.testing.jobs:offload_gpt", kwargs, cap=cap, timeout=3000)
     row = {"depth": depth, "offload": offload, "cap_bytes": cap, "status": r.status}
     if offload == "weights":
         row["weights_budget"], row["min_bytes"] = args.weights_budget, args.min_bytes

@@ -8,7 +8,7 @@
    does). Per run: the steady-state measured peak, the per-step peaks, the median step time after
    the warm-up, the prediction and the losses.
 2. ``recovery``: the jobs of tests/testing/test_recovery_testbed.py (functions of
-   tests/testbed_jobs.py), each in a fresh measured process: ResNet50 96² batch 48 planned for
+   :mod:`tflms.testing.jobs`), each in a fresh measured process: ResNet50 96² batch 48 planned for
    900 MiB under a 600 MiB cap through ``tflms.function`` and through ``LMSCallback``, each against
    an uncapped plain run of the same three steps; the two-input model under its plain step's
    measured peak x 1.02; ``fit`` + ``LMSCallback`` and no option at batch 72 under 600 MiB, next to
@@ -36,7 +36,6 @@ from report import save_result
 from tflms.testing.measured import run_measured
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TESTS = Path(__file__).resolve().parent.parent / "tests"
 MIB = 2**20
 #: Lines of a measured process's output that say how it died, if it did.
 _DEATH_MARKS = ("Check failed", "Must be non NULL", "Aborted", "Segmentation", "Fatal Python", "core dumped")
@@ -77,7 +76,7 @@ def _onednn_rows(steps: int) -> list[dict[str, Any]]:
 
 
 def _job(target: str, kwargs: dict[str, Any], cap: str | None) -> dict[str, Any]:
-    r = run_measured(f"testbed_jobs:{target}", kwargs, cap=cap, timeout=1800, pythonpath=[str(TESTS)])
+    r = run_measured(f"tflms.testing.jobs:{target}", kwargs, cap=cap, timeout=1800)
     row: dict[str, Any] = {
         "part": "recovery",
         "job": target,

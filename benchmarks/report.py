@@ -893,7 +893,7 @@ def horovod_overlap(data: dict) -> str:
 
 
 def ecosystem_testbed(data: dict) -> str:
-    """A library's model trained under a real cap, plain and with ``LMSCallback`` (``tests/testbed_jobs.py``)."""
+    """A library's model trained under a real cap, plain and with ``LMSCallback`` (:mod:`tflms.testing.jobs`)."""
     lines = [
         f"_{data['model']}, batch {data['batch']}; each way one fresh measured process; peaks per step, the "
         "steady peak the largest after the first step_",
@@ -930,7 +930,7 @@ def ecosystem_testbed(data: dict) -> str:
     return "\n".join(lines)
 
 
-#: ``tests/testbed_jobs.py``'s jobs of the recovery table: the model, and its batch by default.
+#: :mod:`tflms.testing.jobs`'s jobs of the recovery table: the model, and its batch by default.
 RECOVERY_JOBS = {"resnet_steps": ("ResNet50 96²", 48), "twoinput_fit": ("two-input model 128²", 32)}
 #: The steps of those jobs, by ``mode`` (``resnet_steps``) or ``lms`` (``twoinput_fit``).
 RECOVERY_STEPS = {
@@ -1231,7 +1231,7 @@ SECTIONS: list[tuple[str, str, str]] = [
         "A KerasHub model under a real cap (test bed)",
         "KerasHub's GPT-2 (`GPT2CausalLM`, 4 layers, random weights) trained with `model.fit` under a real 220 MiB "
         "cap, plain and with `LMSCallback` given only the test bed's device and host "
-        "(`tests/testbed_jobs.py:keras_hub_gpt2_fit`). **Measured (test bed)** against **predicted**.",
+        "(`tflms.testing.jobs:keras_hub_gpt2_fit`). **Measured (test bed)** against **predicted**.",
     ),
     (
         "recovery_testbed",

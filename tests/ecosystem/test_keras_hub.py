@@ -1,6 +1,6 @@
 """KerasHub tasks through ``model.fit`` with ``tflms.LMSCallback(device=DEVICE)`` and no other option.
 
-Four tasks of the ecosystem, built from configs with random weights (``ecosystem/models.py``):
+Four tasks of the ecosystem, built from configs with random weights (:mod:`tflms.testing.keras_hub`):
 GPT-2 (causal LM), BERT (text classifier), ViT (image classifier) and BART (encoder-decoder). Each
 trains 3 Adam steps of batch 8 (sequences of 128 tokens) plain and with the callback, from the same
 state on the same model object (``Case.reset``: weights as built, a fresh optimizer's state), op
@@ -23,11 +23,11 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from ecosystem.models import BATCH, MODELS, STEPS, Case
 
 import tflms
 from tflms import _tf_internal as tfi
 from tflms.rewrite.apply import SWAP_ATTR
+from tflms.testing.keras_hub import BATCH, MODELS, STEPS, Case
 
 from conftest import DEVICE
 from helpers import check_survives_grappler

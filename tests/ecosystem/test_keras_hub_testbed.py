@@ -1,8 +1,8 @@
 """KerasHub GPT-2 under a real memory cap on the two-process test bed (DESIGN.md §2b).
 
-``GPT2CausalLM`` of ``ecosystem/models.py`` (vocabulary 5000, 4 layers, 4 heads, hidden 256; batch 8
+``GPT2CausalLM`` of :mod:`tflms.testing.keras_hub` (vocabulary 5000, 4 layers, 4 heads, hidden 256; batch 8
 of 128 tokens, Adam) through ``model.fit`` in a fresh measured process capped at 220 MiB
-(``testbed_jobs.keras_hub_gpt2_fit``): the plain step runs out of memory; with ``LMSCallback`` given
+(:func:`tflms.testing.jobs.keras_hub_gpt2_fit`): the plain step runs out of memory; with ``LMSCallback`` given
 the test bed's device and host and nothing else (it cannot guess a device in another process; the
 budget is ``"auto"``: 0.9 of the cap) the callback plans for batch 8 and trains 3 steps.
 ``benchmarks/ecosystem_testbed.py`` runs the same job and records the numbers
@@ -18,8 +18,6 @@ import pytest
 from tflms import testbed
 from tflms.testing.measured import MeasuredResult
 
-from conftest import TESTS
-
 pytestmark = [pytest.mark.integration, pytest.mark.measured]
 
 CAP = "220MiB"
@@ -29,9 +27,7 @@ MiB = 2**20
 @functools.cache
 def gpt2_fit(lms: bool) -> MeasuredResult:
     """The job in a fresh measured process under ``CAP`` (once per process and way)."""
-    return testbed.run_measured(
-        "testbed_jobs:keras_hub_gpt2_fit", {"lms": lms}, cap=CAP, timeout=900, pythonpath=[str(TESTS)]
-    )
+    return testbed.run_measured("tflms.testing.jobs:keras_hub_gpt2_fit", {"lms": lms}, cap=CAP, timeout=900)
 
 
 def test_plain_keras_hub_gpt2_runs_out_of_memory_under_the_cap():

@@ -1,7 +1,7 @@
 """KerasHub tasks built from configs (random weights, no preset is downloaded), with their data.
 
 One builder per model of the ecosystem tier; every test of ``tests/ecosystem/`` (and the test bed's
-job ``testbed_jobs.keras_hub_gpt2_fit``) builds its model here. A :class:`Case` keeps the model's
+job :func:`tflms.testing.jobs.keras_hub_gpt2_fit`) builds its model here. A :class:`Case` keeps the model's
 initial state, its optimizer's included (built before the first step, so Adam's slots and iteration
 count are in it), and restores it with :meth:`Case.reset`: a plain and an LMS ``fit`` then start
 from the same state on the same model object (DESIGN.md §2: two builds in one process may train
