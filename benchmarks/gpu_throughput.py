@@ -76,6 +76,7 @@ def measure_run(
     from tflms.emulate.costs import op_seconds
     from tflms.emulate.timeline import Link, TimelineModel
     from tflms.plan.registry import replay
+    from tflms.testing.measure import timed_steps
     from tflms.testing.profile import profile_ops
     from tflms.testing.zoo import build
 
@@ -106,16 +107,10 @@ def measure_run(
             profile_error = None
         except Exception as e:  # noqa: BLE001 (a profiler that cannot run, e.g. no CUPTI: time the run anyway)
             profile, profile_error = None, f"{type(e).__name__}: {e}"[:300]
-        if gpu:
-            tf.config.experimental.reset_memory_stats("GPU:0")
-        t1 = time.perf_counter()
-        for _ in range(steps):
-            losses.append(float(fn(x, y)))
-        seconds = (time.perf_counter() - t1) / steps
+        seconds, peak = timed_steps(fn, (x, y), steps, losses, gpu)
     path = profile.save(profile_dir / f"gpu_profile_{model}_{mode}_b{batch}.json") if profile else None
     timed = TimelineModel(step_graph, op_seconds(step_graph, profile))  # no profile: the estimate
     tl = timed.run(swaps, Link(link["to_host"], link["to_device"], link["latency"]), fences)
-    peak = tf.config.experimental.get_memory_info("GPU:0")["peak"] if gpu else None
     budget = None if plan is None else plan.options["budget"]
     return {
         "model": model,

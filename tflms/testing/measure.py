@@ -13,13 +13,15 @@ peak of each step, the losses and the simulator's predictions, as plain JSON dat
 Used by the real-memory tests, ``benchmarks/simulator_accuracy.py``,
 ``benchmarks/testbed_capacity.py`` and ``tflms demo``. :func:`anatomy_step` (what a
 measured peak holds, next to the simulator's live buffers) serves
-``benchmarks/peak_anatomy.py``.
+``benchmarks/peak_anatomy.py``. :func:`timed_steps` times steps and reads GPU 0's peak for the
+GPU benchmarks (``benchmarks/gpu.py``, ``gpu_offload.py``, ``gpu_throughput.py``).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..config import check_int
@@ -36,6 +38,7 @@ __all__ = [
     "replay_allocations",
     "recorded_order",
     "anatomy_step",
+    "timed_steps",
 ]
 
 
@@ -239,6 +242,24 @@ def measure(
         timeout=timeout,
         gpu=gpu,
     )
+
+
+def timed_steps(
+    fn: Callable[..., Any], args: Sequence[Any], steps: int, losses: list[float], gpu: bool = True
+) -> tuple[float, int | None]:
+    """Time ``steps`` calls of ``fn(*args)``, each loss appended to ``losses`` as a float, from a
+    reset of GPU 0's peak when ``gpu``: ``(seconds per step, GPU 0's peak in bytes since the
+    reset)``, the peak None without ``gpu``. Warm-up steps are the caller's, before."""
+    import tensorflow as tf
+
+    if gpu:
+        tf.config.experimental.reset_memory_stats("GPU:0")
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        losses.append(float(fn(*args)))
+    seconds = (time.perf_counter() - t0) / steps
+    peak = int(tf.config.experimental.get_memory_info("GPU:0")["peak"]) if gpu else None
+    return seconds, peak
 
 
 def _events_of(records: list[dict[str, Any]], allocator: str | None) -> tuple[str, list[int]]:
