@@ -82,6 +82,7 @@ def staged(step: Any, x: Any, y: Any, devices: list[str], names: list[str] | Non
 
 def main(mode: str, batch: int, cap_mib: int, name: str = "cnn") -> dict:
     tf.config.experimental.enable_op_determinism()
+    testbed.claim_memory()
     cap = f"{cap_mib}MiB" if cap_mib else None
     out: dict = {"mode": mode, "model": name, "batch": batch, "cap_mib": cap_mib, "losses": [], "peaks": []}
     with DeviceWorker(cap=cap) as dev1:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .testbed import TestBedError, _die_with_parent, _free_port, device_environ
+from .testbed import TestBedError, _die_with_parent, _free_port, claim_memory, device_environ
 
 __all__ = ["DeviceWorker", "JOB"]
 
@@ -124,6 +124,7 @@ class DeviceWorker:
 def _serve(port: int, parent: int | None, peak_file: Path) -> None:
     import tensorflow as tf
 
+    claim_memory()  # one region, as a GPU's allocator has
     server = tf.distribute.Server(tf.train.ClusterSpec({JOB: [f"localhost:{port}"]}), job_name=JOB, task_index=0)
     flag = Path(str(peak_file) + ".reset")
 

@@ -17,7 +17,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .testbed import _GPU, HostWorker, _is_gpu_process, connect, device_environ, setup_gpu
+from .testbed import _GPU, HostWorker, _is_gpu_process, claim_memory, connect, device_environ, setup_gpu
 
 __all__ = ["MeasuredResult", "STATUSES", "allocator_oom_report", "oom_message", "run_measured"]
 
@@ -363,6 +363,7 @@ def _run_child() -> None:
 
         worker.wait()
         connect(worker)
+        claim_memory()
         return fn(**request["kwargs"])
 
     _call_and_exit(on_test_bed)

@@ -72,6 +72,7 @@ __all__ = [
     "ONEDNN_OPT_IN",
     "TestBedError",
     "HostWorker",
+    "claim_memory",
     "connect",
     "device_environ",
     "devices",
@@ -202,6 +203,35 @@ def reset_peak() -> None:
 
     _require_measured("reset_peak")
     tf.config.experimental.reset_memory_stats("GPU:0" if _is_gpu_process() else "CPU:0")
+
+
+def claim_memory() -> int:
+    """Take a capped test bed device's memory in one region, as TensorFlow's GPU allocator does by
+    default; return the bytes claimed (0 without a cap, or in a measured GPU process).
+
+    The BFC allocator of the test bed grows its pool region by region, each twice the last, and a
+    tensor never spans two regions: under a cap, a request can fail with most of the cap free in
+    regions too small for it, where a GPU, whose allocator takes its memory in one region when the
+    process starts, would serve it. One allocation of nearly the whole cap, freed at once, leaves
+    that one region. The measured processes of :func:`run_measured` and the device worker of
+    :class:`~tflms.testing.device_worker.DeviceWorker` call it before their work; a script started
+    with :func:`device_environ` calls it first. The peak is reset after it."""
+    import tensorflow as tf
+
+    _require_measured("claim_memory")
+    mib = int(os.environ.get(_CAP, "0") or 0)
+    if _is_gpu_process() or mib <= 0:
+        return 0
+    size = mib * 2**20 - memory()["current"]
+    with tf.device(DEVICE):
+        while size > 2**20:  # regions already made hold a little: the largest request that fits
+            try:
+                tf.raw_ops.Empty(shape=[size], dtype=tf.uint8, init=False)
+                break
+            except tf.errors.ResourceExhaustedError:
+                size -= 2**20
+    reset_peak()
+    return max(size, 0)
 
 
 def _require_measured(what: str) -> None:
