@@ -20,14 +20,15 @@ from conftest import TESTS
 pytestmark = pytest.mark.integration
 
 JOB = TESTS / "placement_testbed_job.py"
-#: The zoo's CNN at 64 px, batch 32, Adam. Measured here (2026-11-28, 2 CPUs): the plain step peaks at
-#: 123-133 MiB per step without a cap; under a cap it runs out of memory at a request with 114-116 MiB
-#: in use (once of five under 116 MiB it trained), and under 106 MiB in 2 of 2 runs. Placed on two
-#: devices it trains under 106 MiB (3 of 3) and 108 MiB (2 of 2) each, at 84-106 MiB per device (the
-#: allocator's pool grows to what the cap leaves). So the cap is 108 MiB: 6 MiB under the plain step's
-#: lowest need seen.
+#: The zoo's CNN at 64 px, batch 32, Adam.
 BATCH = 32
-CAP_MIB = 108
+#: The cap, as a fraction of the plain step's peak measured uncapped in the same test (so the test
+#: follows the kernels and the machine, not one day's figure). Measured here (2026-11-28, 2-CPU AMD
+#: EPYC, TensorFlow's CPU kernels): the plain step peaked at 151-155 MiB uncapped and ran out of
+#: memory under 0.8 of it; placed on two devices it trained under 0.8 of it at 124 and 104 MiB per
+#: device (99 and 84 MiB predicted). 0.85 leaves the placed step room for the spread between
+#: processes, and the plain step none: it needs its whole peak at once on one device.
+CAP_FRACTION = 0.85
 
 
 def _run(mode: str, cap_mib: int) -> tuple[dict | None, str]:
@@ -45,13 +46,14 @@ def _run(mode: str, cap_mib: int) -> tuple[dict | None, str]:
 def test_a_step_out_of_memory_on_one_device_trains_placed_on_two_with_the_same_cap():
     reference, err = _run("plain", 0)
     assert reference is not None and reference["status"] == "ok", err
-    plain, err = _run("plain", CAP_MIB)
+    cap_mib = int(CAP_FRACTION * max(p[0] for p in reference["peaks"])) // 2**20
+    plain, err = _run("plain", cap_mib)
     assert plain is None or plain["status"] == "oom", plain  # TensorFlow raised, or the process died
-    placed, err = _run("placed", CAP_MIB)
+    placed, err = _run("placed", cap_mib)
     assert placed is not None and placed["status"] == "ok", err
     # The plain step's losses, bit for bit (the same kernels; the transfers copy).
     assert placed["losses"] == reference["losses"]
-    cap = CAP_MIB * 2**20
+    cap = cap_mib * 2**20
     assert max(p[0] for p in reference["peaks"]) > cap
     for device in (0, 1):
         measured = [p[device] for p in placed["peaks"]]

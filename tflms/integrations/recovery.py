@@ -140,14 +140,17 @@ def restore_state(variables: Sequence[Any], saved: Sequence[Any]) -> None:
         v.assign(value)
 
 
-def replan_budget(failed_peak: int, budget: int | None) -> int:
+def replan_budget(failed_peak: int, budget: int | None, limit: int | None = None) -> int:
     """The budget of the plan made after a plan predicted at ``failed_peak`` bytes ran out of memory
-    under ``budget`` (``None``: none was set): :data:`REPLAN_FACTOR` of the lower of the two.
+    under ``budget`` (``None``: none was set) on a device of ``limit`` bytes (``None``: not known):
+    :data:`REPLAN_FACTOR` of the lowest of the three. A plan predicted above the device's memory
+    could not fit; one predicted below it ran out anyway, so the device needs more than predicted.
 
-    >>> replan_budget(1000, None), replan_budget(1000, 900)
-    (850, 765)
+    >>> replan_budget(1000, None), replan_budget(1000, 900), replan_budget(1000, 900, limit=800)
+    (850, 765, 680)
     """
-    return int(REPLAN_FACTOR * min(failed_peak, budget if budget is not None else failed_peak))
+    known = [b for b in (failed_peak, budget, limit) if b is not None]
+    return int(REPLAN_FACTOR * min(known))
 
 
 def learned_budget(limit: int, budget: int, predicted: int, measured: int) -> int | None:
@@ -327,7 +330,8 @@ class Recovering:
         budget = plan.options.get("budget")
         fallback = plain and plan.reason == FALLBACK_REASON  # the plain step after the plans failed
         if not fallback and len(tries) <= MAX_REPLANS:
-            new_budget = replan_budget(plan.peak_bytes_after, budget)  # a step left plain: its own peak
+            limit = device_memory_limit(device)[0] if device is not None else None
+            new_budget = replan_budget(plan.peak_bytes_after, budget, limit)  # a step left plain: its own peak
             config = self._config.replace(budget=new_budget, on_budget_miss="best")
             with paused_gc(), warnings.catch_warnings():
                 warnings.simplefilter("ignore", LMSWarning)
