@@ -27,43 +27,26 @@ import tensorflow as tf
 from report import save_result
 
 import tflms
+from tflms.testing.zoo import make_model, train_step_of
 
 DEVICE = "/device:CPU:1"
 
 
 def _setup(name: str):
     keras.utils.set_random_seed(0)
-    L = keras.layers
-    if name == "cnn":
-        layers = [keras.Input((64, 64, 3))]
-        for f in (32, 64, 128):
-            layers += [L.Conv2D(f, 3, padding="same"), L.BatchNormalization(), L.ReLU(), L.MaxPooling2D()]
-        model = keras.Sequential([*layers, L.GlobalAveragePooling2D(), L.Dense(10)])
+    if name == "cnn":  # three pooled blocks
+        model = make_model("cnn", 64, blocks=((32, "pool"), (64, "pool"), (128, "pool")))
         x_shape, batch = (64, 64, 3), 32
     elif name == "resnet50":
-        model = keras.applications.ResNet50(
-            weights=None, input_shape=(64, 64, 3), classes=10, classifier_activation=None
-        )
+        model = make_model("resnet50", 64)
         x_shape, batch = (64, 64, 3), 16
     elif name == "transformer":
-        inp = keras.Input((128, 128))
-        h = inp
-        for _ in range(4):
-            h = L.LayerNormalization()(h + L.MultiHeadAttention(num_heads=4, key_dim=32)(h, h))
-            h = L.LayerNormalization()(h + L.Dense(128)(L.Dense(512, activation="gelu")(h)))
-        model = keras.Model(inp, L.Dense(10)(L.GlobalAveragePooling1D()(h)))
+        model = make_model("transformer", 128, dim=128, heads=4, layers=4)
         x_shape, batch = (128, 128), 16
     else:
         raise ValueError(f"unknown model {name!r}")
     opt = keras.optimizers.Adam(1e-3)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    step = train_step_of(model, keras.losses.SparseCategoricalCrossentropy(from_logits=True), opt)
 
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(size=(batch, *x_shape)).astype("float32"))

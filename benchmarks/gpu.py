@@ -178,6 +178,8 @@ def probe(
     import tensorflow as tf
 
     import tflms
+    from tflms.testing.measure import timed_steps
+    from tflms.testing.zoo import train_step_of
 
     # The GPU's context: an attempt that fails before this never ran (see failed_attempt). It proves
     # no more than that: cuBLAS/cuDNN handles come later, outside the capped pool, so a failure
@@ -187,15 +189,7 @@ def probe(
 
     keras.utils.set_random_seed(0)
     model = getattr(keras.applications, model_name)(weights=None, input_shape=(size, size, 3), classes=1000)
-    opt = keras.optimizers.Adam(1e-4)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy()
-
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    step = train_step_of(model, keras.losses.SparseCategoricalCrossentropy(), keras.optimizers.Adam(1e-4))
 
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(size=(batch, size, size, 3)).astype("float32"))
@@ -221,11 +215,7 @@ def probe(
     first_s = time.perf_counter() - t0
     losses.append(float(fn(x, y)))
     warmup_peak = int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
-    tf.config.experimental.reset_memory_stats("GPU:0")
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        losses.append(float(fn(x, y)))
-    seconds = (time.perf_counter() - t0) / steps
+    seconds, peak = timed_steps(fn, (x, y), steps, losses)
     link = sum(s.bytes * (1 + len(s.swap_ins)) for s in plan.swaps) if plan else 0
     return {
         "ok": True,
@@ -233,7 +223,7 @@ def probe(
         "mode": mode,
         "step_ms": round(1000 * seconds, 2),
         "images_per_s": round(batch / seconds, 1),
-        "measured_peak_bytes": int(tf.config.experimental.get_memory_info("GPU:0")["peak"]),
+        "measured_peak_bytes": peak,
         "warmup_peak_bytes": warmup_peak,
         **planned,
         **({"swapout_window": plan.options["swapout_window"]} if plan else {}),

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import tflms
     from tflms import _tf_internal as tfi
-    from tflms.testing.zoo import build
+    from tflms.testing.zoo import build, train_step_of
 
     # Each rank its own data; rank 0's weights broadcast below.
     model, x, y, zoo_step = build("gpt", 2, 64, seed=hvd.rank(), layers=args.layers, offload_host=HOST)
@@ -121,14 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     group_bytes = int(args.group_mib * 2**20)
 
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        tape = lms_hvd.DistributedGradientTape(tape, group_bytes=group_bytes)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
+    train_step = train_step_of(
+        model, loss_fn, optimizer, lambda tape: lms_hvd.DistributedGradientTape(tape, group_bytes=group_bytes)
+    )
     step = tflms.function(train_step, device=DEVICE, host=HOST, offload="optimizer", budget="64GiB")
     lms_hvd.broadcast_variables(model.variables, root_rank=0)
     with tf.device(DEVICE):

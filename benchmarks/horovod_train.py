@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
     import tensorflow as tf
 
     import tflms
+    from tflms.testing.zoo import train_step_of
 
     rank, size = lms_hvd.rank(), lms_hvd.size()
     options = {
@@ -170,14 +171,9 @@ def main(argv: list[str] | None = None) -> dict:
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     group_bytes = None if args.group_mib <= 0 else max(1, int(args.group_mib * 2**20))
 
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        tape = lms_hvd.DistributedGradientTape(tape, group_bytes=group_bytes)
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
+    train_step = train_step_of(
+        model, loss_fn, opt, lambda tape: lms_hvd.DistributedGradientTape(tape, group_bytes=group_bytes)
+    )
     t0 = time.perf_counter()
     if args.no_lms:
         step = tf.function(train_step)

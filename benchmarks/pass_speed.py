@@ -58,6 +58,7 @@ import tflms
 from tflms import _tf_internal as tfi
 from tflms.integrations.function import paused_gc
 from tflms.rewrite.apply import apply_plan
+from tflms.testing.zoo import make_model, train_step_of
 
 
 def transformer_step(blocks: int, seq: int = 64, dim: int = 128, batch: int = 8):
@@ -67,25 +68,9 @@ def transformer_step(blocks: int, seq: int = 64, dim: int = 128, batch: int = 8)
     weak references to variables.
     """
     keras.utils.set_random_seed(0)
-    L = keras.layers
-    inp = keras.Input((seq, dim))
-    h = inp
-    for _ in range(blocks):
-        a = L.MultiHeadAttention(num_heads=4, key_dim=dim // 4)(h, h)
-        h = L.LayerNormalization()(h + a)
-        f = L.Dense(4 * dim, activation="gelu")(h)
-        h = L.LayerNormalization()(h + L.Dense(dim)(f))
-    out = L.Dense(10)(L.GlobalAveragePooling1D()(h))
-    model = keras.Model(inp, out)
+    model = make_model("transformer", seq, dim=dim, heads=4, layers=blocks)
     opt = keras.optimizers.Adam(1e-3)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    step = train_step_of(model, keras.losses.SparseCategoricalCrossentropy(from_logits=True), opt)
 
     x = tf.zeros((batch, seq, dim))
     y = tf.zeros((batch,), tf.int32)

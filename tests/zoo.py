@@ -1,5 +1,8 @@
 """Small training setups used by the rewrite tests: model, loss, one batch.
 
+The models that :mod:`tflms.testing.zoo` shares (the CNN, ResNet50, the transformer) are built
+there, here in the tests' small variants; the training step is its :func:`~tflms.testing.zoo.train_step_of`.
+
 Each factory returns a :class:`Setup`; :func:`run_steps` trains it from the same
 initial state for a few steps and returns losses and final variables, so a plain
 and an LMS step can be compared exactly on one model object.
@@ -14,6 +17,8 @@ from collections.abc import Callable
 import keras
 import numpy as np
 import tensorflow as tf
+
+from tflms.testing.zoo import make_model, train_step_of
 
 
 @dataclasses.dataclass
@@ -38,19 +43,6 @@ class Setup:
 
     def step_fn(self) -> Callable:
         return train_step_of(self.model, self.loss, self.optimizer)
-
-
-def train_step_of(model: keras.Model, loss_fn: Callable, optimizer: keras.optimizers.Optimizer) -> Callable:
-    """The training step the tests rewrite: forward under a tape, gradients, ``apply_gradients``."""
-
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    return train_step
 
 
 def run_steps(setup: Setup, step: Callable, n: int = 3, device: str | None = "/device:CPU:1"):
@@ -107,54 +99,27 @@ def mlp() -> Setup:
     return _classification("mlp", model, 64, (64,), 10)
 
 
+#: The rewrite tests' CNN: two blocks of 32 filters, a max pooling, two of 64 with a Dropout between
+#: them, global average pooling, a Dropout and the head.
+CNN_BLOCKS = ((32, None), (32, "pool"), (64, 0.25), (64, None))
+
+
 def cnn() -> Setup:
     keras.utils.set_random_seed(2)
-    L = keras.layers
-    model = keras.Sequential(
-        [
-            keras.Input((32, 32, 3)),
-            L.Conv2D(32, 3, padding="same"),
-            L.BatchNormalization(),
-            L.ReLU(),
-            L.Conv2D(32, 3, padding="same"),
-            L.BatchNormalization(),
-            L.ReLU(),
-            L.MaxPooling2D(),
-            L.Conv2D(64, 3, padding="same"),
-            L.BatchNormalization(),
-            L.ReLU(),
-            L.Dropout(0.25),
-            L.Conv2D(64, 3, padding="same"),
-            L.BatchNormalization(),
-            L.ReLU(),
-            L.GlobalAveragePooling2D(),
-            L.Dropout(0.25),
-            L.Dense(10),
-        ]
-    )
+    model = make_model("cnn", 32, blocks=CNN_BLOCKS, head_dropout=0.25)
     return _classification("cnn", model, 16, (32, 32, 3), 10)
 
 
 def resnet50(batch: int = 4, size: int = 64) -> Setup:
     keras.utils.set_random_seed(3)
-    model = keras.applications.ResNet50(
-        weights=None, input_shape=(size, size, 3), classes=10, classifier_activation=None
-    )
-    return _classification("resnet50", model, batch, (size, size, 3), 10)
+    return _classification("resnet50", make_model("resnet50", size), batch, (size, size, 3), 10)
 
 
 def transformer() -> Setup:
+    """One post-norm block of width 64 (4 heads, attention dropout 0.1) on sequences of 32."""
     keras.utils.set_random_seed(4)
-    L = keras.layers
-    seq, dim = 32, 64
-    inp = keras.Input((seq, dim))
-    h = L.MultiHeadAttention(num_heads=4, key_dim=16)(inp, inp)
-    h = L.LayerNormalization()(inp + L.Dropout(0.1)(h))
-    f = L.Dense(256, activation="gelu")(h)
-    f = L.Dense(dim)(f)
-    h = L.LayerNormalization()(h + f)
-    out = L.Dense(10)(L.GlobalAveragePooling1D()(h))
-    return _classification("transformer", keras.Model(inp, out), 16, (seq, dim), 10)
+    model = make_model("transformer", 32, dim=64, heads=4, layers=1, dropout=0.1)
+    return _classification("transformer", model, 16, (32, 64), 10)
 
 
 def lstm() -> Setup:

@@ -106,18 +106,14 @@ def reference_run(initial: list, batches: list[tuple]) -> list:
     """One process, plain ``tf.function`` steps on whole global batches from ``initial``: the final state."""
     import tensorflow as tf
 
+    from tflms.testing.zoo import train_step_of
+
     model, opt, loss = build_gpt(0), make_optimizer(), jobkit.loss_fn()
     opt.build(model.trainable_variables)
     for v, value in zip(state(model, opt), initial, strict=True):
         v.assign(value)
 
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            value = loss(y, model(x, training=True))
-        grads = tape.gradient(value, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return value
+    step = tf.function(train_step_of(model, loss, opt))
 
     for x, y in batches:
         step(tf.constant(x), tf.constant(y))
@@ -187,6 +183,7 @@ def run_loop(case: str, out: str, rank: int, size: int, batches: list) -> dict:
 
     import tflms
     import tflms.horovod as lms_hvd
+    from tflms.testing.zoo import train_step_of
 
     model, opt, loss = build_gpt(0 if rank == 0 else 100 + rank), make_optimizer(), jobkit.loss_fn()
     opt.build(model.trainable_variables)
@@ -195,14 +192,10 @@ def run_loop(case: str, out: str, rank: int, size: int, batches: list) -> dict:
         np.savez(os.path.join(out, f"{case}_initial.npz"), *[v.numpy() for v in state(model, opt)])
     sparse_as_dense = case == "loop_dense"
 
-    @tflms.function(**LMS_OPTIONS)
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            value = loss(y, model(x, training=True))
-        tape = lms_hvd.DistributedGradientTape(tape, sparse_as_dense=sparse_as_dense)
-        grads = tape.gradient(value, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return value
+    train_step = train_step_of(
+        model, loss, opt, lambda tape: lms_hvd.DistributedGradientTape(tape, sparse_as_dense=sparse_as_dense)
+    )
+    step = tflms.function(train_step, **LMS_OPTIONS)
 
     x0, y0 = (tf.constant(a) for a in shard(batches[0], rank))
     plan = step.get_plan(x0, y0)

@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 import tflms
+from tflms.testing.zoo import train_step_of
 
 DEVICE = "/device:CPU:1"
 HOST = "/device:CPU:0"
@@ -97,13 +98,7 @@ def reference_run(
     for v, value in zip(state(model, opt), initial):
         v.assign(value)
 
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            value = loss(y, model(x, training=True))
-        grads = tape.gradient(value, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return value
+    step = tf.function(train_step_of(model, loss, opt))
 
     losses = []
     with tf.device(device or "/device:CPU:0"):
@@ -130,13 +125,9 @@ def lms_step(model: keras.Model, opt: keras.optimizers.Optimizer, tape_kind: str
 
         group_bytes = 1024 if tape_kind == "grouped" else lms_hvd.DEFAULT_GROUP_BYTES
 
-        def train_step(x, y):
-            with tf.GradientTape() as tape:
-                value = loss(y, model(x, training=True))
-            tape = lms_hvd.DistributedGradientTape(tape, group_bytes=group_bytes)
-            grads = tape.gradient(value, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            return value
+        train_step = train_step_of(
+            model, loss, opt, lambda tape: lms_hvd.DistributedGradientTape(tape, group_bytes=group_bytes)
+        )
 
     elif tape_kind == "workaround":
         import horovod.tensorflow as hvd

@@ -10,6 +10,7 @@ from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 
 import tflms
 from tflms import _tf_internal as tfi
+from tflms.testing.zoo import train_step_of
 
 from conftest import DEVICE, HOST
 from helpers import check_structure, check_survives_grappler
@@ -82,12 +83,7 @@ def test_a_conv3d_unet_trains_bit_identically_with_the_layout_optimizer_as_tenso
         opt = keras.optimizers.Adam(1e-2)
         opt.build(model.trainable_variables)
 
-        def step(x, y):
-            with tf.GradientTape() as tape:
-                loss = loss_fn(y, model(x, training=True))
-            grads = tape.gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
-            return loss
+        step = train_step_of(model, loss_fn, opt)
 
         fn = tflms.function(step, device=DEVICE, min_bytes=1 << 20) if lms else tf.function(step)
         losses, variables = [], []

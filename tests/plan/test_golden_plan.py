@@ -21,6 +21,7 @@ import tensorflow as tf
 
 import tflms
 from tflms import LMSConfig, SwapPlan, make_plan
+from tflms.testing.zoo import train_step_of
 
 from conftest import TESTS
 
@@ -49,12 +50,7 @@ def golden_cnn_plan() -> SwapPlan:
     optimizer.build(model.trainable_variables)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, name="xent")
 
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
+    train_step = train_step_of(model, loss_fn, optimizer)
 
     x = tf.TensorSpec((BATCH, 32, 32, 3), tf.float32)
     y = tf.TensorSpec((BATCH,), tf.int32)

@@ -1,7 +1,9 @@
 """The model zoo that the tests, the benchmarks and the demo share: seeded models with synthetic data.
 
 :func:`build` gives ``(model, x, y, train_step)`` for a model of :data:`MODELS` (an Adam step
-with the sparse cross-entropy); :func:`fit_data` the same model compiled for ``model.fit``.
+with the sparse cross-entropy); :func:`fit_data` the same model compiled for ``model.fit``;
+:func:`make_model` a model of :data:`MODELS` or a variant of it (the tests' small CNN and
+transformer); :func:`train_step_of` the training step of a model, a loss and an optimizer.
 """
 
 from __future__ import annotations
@@ -9,19 +11,47 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["DEEP_MODELS", "GPT_VOCAB", "MODELS", "build", "fit_data", "train_step"]
+__all__ = [
+    "CNN_BLOCKS",
+    "DEEP_MODELS",
+    "GPT_VOCAB",
+    "MODELS",
+    "build",
+    "fit_data",
+    "make_model",
+    "train_step",
+    "train_step_of",
+]
 
 
-def _cnn(size: int) -> Any:
+#: The CNN's blocks: (filters, what follows the block's Conv2D, BatchNormalization and ReLU:
+#: ``"pool"`` a MaxPooling2D, a float a Dropout of that rate, None nothing).
+CNN_BLOCKS: tuple[tuple[int, str | float | None], ...] = (
+    (32, None),
+    (32, "pool"),
+    (64, "pool"),
+    (64, "pool"),
+    (128, "pool"),
+)
+
+
+def _cnn(size: int, blocks: tuple[tuple[int, str | float | None], ...] = CNN_BLOCKS, head_dropout: float = 0.0) -> Any:
+    """Conv2D/BatchNormalization/ReLU ``blocks`` (:data:`CNN_BLOCKS`), global average pooling, a
+    Dropout of ``head_dropout`` if any, and a Dense head of 10 logits."""
     import keras
 
     L = keras.layers
     layers: list[Any] = [keras.Input((size, size, 3))]
-    for filters in (32, 32, 64, 64, 128):
+    for filters, after in blocks:
         layers += [L.Conv2D(filters, 3, padding="same"), L.BatchNormalization(), L.ReLU()]
-        if filters != 32 or len(layers) > 4:
+        if after == "pool":
             layers.append(L.MaxPooling2D())
-    layers += [L.GlobalAveragePooling2D(), L.Dense(10)]
+        elif after is not None:
+            layers.append(L.Dropout(after))
+    layers.append(L.GlobalAveragePooling2D())
+    if head_dropout:
+        layers.append(L.Dropout(head_dropout))
+    layers.append(L.Dense(10))
     return keras.Sequential(layers)
 
 
@@ -41,7 +71,9 @@ def _densenet121(size: int) -> Any:
     )
 
 
-def _transformer(seq: int, dim: int = 256, heads: int = 8, layers: int = 2) -> Any:
+def _transformer(seq: int, dim: int = 256, heads: int = 8, layers: int = 2, dropout: float = 0.0) -> Any:
+    """``layers`` post-norm blocks of self-attention (its output through a Dropout of ``dropout``
+    if any) and a GELU MLP of width ``4 * dim``, global average pooling, 10 logits."""
     import keras
 
     L = keras.layers
@@ -49,6 +81,8 @@ def _transformer(seq: int, dim: int = 256, heads: int = 8, layers: int = 2) -> A
     h = inp
     for _ in range(layers):
         a = L.MultiHeadAttention(num_heads=heads, key_dim=dim // heads)(h, h)
+        if dropout:
+            a = L.Dropout(dropout)(a)
         h = L.LayerNormalization()(h + a)
         f = L.Dense(dim * 4, activation="gelu")(h)
         h = L.LayerNormalization()(h + L.Dense(dim)(f))
@@ -130,12 +164,40 @@ def _gpt(seq: int, vocab: int = GPT_VOCAB, dim: int = 256, heads: int = 8, layer
     return keras.Model(tokens, L.Dense(vocab)(L.LayerNormalization()(h)))
 
 
+def train_step_of(
+    model: Any, loss_fn: Callable[[Any, Any], Any], optimizer: Any, wrap_tape: Callable[[Any], Any] | None = None
+) -> Callable:
+    """The training step everyone traces: the forward pass under a ``GradientTape``, ``loss_fn(y,
+    prediction)``, its gradients and ``optimizer.apply_gradients``; returns the loss. ``wrap_tape``:
+    what the tape is wrapped in before the gradients are taken (e.g. ``lambda tape:
+    tflms.horovod.DistributedGradientTape(tape)``, gradients averaged over the ranks)."""
+    import tensorflow as tf
+
+    def train_step(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        if wrap_tape is not None:
+            tape = wrap_tape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return train_step
+
+
+def make_model(name: str, size: int | None = None, **options: Any) -> Any:
+    """The model of :data:`MODELS` ``name`` at ``size`` (default: the model's), unseeded: its
+    builder's ``options`` (e.g. ``blocks`` of the CNN, ``dim`` of the transformer) make variants."""
+    builder, default, _ = MODELS[name]
+    return builder(size or default, **options)
+
+
 #: name -> (builder(size), default size, input shape from size). ``size`` is the image
 #: side for CNNs and the sequence length for the transformer (width 256, 2 blocks),
 #: the encoder (the same blocks, 8 deep) and the GPT (:func:`_gpt`: vocabulary
 #: :data:`GPT_VOCAB`, width 256, 4 causal blocks; its inputs are token ids and its labels
 #: the next token at every position).
-MODELS: dict[str, tuple[Callable[[int], Any], int, Callable[[int], tuple[int, ...] | list[tuple[int, ...]]]]] = {
+MODELS: dict[str, tuple[Callable[..., Any], int, Callable[[int], tuple[int, ...] | list[tuple[int, ...]]]]] = {
     "cnn": (_cnn, 64, lambda s: (s, s, 3)),
     "resnet50": (_resnet50, 96, lambda s: (s, s, 3)),
     "densenet121": (_densenet121, 64, lambda s: (s, s, 3)),
@@ -206,13 +268,7 @@ def build(
         )
         y = tf.constant(rng.integers(0, 10, size=(batch,)).astype("int32"))
 
-    def train_step(x: Any, y: Any) -> Any:
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
+    train_step = train_step_of(model, loss_fn, optimizer)
     train_step.optimizer = optimizer
     return model, x, y, train_step
 
