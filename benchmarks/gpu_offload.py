@@ -49,6 +49,7 @@ def measure(spec: dict[str, Any], device: str | None, host: str) -> dict[str, An
 
     import tflms
     from tflms import _tf_internal as tfi
+    from tflms.testing.measure import timed_steps
     from tflms.testing.zoo import build
 
     offload = spec["mode"] == "offload"
@@ -74,12 +75,7 @@ def measure(spec: dict[str, Any], device: str | None, host: str) -> dict[str, An
     gpu = device is not None and "GPU" in device
     with scope:
         losses = [float(fn(x, y))]  # warm-up
-        if gpu:
-            tf.config.experimental.reset_memory_stats("GPU:0")
-        t1 = time.perf_counter()
-        for _ in range(spec["steps"]):
-            losses.append(float(fn(x, y)))
-        seconds = (time.perf_counter() - t1) / spec["steps"]
+        seconds, peak = timed_steps(fn, (x, y), spec["steps"], losses, gpu)
         host_ms = span_ms = None
         if offload:
             on_host = {
@@ -93,7 +89,6 @@ def measure(spec: dict[str, Any], device: str | None, host: str) -> dict[str, An
                 span_ms = 1e-6 * (
                     max(k["time_ns"] + k["duration_ns"] for k in records) - min(k["time_ns"] for k in records)
                 )
-    peak = tf.config.experimental.get_memory_info("GPU:0")["peak"] if gpu else None
     return {
         "mode": spec["mode"],
         "cap_mib": spec["cap_mib"],
