@@ -42,15 +42,15 @@ def test_a_plan_over_the_real_cap_recovers_and_trains_to_the_uncapped_plain_weig
     with a plan for less memory; after 3 steps every weight and optimizer variable equals an
     uncapped plain run's (``tf.function`` of the same step, or plain ``fit``), bit for bit.
 
-    Whether a plan fits is the allocator's call: its regions grow by doubling under the cap and
-    fragment (test_testbed.py's GPT logits). Measured here (2026-11-28, Eigen's kernels, 2-CPU AMD
-    EPYC), ``tflms.function``: the plan for 900 MiB (671 MiB predicted) ran out of memory, so did the
-    next (530 MiB predicted, 570 MiB budget), and the third (455 MiB predicted, 158 swaps) trained at
-    517-545 MiB per step, bit-identical, in 3 of 4 processes; in the fourth every plan and the plain
-    step ran out of memory. ``fit`` (another graph: 690, 545 and 450 MiB predicted, 84 swaps last)
-    ran out of memory with every plan in 2 of 2, each time asking for a 27 MiB [48,24,24,256]
-    tensor with the pool at the cap. So where the recovery ends in its error, what must hold is what
-    it promises then: one error naming every way tried, and every variable as it was before the
+    Whether a plan fits is the allocator's call, and Eigen's convolution gradients take scratch
+    the simulator does not model. Measured here (2026-11-28, 2-CPU AMD EPYC, the cap claimed in one
+    region): ``tflms.function`` recovered and trained bit-identically (the plan for 900 MiB, 671 MiB
+    predicted, ran out of memory; plans down to 455 MiB predicted trained at 517-545 MiB per step).
+    ``fit`` (another graph: 690 MiB predicted first, 450 MiB the least any plan reaches) trained in
+    1 of 3 processes (the 450 MiB plan at 522-559 MiB per step); in the others a plan that had
+    trained one step ran out of memory on the next, and so did every plan after it and the plain
+    step. So where the recovery ends in its error, what must hold is what it promises then: one
+    error naming the ways tried, and every variable as it was before the
     failed call (xfail, not pass)."""
     cap = 600 * MIB
     lms = _job("resnet_steps", {"batch": 48, "mode": path, "budget": "900MiB"}, cap="600MiB")
@@ -62,7 +62,9 @@ def test_a_plan_over_the_real_cap_recovers_and_trains_to_the_uncapped_plain_weig
     assert all(b["failed_peak"] < a["failed_peak"] for a, b in zip(oom, oom[1:])), oom
     if "error" in lms:
         assert "ran out of device memory in every way tried" in lms["error"], lms["error"]
-        assert lms["error"].count("a plan of") == len(oom), (lms["error"], oom)
+        # The plans the failing call tried (a call that recovered before may have made others), then the plain step.
+        assert 1 <= lms["error"].count("a plan of") <= len(oom), (lms["error"], oom)
+        assert "the plain step (predicted" in lms["error"], lms["error"]
         if not lms["losses"]:  # the first step failed: every variable as before it
             assert lms["state"] == lms["initial"]
         pytest.xfail(f"every plan ran out of memory under the cap in this process: {lms['error'][:600]}")
