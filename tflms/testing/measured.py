@@ -149,6 +149,7 @@ def run_measured(
     pythonpath: list[str] | None = None,
     gpu: bool = False,
     onednn: bool | None = None,
+    growth: bool = False,
 ) -> MeasuredResult:
     """Call ``target`` in a fresh measured process; return what it returned, or how it failed.
 
@@ -179,6 +180,9 @@ def run_measured(
     ``ResourceExhaustedError`` past the cap as a GPU does; ``True`` runs oneDNN's (whose
     out-of-memory inside a conv backprop aborts the process: ``status='oom'`` all the same).
     ``None``: as ``TFLMS_TESTBED_ONEDNN`` in the environment says (:func:`device_environ`).
+
+    ``growth``: a capped process first claims its cap in one region, as a GPU's allocator holds
+    its memory (:func:`tflms.testing.testbed.claim_memory`); ``True`` lets the pool grow by regions.
     """
     if _IMPORTING_MAIN in os.environ:
         raise RuntimeError(
@@ -199,7 +203,7 @@ def run_measured(
         raise TypeError(
             f"target must be 'package.module:function' or a picklable callable. Received: target={target!r}"
         )
-    env = device_environ(cap, gpu=gpu, onednn=onednn)
+    env = device_environ(cap, gpu=gpu, onednn=onednn, growth=growth)
     # Under a cap, the allocator's out-of-memory dump (INFO lines) feeds MeasuredResult.oom.
     env["TF_CPP_MIN_LOG_LEVEL"] = "0" if cap is not None else env.get("TF_CPP_MIN_LOG_LEVEL", "2")
     if pythonpath:

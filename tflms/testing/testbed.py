@@ -67,6 +67,7 @@ __all__ = [
     "DEVICE",
     "DEVICE_NICE",
     "GPU_DEVICE",
+    "GROWTH",
     "GPU_HOST",
     "HOST",
     "ONEDNN_OPT_IN",
@@ -103,6 +104,9 @@ _ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 #: (:func:`device_environ`); by default they run TensorFlow's own (Eigen's), which raise
 #: ``ResourceExhaustedError`` under a cap as a GPU does.
 ONEDNN_OPT_IN = "TFLMS_TESTBED_ONEDNN"
+#: Set to ``1`` in a measured process's environment, its allocator grows by regions instead of
+#: claiming its cap in one (:func:`claim_memory`): ``device_environ(cap, growth=True)``.
+GROWTH = "TFLMS_TESTBED_GROWTH"
 _GPU = "TFLMS_MEASURED_GPU"  # a measured GPU process: its cap in MiB, or 0 (no cap)
 #: The measured GPU process's device and host (``run_measured(..., gpu=True)``).
 GPU_DEVICE = "/job:localhost/replica:0/task:0/device:GPU:0"
@@ -121,10 +125,13 @@ def device_environ(
     base: Mapping[str, str] | None = None,
     gpu: bool = False,
     onednn: bool | None = None,
+    growth: bool | None = None,
 ) -> dict[str, str]:
     """Environment for a measured process: BFC allocator on the CPU, optional real cap.
 
     ``cap`` (bytes or a size string such as ``"1GiB"``) is rounded down to whole MiB.
+    ``growth=True`` marks the process's allocator to grow region by region instead of claiming
+    the cap in one (:func:`claim_memory`, :data:`GROWTH`); ``None`` keeps ``base``'s mark.
 
     The CPU kernels are TensorFlow's own (Eigen's: ``TF_ENABLE_ONEDNN_OPTS=0``), whatever
     ``base`` sets, unless ``onednn=True``, or ``onednn`` is None and ``base`` sets
@@ -168,6 +175,8 @@ def device_environ(
         raise TypeError(f"onednn must be True, False or None. Received: onednn={onednn!r}")
     env[_BFC] = "true"
     env[_ONEDNN] = env[ONEDNN_OPT_IN] = "1" if onednn else "0"
+    if growth is not None:
+        env[GROWTH] = "1" if growth else "0"
     if cap is not None:
         env[_CAP] = str(mib)
     return env
@@ -215,12 +224,13 @@ def claim_memory() -> int:
     process starts, would serve it. One allocation of nearly the whole cap, freed at once, leaves
     that one region. The measured processes of :func:`run_measured` and the device worker of
     :class:`~tflms.testing.device_worker.DeviceWorker` call it before their work; a script started
-    with :func:`device_environ` calls it first. The peak is reset after it."""
+    with :func:`device_environ` calls it first. The peak is reset after it. A process started
+    with ``device_environ(cap, growth=True)`` keeps growing by regions: it claims nothing."""
     import tensorflow as tf
 
     _require_measured("claim_memory")
     mib = int(os.environ.get(_CAP, "0") or 0)
-    if _is_gpu_process() or mib <= 0:
+    if _is_gpu_process() or mib <= 0 or os.environ.get(GROWTH) == "1":
         return 0
     size = mib * 2**20 - memory()["current"]
     with tf.device(DEVICE):
