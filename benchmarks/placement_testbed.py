@@ -1,7 +1,7 @@
 """Placement across two devices, measured on the two-device test bed.
 
 The zoo's CNN (64 px, Adam) trained three steps in fresh measured processes
-(``tests/placement_testbed_job.py``: the measured process is device 0, a
+(:mod:`tflms.testing.placement_job`: the measured process is device 0, a
 :class:`tflms.testing.device_worker.DeviceWorker` device 1, each with its own BFC allocator and the
 same real cap, each peak read from its own allocator): the plain step without a cap (the reference
 losses), the plain step under the cap, and the step placed on the two devices under the cap each.
@@ -12,7 +12,7 @@ Writes ``benchmarks/results/placement_testbed.json``.
     python benchmarks/placement_testbed.py --uneven        # the placer against an even split
 
 ``--uneven``: a step with uneven layers (two wide full-resolution convolutions, six narrow ones;
-``tests/placement_testbed_job.py``'s ``uneven``) without a cap, plain, placed by the placer and
+:func:`tflms.testing.placement_job.uneven`) without a cap, plain, placed by the placer and
 split evenly by layer count, each device's peak measured; writes
 ``benchmarks/results/placement_uneven_testbed.json``.
 """
@@ -31,7 +31,8 @@ from report import save_result
 from tflms import testbed
 
 ROOT = Path(__file__).resolve().parent.parent
-JOB = ROOT / "tests" / "placement_testbed_job.py"
+#: The job, run as ``python -m JOB MODE BATCH CAP_MIB MODEL``.
+JOB = "tflms.testing.placement_job"
 RESULT = ROOT / "benchmarks" / "results" / "placement_testbed.json"
 UNEVEN = ROOT / "benchmarks" / "results" / "placement_uneven_testbed.json"
 
@@ -40,7 +41,7 @@ def run(mode: str, batch: int, cap_mib: int, model: str = "cnn") -> dict:
     """One run of the job in a fresh measured process: its result, or how it failed."""
     env = testbed.device_environ(f"{cap_mib}MiB" if cap_mib else None)
     env["PYTHONPATH"] = str(ROOT)
-    r = subprocess.run([sys.executable, str(JOB), mode, str(batch), str(cap_mib), model], capture_output=True,
+    r = subprocess.run([sys.executable, "-m", JOB, mode, str(batch), str(cap_mib), model], capture_output=True,
                        text=True, timeout=900, env=env)  # fmt: skip
     lines = [line for line in r.stdout.splitlines() if line.startswith("RESULT ")]
     if lines and r.returncode == 0:

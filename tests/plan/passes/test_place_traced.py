@@ -3,10 +3,10 @@ even split by layer count, both evaluated per device with the same simulator."""
 
 import pytest
 import tensorflow as tf
-from placement_testbed_job import in_layer, uneven
 
 from tflms.ir.graph import GraphModel
 from tflms.plan.passes.place import anchors, evaluate, forward_order, place, stage_of
+from tflms.testing.placement_job import in_layer, uneven
 
 pytestmark = pytest.mark.integration
 
@@ -14,7 +14,7 @@ DEVICES = ["/device:GPU:0", "/device:GPU:1"]
 
 
 def uneven_step() -> tuple[GraphModel, list[str]]:
-    """The two-device test bed's step with uneven layers (:func:`placement_testbed_job.uneven`: two
+    """The two-device test bed's step with uneven layers (:func:`tflms.testing.placement_job.uneven`: two
     wide full-resolution convolutions, then six narrow ones after a 4x pooling) at batch 8, and its
     layers' names."""
     model, x, y, step = uneven(8)
