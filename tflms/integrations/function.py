@@ -432,7 +432,13 @@ class LMSFunction(Recovering):
                 config = self._trace_configs.get(cf, self._config).replace(op_profile=path)
                 fresh = self._fresh_trace(cf)
                 with paused_gc():
-                    entry = _optimize(fresh, config, fresh is cf and not self._owns_traces, stacklevel=4, sizes_from=self._sizes.get(cf))
+                    entry = _optimize(
+                        fresh,
+                        config,
+                        fresh is cf and not self._owns_traces,
+                        stacklevel=4,
+                        sizes_from=self._sizes.get(cf),
+                    )
                 if entry[1].swaps != plan.swaps or entry[1].recomputes != plan.recomputes:
                     self._probation.pop(cf, None)  # a new plan: on probation again
                     self._plan_peaks.pop(cf, None)
