@@ -49,6 +49,7 @@ def measure(spec: dict[str, Any], device: str | None, host: str) -> dict[str, An
 
     import tflms
     from tflms import _tf_internal as tfi
+    from tflms._devices import same_device
     from tflms.testing.measure import timed_steps
     from tflms.testing.zoo import build
 
@@ -81,7 +82,7 @@ def measure(spec: dict[str, Any], device: str | None, host: str) -> dict[str, An
             on_host = {
                 op.name
                 for op in fn.get_concrete_function(x, y).graph.get_operations()
-                if op.device and tflms.ir.devices.same_device(op.device, host)
+                if op.device and same_device(op.device, host)
             }
             records = [k for k in tfi.profile_kernels(lambda: losses.append(float(fn(x, y)))) if k["op"] in on_host]
             if records:

@@ -3,7 +3,7 @@
 import networkx as nx
 
 from tflms import _tf_internal as tfi
-from tflms.ir.devices import same_device
+from tflms._devices import same_device
 from tflms.rewrite.apply import (
     ORDER_SCOPE,
     RECOMPUTE_SCOPE,

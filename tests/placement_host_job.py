@@ -34,8 +34,8 @@ import placement_job
 import tensorflow as tf
 
 import tflms
+from tflms._devices import same_device
 from tflms.integrations.placement import device_plans, placed_function
-from tflms.ir.devices import same_device
 from tflms.plan.passes.place import copy_ops, placement_plan
 from tflms.rewrite.apply import SWAP_ATTR
 

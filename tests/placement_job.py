@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 
 import tflms  # noqa: E402
 from tflms import _tf_internal as tfi  # noqa: E402
-from tflms.ir.devices import same_device  # noqa: E402
+from tflms._devices import same_device  # noqa: E402
 from tflms.rewrite.apply import apply_placement  # noqa: E402
 
 import zoo  # noqa: E402

@@ -2,10 +2,11 @@
 
 The package follows the pipeline, one subpackage a stage::
 
-    ir/            GraphModel: the traced step as a networkx DAG of ops and tensors; devices
+    ir/            GraphModel: the traced step as a networkx DAG of ops and tensors; the
+                   decisions a plan is made of, as frozen data
     emulate/       what TensorFlow will do with it: executor order, Grappler and oneDNN rules,
                    the BFC allocator, the memory simulator
-    plan/          decisions as frozen data (records), candidates, the ordered pass registry
+    plan/          SwapPlan (records), candidates, the ordered pass registry
                    (plan/passes), the planner and the autotuner (budget and batch-size search)
     rewrite/       apply a plan to a copy of the TensorFlow graph (host-gated swap-ins)
     report/        plots of predicted memory

@@ -262,7 +262,7 @@ def layout_converts(device: str | None = None, config: Any = None) -> bool:
     from tensorflow.core.protobuf import rewriter_config_pb2
     from tensorflow.python.eager import context
 
-    from .ir.devices import parse
+    from ._devices import parse
 
     if config is None:
         config = _call_config()

@@ -29,9 +29,9 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .ir import devices
-from .ir.device_list import check_devices
-from .ir.devices import KNOWN_DEVICE_TYPES
+from . import _devices as devices
+from ._device_list import check_devices
+from ._devices import KNOWN_DEVICE_TYPES
 
 __all__ = [
     "AUTO_MARGIN",
@@ -145,7 +145,7 @@ def _check_seconds(name: str, value: Any) -> float:
 
 
 def _check_device(name: str, value: Any, allow_none: bool) -> str | None:
-    """Return the canonical form of a device string (:func:`tflms.ir.devices.canonical`), or raise.
+    """Return the canonical form of a device string (:func:`tflms._devices.canonical`), or raise.
 
     Job, replica and task are kept: ``/job:worker/replica:0/task:0/device:CPU:0`` names a
     CPU in another process and is never taken for this process's ``/device:CPU:0``.

@@ -17,9 +17,9 @@ from tflms.emulate import fusion, order
 from tflms.emulate.fusion import _fused_reach, _reach_masks, _successors_with, joins_fused
 from tflms.emulate.grappler import _has_nested_family, with_constant_pushdown
 from tflms.emulate.simulator import Simulator
+from tflms.ir.decisions import Order
 from tflms.ir.graph import GraphModel, copy_dag, op_records, reach, with_order_edges
 from tflms.plan.autotune import serialized_search
-from tflms.plan.records import Order
 
 from graphs import chain_model, chained_pushdown_model, f32, op, variable_update_model
 

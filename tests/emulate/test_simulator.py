@@ -5,8 +5,8 @@ import pytest
 from tflms import LMSConfig, make_plan
 from tflms.emulate.order import ready_order
 from tflms.emulate.simulator import Simulator, simulate
+from tflms.ir.decisions import Swap, SwapIn
 from tflms.ir.graph import GraphModel
-from tflms.plan.records import Swap, SwapIn
 
 from graphs import chain_model, chained_pushdown_model, f32, op, variable_update_model
 
@@ -375,7 +375,7 @@ def test_an_ordered_step_derives_its_variable_copies_from_the_unordered_one():
     control input of ``variable_update_model(wait=True)`` does; an order that does not make
     ``update`` wait for ``dx`` keeps it. Both derivations equal a fresh one."""
     from tflms.emulate import static
-    from tflms.plan.records import Order
+    from tflms.ir.decisions import Order
 
     sim = Simulator(variable_update_model())
     ordered = sim._ordered([Order(op="update", after="gradient_tape/dx")])  # noqa: SLF001

@@ -15,8 +15,8 @@ import pytest
 import tensorflow as tf
 
 import tflms
+from tflms._devices import same_device
 from tflms.integrations.keras import short_summary
-from tflms.ir.devices import same_device
 from tflms.ir.graph import GraphModel
 from tflms.plan.passes.offload import offload_decisions
 from tflms.testing.zoo import MODELS

@@ -13,9 +13,9 @@ import pytest
 import tensorflow as tf
 
 import tflms
+from tflms._devices import same_device
 from tflms.integrations.keras import short_summary
 from tflms.integrations.offload import place_weights
-from tflms.ir.devices import same_device
 from tflms.testing.zoo import MODELS, _gpt
 
 import zoo

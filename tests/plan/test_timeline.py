@@ -7,8 +7,8 @@ import pytest
 from tflms import LMSConfig, make_plan
 from tflms.emulate.costs import DeviceRates, OpProfile, estimate_seconds, flops, op_seconds
 from tflms.emulate.timeline import Link, timeline
+from tflms.ir.decisions import Fence, Swap, SwapIn
 from tflms.ir.graph import GraphModel
-from tflms.plan.records import Fence, Swap, SwapIn
 from tflms.plan.timing import plan_timeline, timed_triggers
 
 from graphs import chain_model, f32, op

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tflms import _tf_internal as tfi
-from tflms.ir.devices import same_device
+from tflms._devices import same_device
 from tflms.ir.graph import GraphModel
 from tflms.plan.passes.place import place
 from tflms.rewrite.apply import SWAP_ATTR, apply_placement, is_rewritten

@@ -385,8 +385,8 @@ def test_pooled_outputs_stay_on_the_device_for_onednn():
     ``MaxPoolGrad``/``MaxPool3DGrad`` stops oneDNN's rewrite of it, and TensorFlow's own
     kernel gives other numbers. The planner never swaps such a tensor on a CPU; for a GPU it
     does."""
+    from tflms.ir.decisions import Swap, SwapIn
     from tflms.plan.candidates import PINNED_INPUTS
-    from tflms.plan.records import Swap, SwapIn
     from tflms.rewrite.apply import apply_plan
 
     setup = zoo.unet3d()
@@ -451,7 +451,7 @@ def test_consumers_read_swap_ins_through_a_device_landing():
     (constant folding checks that all leaves share the parent's device) and the second
     loss moved by one ULP. On a 2-CPU AMD EPYC that bypass was bit-identical with both
     oneDNN's and Eigen's kernels, so only the 1e-6 bound is held for it here."""
-    from tflms.ir.devices import same_device
+    from tflms._devices import same_device
     from tflms.rewrite.apply import SWAP_IN_SCOPE, is_landing
 
     setup = zoo.transformer()

@@ -364,7 +364,7 @@ def _profiled_name(profile: OpProfile, op: str) -> str | None:
     recompute's clone (``tflms_recompute/<producer>/<group>/<op>``) the op it clones."""
     if op in profile.ops:
         return op
-    from ..plan.records import RECOMPUTE_SCOPE
+    from ..ir.decisions import RECOMPUTE_SCOPE
 
     if op.startswith(RECOMPUTE_SCOPE + "/"):
         parts = op.split("/")

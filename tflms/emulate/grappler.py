@@ -7,7 +7,7 @@ import math
 
 import networkx as nx
 
-from ..ir.devices import device_key
+from .._devices import device_key
 from ..ir.graph import GraphModel
 
 #: Grappler's constant push-down (``ConstantFolding::ConstantPushDown`` in TF 2.21's

@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..ir.devices import device_key
+from .._devices import device_key
 from ..ir.graph import GraphModel
 from .bfc import BFCAllocator, OutOfMemory, _rounded
 from .order import ready_order
 from .static import _arrays, _forwarding, _Reads, static_of
 
 if TYPE_CHECKING:
-    from ..plan.records import Swap
+    from ..ir.decisions import Swap
 
 __all__ = ["STEPS", "MemoryProfile"]
 

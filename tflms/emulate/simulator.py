@@ -95,7 +95,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..ir.devices import device_key
+from .._devices import device_key
 from ..ir.graph import GraphModel, with_order_edges
 from .bfc import BFC_FIRST_REGION, BFC_MAX_WASTE, BFC_ROUND, OutOfMemory
 from .grappler import with_constant_pushdown
@@ -104,7 +104,7 @@ from .replay import STEPS, MemoryProfile, _Replay
 from .static import FORWARDING_OP_TYPES, FORWARDING_OUTPUTS, VARIABLE_WRITE_TYPES, _seed_ordered_static
 
 if TYPE_CHECKING:
-    from ..plan.records import Order, Swap
+    from ..ir.decisions import Order, Swap
 
 __all__ = [
     "BFC_FIRST_REGION",

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..ir.devices import device_key
+from .._devices import device_key
 from ..ir.graph import ALIAS_OP_TYPES, GraphModel, reach
 from .order import _ready_structure, ready_order, topological_order
 

@@ -17,7 +17,7 @@ step's time. The execution model:
    moves one transfer at a time, in the order requested, taking
    ``link.latency + bytes / bandwidth`` of its direction.
 3. An op fed by a swap-in starts no earlier than the swap-in lands; an op with a fence
-   (:class:`tflms.plan.records.Fence`) no earlier than the fence's swap-out lands. The compute
+   (:class:`tflms.ir.decisions.Fence`) no earlier than the fence's swap-out lands. The compute
    stream waits meanwhile: the difference is the op's stall.
 4. The step ends when the last op has ended and the last transfer has landed.
 
@@ -30,7 +30,7 @@ Example: a swap whose round trip (2 x 1 ms) fits in 4 ms of compute costs nothin
 link ten times slower, the consumer waits 16 ms:
 
     >>> from tflms.ir.graph import GraphModel
-    >>> from tflms.plan.records import Swap, SwapIn
+    >>> from tflms.ir.decisions import Swap, SwapIn
     >>> f32 = ("float32", (250, 1000), 10**6, False)
     >>> ops = [{"name": n, "type": "Relu", "inputs": i, "outputs": [f32]} for n, i in (
     ...     ("a", []), ("b", ["a:0"]), ("c", ["b:0"]), ("gradient_tape/d", ["c:0", "a:0"]))]
@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING
 from ..ir.graph import GraphModel
 
 if TYPE_CHECKING:
-    from ..plan.records import Fence, Swap
+    from ..ir.decisions import Fence, Swap
 
 __all__ = ["Link", "Transfer", "Timeline", "TimelineModel", "timeline", "timed_trigger_time"]
 

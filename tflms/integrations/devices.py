@@ -14,8 +14,8 @@ import os
 import tensorflow as tf
 
 from .. import _tf_internal as tfi
+from .._devices import device_key
 from ..config import LMSConfig
-from ..ir.devices import device_key
 
 __all__ = ["check_host", "device_memory", "device_memory_limit", "no_device_message", "resolve_device"]
 
@@ -48,7 +48,7 @@ def device_memory(device: str) -> dict[str, int] | None:
     does not report memory: a CPU reports it only when its allocator is BFC
     (``TF_CPU_ALLOCATOR_USE_BFC=true`` set before TensorFlow started); otherwise TensorFlow
     answers zeros, which are not a measurement."""
-    from ..ir.devices import parse
+    from .._devices import parse
 
     if parse(device).type == "CPU" and os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() != "true":
         return None
@@ -69,7 +69,7 @@ def device_memory_limit(device: str) -> tuple[int | None, str]:
     >>> device_memory_limit("/device:CPU:1")[0] is None  # no capped allocator in this process
     True
     """
-    from ..ir.devices import LOCAL_JOB, parse
+    from .._devices import LOCAL_JOB, parse
 
     spec = parse(device)
     local = spec.job in (None, LOCAL_JOB)

@@ -36,7 +36,7 @@ import keras
 import tensorflow as tf
 
 from .. import _tf_internal as tfi
-from ..ir.devices import same_device
+from .._devices import same_device
 
 __all__ = [
     "CHECKED_OPTIMIZERS",

@@ -29,14 +29,15 @@ from typing import Any
 import tensorflow as tf
 
 from .. import _tf_internal as tfi
+from .._devices import device_key
 from .._util import format_bytes
 from ..config import LMSConfig
 from ..errors import BudgetError, LMSWarning
-from ..ir.devices import device_key
+from ..ir.decisions import Fence, Order, Swap
 from ..ir.graph import GraphModel
 from ..plan.passes.place import ELSEWHERE, device_model, device_stages, placement_plan
 from ..plan.planner import make_plan
-from ..plan.records import Fence, Order, Swap, SwapPlan
+from ..plan.records import SwapPlan
 from ..rewrite.apply import apply_placement, apply_plan
 
 __all__ = ["placed_function", "placed_swap_plan", "device_plans", "check_devices_exist", "refuse_xla"]

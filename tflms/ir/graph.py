@@ -338,7 +338,7 @@ def _known_shapes(graph: Any) -> dict[str, tuple[int, ...]]:
 
 
 def with_recomputes(model: GraphModel, recomputes: Sequence[Any]) -> GraphModel:
-    """``model`` with the clones of ``recomputes`` (:class:`tflms.plan.records.Recompute`) added, and
+    """``model`` with the clones of ``recomputes`` (:class:`tflms.ir.decisions.Recompute`) added, and
     each group's consumers reading its clones; ``model`` itself when there are none.
 
     Per group, each op of the chain gets a clone named :meth:`Recompute.clone`, reading the
@@ -370,7 +370,7 @@ def with_recomputes(model: GraphModel, recomputes: Sequence[Any]) -> GraphModel:
 
 def with_orders(model: GraphModel, orders: Sequence[Any]) -> GraphModel:
     """``model`` with a control edge ``after -> op`` for each of ``orders``
-    (:class:`tflms.plan.records.Order`), as the rewrite adds them; ``model`` itself when there are none."""
+    (:class:`tflms.ir.decisions.Order`), as the rewrite adds them; ``model`` itself when there are none."""
     if not orders:
         return model
     ordered = with_order_edges(model, orders)

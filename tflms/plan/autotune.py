@@ -58,9 +58,9 @@ import numpy as np
 from ..config import LMSConfig
 from ..emulate.simulator import Simulator
 from ..errors import BudgetError, LMSWarning
+from ..ir.decisions import Order, Swap
 from ..ir.graph import GraphModel, TensorInfo, with_orders
 from .candidates import _eligible, _swaps
-from .records import Order, Swap
 from .timing import step_seconds, timeline_model
 
 __all__ = [

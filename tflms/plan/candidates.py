@@ -11,11 +11,11 @@ from collections.abc import Sequence
 
 import networkx as nx
 
+from .._devices import parse as parse_device
+from .._devices import same_device
 from ..config import LMSConfig
-from ..ir.devices import parse as parse_device
-from ..ir.devices import same_device
+from ..ir.decisions import Swap, SwapIn
 from ..ir.graph import ALIAS_OP_TYPES, CONTROL_FLOW_OP_TYPES, GraphModel, TensorInfo
-from .records import Swap, SwapIn
 
 __all__ = [
     "candidate_swaps",

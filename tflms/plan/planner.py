@@ -75,9 +75,10 @@ from .._util import format_bytes, format_sizes, paused_gc
 from ..config import LMSConfig, resolve_budget, resolve_swapout_window
 from ..emulate.simulator import BFC_FIRST_REGION, Simulator
 from ..errors import LMSWarning
+from ..ir.decisions import Fence, Swap
 from ..ir.graph import SUM_OP_TYPES, GraphModel
 from .candidates import EXCLUDED_DTYPES, EXCLUDED_PRODUCER_TYPES, candidate_swaps, is_collective
-from .records import Fence, Swap, SwapPlan
+from .records import SwapPlan
 
 #: Progress of long plans (INFO records); ``tflms plan`` shows them.
 log = logging.getLogger("tflms")

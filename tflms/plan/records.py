@@ -4,6 +4,8 @@ The planner and the rewriter meet only here. A plan can be printed
 (:meth:`SwapPlan.summary`), saved and loaded (:meth:`SwapPlan.to_json`,
 :meth:`SwapPlan.from_json`), edited by hand, compared against a golden, and
 broadcast so that every Horovod rank applies the same plan.
+The decisions it holds (:class:`~tflms.ir.decisions.Swap`, :class:`~tflms.ir.decisions.Recompute`,
+fences, orders, sums, placement stages) are the records of :mod:`tflms.ir.decisions`.
 
 JSON format (``format_version`` 7; version 1, without ``recomputes``, version 2,
 without ``fences``, version 3, without ``orders``, version 4, without ``sums``, version 5,
@@ -65,22 +67,14 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from .._util import format_bytes, format_sizes
-from .passes.sums import Sum
+from ..ir.decisions import Fence, Order, Recompute, Stage, Sum, Swap, SwapIn
 
 if TYPE_CHECKING:
     from ..ir.graph import GraphModel
 
 __all__ = [
-    "SwapIn",
-    "Swap",
-    "Recompute",
-    "Fence",
-    "Order",
-    "Sum",
-    "Stage",
     "SwapPlan",
     "FORMAT_VERSION",
-    "RECOMPUTE_SCOPE",
     "OP_LATENCY",
     "format_bytes",
     "format_sizes",
@@ -92,111 +86,8 @@ FORMAT_VERSION = 7
 #: Plan format versions :meth:`SwapPlan.from_dict` reads (1: before recompute existed; 2: before fences;
 #: 3: before orders; 4: before sums; 5: before tiles; 6: before placement).
 READ_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
-#: Name scope of the ops a recompute adds (clones of forward ops).
-RECOMPUTE_SCOPE = "tflms_recompute"
 #: Fixed cost of one recomputed op in seconds (a kernel launch), in the recompute cost model.
 OP_LATENCY = 5e-6
-
-
-@dataclasses.dataclass(frozen=True)
-class SwapIn:
-    """One swap-in: the consumers it feeds and the op that triggers it.
-
-    ``consumers`` are ``(op_name, input_index)`` pairs; ``level`` is the level of the
-    first consumer; ``trigger`` is ``None`` when no suitable op exists (then the
-    swap-in may run as soon as the swap-out has finished).
-    """
-
-    consumers: tuple[tuple[str, int], ...]
-    trigger: str | None
-    level: int
-    trigger_level: int | None
-
-
-@dataclasses.dataclass(frozen=True)
-class Swap:
-    """One swapped tensor: a swap-out to the host and one or more swap-ins."""
-
-    tensor: str
-    producer: str
-    producer_type: str
-    dtype: str
-    shape: tuple[int | None, ...] | None
-    bytes: int
-    level: int
-    distance: int
-    swap_ins: tuple[SwapIn, ...]
-
-
-@dataclasses.dataclass(frozen=True)
-class Recompute:
-    """One recomputed tensor: its forward producer chain is run again before each group
-    of its backward consumers, instead of swapping it.
-
-    ``ops`` are the forward ops cloned, in execution order; the last is ``producer``.
-    Their other inputs are on the device at the backward pass anyway (weights, small
-    tensors, tensors swapped in for other backward ops). ``groups`` are the consumer
-    groups, each with its own clones and a trigger (a :class:`SwapIn` record: the clones
-    run after ``trigger``). ``work_bytes`` is what one run of the chain reads and writes.
-    """
-
-    tensor: str
-    producer: str
-    ops: tuple[str, ...]
-    bytes: int
-    work_bytes: int
-    level: int
-    distance: int
-    groups: tuple[SwapIn, ...]
-
-    def clone(self, op: str, group: int) -> str:
-        """Name of the clone of ``op`` for consumer group ``group``."""
-        return f"{RECOMPUTE_SCOPE}/{self.producer}/{group}/{op}"
-
-    def clone_tensor(self, tensor: str, group: int) -> str:
-        """Name of the clone of ``tensor`` (an output of one of ``ops``) for group ``group``."""
-        op, _, index = tensor.rpartition(":")
-        return f"{self.clone(op, group)}:{index}"
-
-    def output(self, group: int) -> str:
-        """Name of the tensor that feeds group ``group``'s consumers."""
-        return self.clone_tensor(self.tensor, group)
-
-
-@dataclasses.dataclass(frozen=True)
-class Fence:
-    """An ordering edge: the forward op ``op`` starts only after the swap-out of ``tensor``
-    (a swapped tensor of the same plan) has reached the host. It bounds how far the forward
-    pass runs ahead of the link (see ``Knobs.swapout_window``)."""
-
-    tensor: str
-    op: str
-
-
-@dataclasses.dataclass(frozen=True, order=True)
-class Order:
-    """An ordering edge: ``op`` starts only after ``after`` has run. The memory-aware schedule
-    (``Knobs.serialize``) makes a backward op wait for another, so that two branches of the
-    backward pass do not hold their buffers at the same time; ``LMSConfig.order_updates`` makes
-    a variable's in-place update wait for an op still reading the variable, so that TensorFlow
-    does not copy it (:func:`tflms.plan.passes.schedule.update_orders`)."""
-
-    op: str
-    after: str
-
-
-@dataclasses.dataclass(frozen=True)
-class Stage:
-    """One device of a placement: the ops that run on ``device`` (sorted names) and what the
-    simulator predicts for it: its peak (``peak_bytes``, variables included where they live), its
-    ops' compute time (``compute_seconds``) and the bytes it receives from the other devices per
-    step (``received_bytes``). See :mod:`tflms.plan.passes.place`."""
-
-    device: str
-    ops: tuple[str, ...]
-    peak_bytes: int
-    compute_seconds: float
-    received_bytes: int
 
 
 def recompute_seconds(recomputes: Iterable[Recompute], device_bandwidth: float) -> float:

@@ -26,14 +26,15 @@ import functools
 import os
 from collections.abc import Sequence
 
+from .._devices import same_device
 from ..config import LMSConfig
 from ..emulate.costs import DeviceRates, OpProfile, op_seconds
 from ..emulate.timeline import Link, Timeline, TimelineModel, timed_trigger_time
-from ..ir.devices import same_device
+from ..ir.decisions import Swap, SwapIn
 from ..ir.graph import CONTROL_FLOW_OP_TYPES, GraphModel
 from .candidates import _ancestors_down_to, is_collective
 from .profiles import AUTO_PROFILE
-from .records import Swap, SwapIn, SwapPlan
+from .records import SwapPlan
 from .registry import replay
 
 __all__ = ["link_of", "rates_of", "load_profile", "timeline_model", "step_seconds", "timed_triggers", "plan_timeline"]

@@ -21,12 +21,12 @@ trigger to the group's last consumer. Each swap-in is its own host tensor, so
 each group gets its own transfer (TensorFlow makes one send/receive pair per
 tensor and destination device).
 
-Sums (:class:`~tflms.plan.records.Sum`, ``split_sums``) are applied first: each ``AddN`` becomes a
+Sums (:class:`~tflms.ir.decisions.Sum`, ``split_sums``) are applied first: each ``AddN`` becomes a
 chain of ``AddV2`` ops (:func:`tflms.plan.passes.sums.apply_sums`), which the other decisions name. Tiles
 (``drop_tiles``) come next: the ops that read a left-out ``Tile``'s value are made again under
 ``<op>/tflms_bcast`` with its input (:func:`tflms.plan.passes.tiles.apply_tiles`).
 
-Recomputes (:class:`~tflms.plan.records.Recompute`) are applied next: for each consumer group
+Recomputes (:class:`~tflms.ir.decisions.Recompute`) are applied next: for each consumer group
 a clone of each op of the chain, on the device (or the original op's device), named
 ``tflms_recompute/<producer>/<group>/<op>``, reading the clones before it and the
 original tensors otherwise, with a control input from the group's trigger on every
@@ -38,10 +38,10 @@ same rewrites, and their control input from the trigger keeps them distinct from
 originals, so they survive (``tests/test_recompute.py`` checks both). A swap whose
 consumer is a clone then rewires the clone's input, as for any consumer.
 
-Fences (:class:`~tflms.plan.records.Fence`) are control inputs from a swap-out (on the host) to a
+Fences (:class:`~tflms.ir.decisions.Fence`) are control inputs from a swap-out (on the host) to a
 forward op on the device: TensorFlow's partitioner turns such an edge into a send of a
 control signal after the host's ``Identity`` has its copy, so the op waits for the transfer.
-Orders (:class:`~tflms.plan.records.Order`) are control inputs between two backward ops on the device;
+Orders (:class:`~tflms.ir.decisions.Order`) are control inputs between two backward ops on the device;
 where ``after`` already reaches an op that Grappler's constant push-down rewrites, on ``Identity``
 gates in front of the inputs the op reads after the push-down (see :func:`_implied_orders`).
 
@@ -64,10 +64,11 @@ import networkx as nx
 import tensorflow as tf
 
 from .. import _tf_internal as tfi
+from ..ir.decisions import RECOMPUTE_SCOPE
 from ..plan.passes.sums import apply_sums
 from ..plan.passes.tiles import SUFFIX as TILE_SUFFIX
 from ..plan.passes.tiles import apply_tiles
-from ..plan.records import RECOMPUTE_SCOPE, SwapPlan
+from ..plan.records import SwapPlan
 from ..plan.registry import PASSES
 
 log = logging.getLogger("tflms.passes")
@@ -185,7 +186,7 @@ def apply_offload(graph: Any, ops: Any, host: str, transfers: Any = (), device: 
 
 def apply_placement(graph: Any, placement: Any) -> int:
     """Place each op of ``graph`` on its stage's device (``placement``: the
-    :class:`~tflms.plan.records.Stage` records of a plan, :mod:`tflms.plan.passes.place`), in place;
+    :class:`~tflms.ir.decisions.Stage` records of a plan, :mod:`tflms.plan.passes.place`), in place;
     return how many ops were given a device. TensorFlow's partitioner then sends each tensor that
     crosses devices.
 

@@ -83,8 +83,7 @@ def _check_budget(budget: int, cap: int) -> None:
 def _measured_demo(args: argparse.Namespace, gpu: bool) -> int:
     import tensorflow as tf
 
-    import tflms
-
+    from .. import __version__
     from ..config import parse_bytes
     from .measure import measure
     from .measured import MeasuredResult, oom_message
@@ -101,7 +100,7 @@ def _measured_demo(args: argparse.Namespace, gpu: bool) -> int:
         "device, measured by TensorFlow's BFC allocator; a second TensorFlow process is the host)"
     )
     print(
-        f"tflms {tflms.__version__}, TensorFlow {tf.__version__}, demo {where}.\n"
+        f"tflms {__version__}, TensorFlow {tf.__version__}, demo {where}.\n"
         f"ResNet50 {size}x{size}, batch {batch}, Adam; each run trains {_steps(WARMUP)} of warm-up, "
         f"then measures {_steps(steps)}.\n"
     )

@@ -7,6 +7,7 @@ import pytest
 
 from tflms.config import LMSConfig
 from tflms.emulate.simulator import Simulator
+from tflms.ir.decisions import Stage
 from tflms.ir.graph import GraphModel
 from tflms.plan.passes.place import (
     ELSEWHERE,
@@ -21,7 +22,7 @@ from tflms.plan.passes.place import (
     with_placement,
 )
 from tflms.plan.planner import make_plan
-from tflms.plan.records import Stage, SwapPlan
+from tflms.plan.records import SwapPlan
 from tflms.plan.registry import replay
 
 pytestmark = pytest.mark.unit

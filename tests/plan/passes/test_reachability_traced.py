@@ -14,9 +14,9 @@ import tensorflow as tf
 
 import tflms
 from tflms.emulate.simulator import Simulator
+from tflms.ir.decisions import Order
 from tflms.ir.graph import with_order_edges
 from tflms.plan.passes import schedule
-from tflms.plan.records import Order
 from tflms.testing.zoo import build
 
 pytestmark = pytest.mark.integration

@@ -6,8 +6,8 @@ import pytest
 
 from tflms import LMSConfig, SwapPlan, make_plan
 from tflms.emulate.simulator import Simulator
+from tflms.ir.decisions import RECOMPUTE_SCOPE
 from tflms.plan.passes.recompute import plan_recomputes, recompute_cost, recomputed_model, swap_cost
-from tflms.plan.records import RECOMPUTE_SCOPE
 
 from graphs import bn_relu_model, two_group_model
 

@@ -7,9 +7,9 @@ import pytest
 
 from tflms import BudgetError, LMSConfig, LMSWarning, SwapPlan, make_plan
 from tflms.emulate.simulator import Simulator
+from tflms.ir.decisions import Sum
 from tflms.ir.graph import GraphModel
 from tflms.plan.passes.sums import chain_ops, kernel_groups, splittable_sums, with_split_sums
-from tflms.plan.records import Sum
 
 from graphs import f32, op
 

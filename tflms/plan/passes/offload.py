@@ -65,8 +65,8 @@ import dataclasses
 
 import networkx as nx
 
+from ...ir.decisions import Swap
 from ...ir.graph import GraphModel, op_records, reach
-from ..records import Swap
 from .offload_weights import weight_in_name, weight_side, weight_transfers
 
 __all__ = [

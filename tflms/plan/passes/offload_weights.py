@@ -24,7 +24,7 @@ What the step looks like with the weights offloaded (decided from the step alone
 * the update runs on the host, the weights' assigns included, and each gradient is sent there as
   soon as the backward pass made it (as with ``offload="optimizer"``).
 
-The transfers are :class:`~tflms.plan.records.Swap` records whose producer is on the host: the
+The transfers are :class:`~tflms.ir.decisions.Swap` records whose producer is on the host: the
 tensor is already there, so only their swap-ins exist. :func:`tflms.plan.passes.offload.with_offload`
 makes the graph model of the step so placed for the simulator (each landing a device op that
 allocates the weight's bytes when its swap-in arrives), and
@@ -38,8 +38,8 @@ from collections.abc import Collection
 
 import networkx as nx
 
+from ...ir.decisions import Swap, SwapIn
 from ...ir.graph import CONTROL_FLOW_OP_TYPES, SUM_OP_TYPES, GraphModel
-from ..records import Swap, SwapIn
 
 __all__ = ["AHEAD", "GROUPBY", "WEIGHT_IN_SCOPE", "weight_in_name", "weight_side", "weight_transfers"]
 

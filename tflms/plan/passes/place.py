@@ -32,7 +32,7 @@ on the receiver. The step's arguments are held on ``devices[0]``, where the step
 objective) by dynamic programming over candidate cut positions, and among cuts of the same largest
 peak the one that sends the fewest bytes between devices (the predicted step time's part that the
 placement changes, DLPlacer's second objective: the stages run one after another, so the compute
-time is the same for every cut). The result is a tuple of :class:`tflms.plan.records.Stage`
+time is the same for every cut). The result is a tuple of :class:`tflms.ir.decisions.Stage`
 records, one per device, which a plan holds (``SwapPlan.placement``) and the rewrite applies
 (:func:`tflms.rewrite.apply.apply_placement`).
 
@@ -68,15 +68,16 @@ from collections.abc import Mapping, Sequence
 import networkx as nx
 import numpy as np
 
+from ..._devices import same_device
 from ..._util import format_bytes
 from ...config import LINK_BANDWIDTH, LINK_LATENCY, LMSConfig
 from ...emulate.costs import op_seconds
 from ...emulate.replay import LAG
 from ...emulate.simulator import Simulator
 from ...errors import BudgetError, LMSWarning
-from ...ir.devices import same_device
+from ...ir.decisions import Stage
 from ...ir.graph import ALIAS_OP_TYPES, BACKWARD_SCOPES, GraphModel, op_records
-from ..records import Stage, SwapPlan
+from ..records import SwapPlan
 
 __all__ = [
     "ELSEWHERE",
@@ -354,7 +355,7 @@ def evaluate(
     exact: bool = True,
     host: str | None = None,
 ) -> tuple[Stage, ...]:
-    """The :class:`~tflms.plan.records.Stage` records of the placement ``stage`` (op -> stage index):
+    """The :class:`~tflms.ir.decisions.Stage` records of the placement ``stage`` (op -> stage index):
     per device its ops, predicted peak (the allocator's chunks with ``exact``, else the requested
     bytes) and compute seconds, and the bytes it receives per step. Ops of stage ``len(devices)``
     run on ``host``: their stage comes last, simulated the same way (the host's own peak), when

@@ -41,9 +41,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from ...config import LMSConfig
+from ...ir.decisions import Recompute, Swap, SwapIn
 from ...ir.graph import GraphModel, with_recomputes
 from ..candidates import RESIDENT_OP_TYPES, _find_trigger, buffer_owner, candidate_swaps, group_by_level
-from ..records import Recompute, Swap, SwapIn, link_seconds, recompute_seconds
+from ..records import link_seconds, recompute_seconds
 
 #: The model with recomputes applied (:func:`tflms.ir.graph.with_recomputes`).
 recomputed_model = with_recomputes

@@ -4,7 +4,7 @@ from holding their buffers at the same time (``Knobs.serialize``).
 TensorFlow's executor runs every op whose inputs are ready. Where the backward pass forks
 (a residual block's main and shortcut branches both read the block's output gradient), it
 runs the element-wise BatchNorm gradients of both branches side by side, and both sets of
-full-size temporaries are live at once. An :class:`~tflms.plan.records.Order` makes one branch's
+full-size temporaries are live at once. An :class:`~tflms.ir.decisions.Order` makes one branch's
 ops wait until the op that frees the other branch's buffers has run.
 
 Greedy, on the simulator (:mod:`tflms.emulate.simulator`) with the plan's swaps applied:
@@ -59,15 +59,15 @@ from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
+from ..._devices import device_key
 from ...emulate.fusion import joins_fused
 from ...emulate.simulator import Simulator
-from ...ir.devices import device_key
+from ...ir.decisions import RECOMPUTE_SCOPE, Order
 from ...ir.graph import SUM_OP_TYPES, GraphModel, with_orders
-from ..records import RECOMPUTE_SCOPE, Order
 
 if TYPE_CHECKING:
     from ...config import LMSConfig
-    from ..records import Swap, SwapIn
+    from ...ir.decisions import Swap, SwapIn
 
 __all__ = ["memory_orders", "update_orders", "late_triggers", "finish", "TOP", "MAX_ROUNDS", "MIN_GAIN", "LOOKAHEAD"]
 
@@ -146,8 +146,8 @@ def update_orders(model: GraphModel, host: str | None = None) -> tuple[Order, ..
     >>> update_orders(GraphModel.from_ops(ops))
     (Order(op='adam/update', after='gradient_tape/dx'),)
     """
+    from ..._devices import device_key
     from ...emulate.static import static_of
-    from ...ir.devices import device_key
 
     static = static_of(model, device_key(host) if host else None)
     dag = model.dag
@@ -316,7 +316,7 @@ def late_triggers(
     held), the swap-in is on the device at the peak without being read there. Per round, at the
     position of the predicted peak (requested bytes), each such swap-in gets as trigger the
     last backward op (on the device, not a constant, a shape op or a sum) that the schedule runs
-    before its first consumer, and each of its consumers an :class:`~tflms.plan.records.Order` after
+    before its first consumer, and each of its consumers an :class:`~tflms.ir.decisions.Order` after
     that op, so that the simulator's schedule waits for it as the executor will (through the
     swap-in); a swap-in that feeds a sum keeps its trigger (a control edge on a sum can change
     how Grappler associates it, see :data:`tflms.ir.graph.SUM_OP_TYPES`). A round is kept if

@@ -31,14 +31,13 @@ planner see the step with the chains (:func:`with_split_sums`); the rewrite adds
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from ...ir.decisions import Sum
 from ...ir.graph import GraphModel, op_records
 
 __all__ = [
-    "Sum",
     "ADD_OPS_TAG",
     "SUM_DTYPES",
     "kernel_groups",
@@ -55,16 +54,6 @@ __all__ = [
 ADD_OPS_TAG = "_grappler_ArithmeticOptimizer_AddOpsRewriteStage"
 #: The dtypes of the sums that are split.
 SUM_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
-
-
-@dataclasses.dataclass(frozen=True)
-class Sum:
-    """A sum added as its terms arrive (``LMSConfig.split_sums``): the ``AddN`` op ``op`` becomes a
-    chain of ``AddV2`` ops over ``terms``, in the order Grappler sorts the ``AddN``'s inputs, which
-    is the order the plain step sums them in (this module)."""
-
-    op: str
-    terms: tuple[str, ...]
 
 
 def kernel_groups(n: int) -> list[list[int]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .devices import KNOWN_DEVICE_TYPES, canonical, device_key, parse
+from ._devices import KNOWN_DEVICE_TYPES, canonical, device_key, parse
 
 __all__ = ["check_devices"]
 
