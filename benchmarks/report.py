@@ -1043,6 +1043,39 @@ def recovery_testbed(data: dict) -> str:
     return "\n".join(lines + (["", data["notes"]] if data.get("notes") else []))
 
 
+def margin_testbed(data: dict) -> str:
+    """The learned margin of ``budget="auto"`` per model (``benchmarks/margin_testbed.py``)."""
+    lines = [
+        f"_{data['source']}; cap {data['cap_fraction']} x the plain step's predicted peak; {data['steps']} steps; "
+        f"`{data['command']}`_",
+        "",
+        "| model | batch | cap | plain predicted | first budget | plan predicted | swaps | peak per step "
+        "| measured / predicted | re-plans | result |",
+        "|---|---:|---:|---:|---:|---:|---:|---|---:|---|---|",
+    ]
+    for r in data["rows"]:
+        plans, peaks = r.get("plans") or [], r.get("peaks") or []
+        first = plans[0] if plans else None
+        replans = "; ".join(
+            f"{'learned' if x['failed_peak'] is None else 'out of memory'}: "
+            f"{_mib(x['old_budget']) if x['old_budget'] else 'none'} -> "
+            f"{x['budget'] if isinstance(x['budget'], str) else _mib(x['budget'])}"
+            for x in r.get("replans") or []
+        )
+        result = "trained" if r["status"] == "ok" else f"{r['status']}: every way tried ran out of memory"
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {_mib(r['cap']) if r.get('cap') else '-'} "
+            f"| {_mib(r['predicted_plain']) if r.get('predicted_plain') else '-'} "
+            f"| {_mib(first['budget']) if first else '-'} | {_mib(first['predicted']) if first else '-'} "
+            f"| {first['swaps'] if first else '-'} | {', '.join(f'{p / 2**20:,.1f}' for p in peaks) or '-'} "
+            f"| {max(peaks) / first['predicted']:.2f} | {replans or '-'} | {result} |"
+            if first and peaks
+            else f"| {r['model']} | {r['batch']} | {_mib(r['cap']) if r.get('cap') else '-'} "
+            f"| {_mib(r['predicted_plain']) if r.get('predicted_plain') else '-'} | - | - | - | - | - | - | {result} |"
+        )
+    return "\n".join(lines + (["", data["notes"]] if data.get("notes") else []))
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "pass_speed": pass_speed,
     "capacity": capacity,
@@ -1051,6 +1084,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "testbed_defaults": testbed_defaults,
     "ecosystem_testbed": ecosystem_testbed,
     "recovery_testbed": recovery_testbed,
+    "margin_testbed": margin_testbed,
     "simulator_accuracy": simulator_accuracy,
     "testbed_memory": testbed_memory,
     "testbed_capacity": testbed_capacity,
@@ -1241,6 +1275,15 @@ SECTIONS: list[tuple[str, str, str]] = [
         "uncapped plain run; and the test bed's steps on oneDNN's kernels against TensorFlow's own "
         "(`benchmarks/recovery_testbed.py`). **Measured (test bed)** against **predicted**; step times share the "
         "2 CPU cores with the host process and other jobs.",
+    ),
+    (
+        "margin_testbed",
+        'The learned margin of budget="auto" (test bed)',
+        "Models of the zoo under a real cap of 0.7 x their plain step's predicted peak, `tflms.function` with no "
+        "other option: the budget the first plan was made for (0.9 x the cap), its prediction, each step's "
+        "measured peak, and the re-plans of the closed loop (a learned margin aims the measured peak at 0.95 x "
+        "the cap and re-plans only where that moves the budget by more than 5 %) (`benchmarks/margin_testbed.py`). "
+        "**Measured (test bed)** against **predicted**.",
     ),
     (
         "offload_capacity",
