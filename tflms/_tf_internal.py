@@ -23,7 +23,7 @@ A TensorFlow upgrade that breaks tflms should break only this module, and
   to ``MANUAL`` there, and turns its layout optimizer off where it would convert
   (:func:`layout_converts`).
 * Keras 3 (TensorFlow backend) internals used by ``LMSCallback`` (``keras_*``
-  functions below; pinned by ``tests/test_keras.py``): ``Model._make_function`` and
+  functions below; pinned by ``tests/integrations/test_keras.py``): ``Model._make_function`` and
   ``_jit_compile`` to install the rewritten step, ``_resolve_auto_jit_compile``,
   ``_flatten_layers``/``_symbolic_build`` to build a model before broadcasting it, and
   what Keras's ``train_step`` uses (``_call_has_training_arg``, ``_compute_loss``,
@@ -517,7 +517,8 @@ def op_type_registered(op_type: str) -> bool:
     return op_def_registry.get(op_type) is not None
 
 
-# -- Keras 3 internals (tflms.integrations.keras, tflms.integrations.horovod.callback; pinned in tests/test_keras.py) --
+# -- Keras 3 internals (tflms.integrations.keras, tflms.integrations.horovod.callback;
+#    pinned in tests/integrations/test_keras.py) --
 # Imported inside the functions: a step without Keras never imports it through this module.
 
 

@@ -152,8 +152,7 @@ def _search(
         grid[knobs] = swaps
         peaks = sim.prefix_peaks(swaps)
         # The fast peaks often stay at their minimum over many prefixes while the accurate ones
-        # differ (ResNet50 96² b32, default knobs: 508.5 MiB at the first of them, 495.8 at
-        # the last), so both ends of that plateau are tried.
+        # differ, so both ends of that plateau are tried.
         ends = {int(np.argmin(peaks)), len(peaks) - 1 - int(np.argmin(peaks[::-1]))}
         if knobs == own:  # the plan make_plan gives for these knobs without a budget
             ends.add(len(swaps))
@@ -279,11 +278,9 @@ def _finish_other_knobs(
     fewest swaps first. ``(the first knobs whose finished plan fits or None, the lowest
     finished peak, inf where there was no plan)``.
 
-    Step 5 finishes the plan that was lowest before it, but which plan is lowest once finished
-    is another matter: ResNet50 224² at batch 1,424 (``swap_gradients``, ``split_sums``,
-    ``drop_tiles``, 16 GiB, one process on a CPU), the lowest plan of step 4 finished at 18.1
-    GiB, and the plan of threshold 320 on the step without step 4's orders at 14.9 GiB
-    (predicted).
+    Step 5 finishes the plan that was lowest before it, but the plan lowest before finishing
+    need not be the lowest once finished (another threshold, or the step without step 4's
+    orders, can finish lower), so the others are tried here.
 
     ``tried``: threshold -> finished peak of the plans finished before on the same ``sim`` (by
     :func:`_first_fit`), not finished again."""

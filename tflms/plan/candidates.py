@@ -251,7 +251,7 @@ def _find_trigger(model: GraphModel, consumer: str, target_level: int, producer:
     for its round trip over the link, which the simulator (it has no time) cannot credit.
     A forward tensor's trigger is not checked so: it is a backward op, which in the test
     models always descends from the forward tensor through the loss
-    (``tests/test_useful_swaps.py``), and the check would walk most of the step per tensor.
+    (``tests/plan/test_useful_swaps.py``), and the check would walk most of the step per tensor.
     """
     nodes = model.dag.nodes
     producer_level = nodes[producer]["level"]

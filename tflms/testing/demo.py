@@ -24,15 +24,12 @@ __all__ = ["run_demo", "CAP_FRACTION", "BUDGET_FRACTION", "DEMO_OPTIONS", "WARMU
 
 #: Default cap on the test bed, as a fraction of the plain step's measured peak.
 CAP_FRACTION = 0.75
-#: The autotuner's budget as a fraction of the cap: room for
-#: the simulator's error and for the allocator's holes. At 0.9 (until 2026-11-25) the tflms
-#: step ran out of memory in 2 of 5 fresh-clone runs of ``make run``: its plans were predicted
-#: 521-529 MiB under caps of 572-589 MiB, and measured up to 1.10x their prediction, or ran
-#: out with 438 MiB in use in a fragmented pool.
+#: The autotuner's budget as a fraction of the cap: room for the simulator's error and for the
+#: allocator's holes (a measured peak can exceed its prediction by about 10 %, and a fragmented
+#: pool can fail a request with less than the cap in use).
 BUDGET_FRACTION = 0.85
 #: tflms options of the demo's step, besides the budget: the memory-aware schedule (ordering
-#: edges), which measured 5-10 % lower peaks on the test bed at ResNet50 96² (README,
-#: "Memory-aware schedule"). It is the default since 2026-11-25; named here so that the demo
+#: edges; docs/passes.md, "Memory-aware schedule"). It is the default; named here so that the demo
 #: prints it.
 DEMO_OPTIONS = {"serialize": True}
 #: Steps each run trains before the ``--steps`` it measures: a function's first call also

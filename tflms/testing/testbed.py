@@ -90,11 +90,8 @@ HOST = "/job:worker/replica:0/task:0/device:CPU:0"
 #: How much :func:`connect` lowers the measured process's priority (its nice value) below
 #: the host worker's. Both share this machine's cores, while on a GPU machine the host's
 #: CPU is idle while the device computes; a worker starved by the device's compute takes
-#: the swapped-out tensors late, and the device holds them until they are sent. Measured
-#: on 2 CPUs, the transformer of :mod:`tflms.testing.measure` (batch 16, tflms, predicted 144 MiB),
-#: five processes of five steps after a warm-up each: 141-177 MiB per step, median 165,
-#: at nice 0; 138-173 MiB, median 145, at nice 10. ResNet50 96² batch 32 did not change
-#: beyond its spread (441-512 against 443-494 MiB, two processes each).
+#: the swapped-out tensors late, and the device holds them until they are sent, which raises
+#: the measured peak. A lower priority for the device brings its peaks closer to the prediction.
 DEVICE_NICE = 10
 
 _BFC = "TF_CPU_ALLOCATOR_USE_BFC"

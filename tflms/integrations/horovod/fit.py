@@ -6,7 +6,7 @@ gradients averaged by :func:`tflms.integrations.horovod.allreduce_gradients` bef
 ``optimizer.apply_gradients``: the allreduce is part of the one rewritten graph
 (tflms never swaps Horovod ops nor uses them as swap-in triggers). Everything else
 of :class:`tflms.LMSCallback` (installing the step, XLA, memory logs) is the callback's own;
-pinned by ``tests/test_horovod_keras.py``.
+pinned by ``tests/integrations/test_horovod_keras.py``.
 
 The mode calls the collectives through the package (``tflms.integrations.horovod.<name>``),
 as user code would, so that a test can count them by replacing those names.
@@ -55,7 +55,7 @@ def averaging_train_step(model: keras.Model, data: Any, *, sparse_as_dense: bool
     Horovod) it trains exactly like ``keras.Model.train_step`` (pinned by a test).
     :class:`HorovodLMSCallback` uses it; it can also be passed as
     ``tflms.LMSCallback(train_step=averaging_train_step)``. Also importable from
-    ``tflms.integrations.keras``, where it used to live.
+    ``tflms.integrations.keras``.
 
     Example (inside a traced step; in one process it is Keras's own ``train_step``):
         >>> import keras
