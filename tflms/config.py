@@ -419,6 +419,33 @@ def _check_policy(value: Any) -> frozenset[str]:
     return frozenset(chosen)
 
 
+def _with_passes(policy: Any, passes: Mapping[str, Any]) -> frozenset[str]:
+    """``policy`` with the passes given as booleans (the options of older versions) turned on or
+    off; ``split_sums`` off takes ``drop_tiles``, which needs it, off too unless it is given."""
+    chosen = set(_check_policy(policy))
+    for name, on in passes.items():
+        if not isinstance(on, bool):
+            raise ValueError(f"{name} must be True or False. {_received(name, on)}")
+        (chosen.add if on else chosen.discard)(name)
+    if "drop_tiles" in chosen and "split_sums" not in chosen and "drop_tiles" not in passes:
+        chosen.discard("drop_tiles")
+    return frozenset(chosen)
+
+
+def _pass_option_message(policy: Any, options: Mapping[str, Any], passes: Iterable[str]) -> str:
+    """The error of pass names given as options (``split_sums=False``): the policy to write instead."""
+    given = ", ".join(f"{k}={options[k]!r}" for k in passes)
+    head = f"{given} is not an option: a pass runs where policy names it."
+    try:
+        suggested = sorted(_with_passes(policy, {k: options[k] for k in passes}))
+    except ValueError:  # a value that is not a boolean, or a policy that is not valid itself
+        names = ", ".join(repr(k) for k in passes)
+        return f"{head} Name {names} in policy to run it, e.g. policy=('default', {names}). Received: {given}"
+    off = [repr(k) for k in passes if options[k] is False]
+    without = f": without {', '.join(off)}" if off else ""
+    return f"{head} Write policy={tuple(suggested) if suggested else 'none'!r} instead{without}."
+
+
 @dataclasses.dataclass(frozen=True)
 class LMSConfig:
     """What a user sets: the memory budget, the devices, the passes by name.
@@ -454,8 +481,8 @@ class LMSConfig:
             variables and the step's arguments; then nothing is swapped.
 
     The keyword names of :class:`Knobs` are accepted too (``LMSConfig(swapout_threshold=40)``
-    sets ``knobs.swapout_threshold``), and so are the pass names as booleans
-    (``split_sums=False`` takes the pass out of ``policy``).
+    sets ``knobs.swapout_threshold``). A pass is named in ``policy`` only: a pass name as a
+    boolean option (``split_sums=False``) raises ``TypeError`` saying which policy to write.
     """
 
     budget: int | str | None = "auto"
@@ -490,31 +517,15 @@ class LMSConfig:
         if not isinstance(self.knobs, Knobs):
             raise TypeError(f"knobs must be a tflms.Knobs. {_received('knobs', self.knobs)}")
 
-    # The passes of the policy, as the planner asks for them.
     @property
     def swap_gradients(self) -> bool:
+        """``'swap_gradients' in self.policy`` (kept for :mod:`tflms.plan.candidates`)."""
         return "swap_gradients" in self.policy
 
-    @property
-    def split_sums(self) -> bool:
-        return "split_sums" in self.policy
-
-    @property
-    def drop_tiles(self) -> bool:
-        return "drop_tiles" in self.policy
-
-    @property
-    def order_updates(self) -> bool:
-        return "order_updates" in self.policy
-
-    @property
-    def recompute(self) -> bool:
-        return "recompute" in self.policy
-
     def replace(self, **changes: Any) -> LMSConfig:
-        """A copy with ``changes``: option names, knob names or pass names as booleans.
+        """A copy with ``changes``: option names or knob names.
 
-        >>> LMSConfig().replace(budget="1GiB", swapout_threshold=5, recompute=True).knobs.swapout_threshold
+        >>> LMSConfig().replace(budget="1GiB", swapout_threshold=5).knobs.swapout_threshold
         5
         """
         return LMSConfig.from_options(self, **changes)
@@ -522,14 +533,19 @@ class LMSConfig:
     @classmethod
     def from_options(cls, config: LMSConfig | None = None, **options: Any) -> LMSConfig:
         """Build a config from an optional base ``config`` and keyword overrides (option
-        names, knob names, pass names as booleans). Unknown names raise ``TypeError``."""
+        names, knob names). Unknown names raise ``TypeError``, and so do the pass names as
+        booleans (options of older versions), saying which ``policy`` to write instead:
+        ``recompute=True`` is ``policy=('recompute', 'swap_gradients')`` from the default."""
         if config is not None and not isinstance(config, LMSConfig):
             raise TypeError(f"config must be a tflms.LMSConfig. Received: config={config!r}")
         base = config if config is not None else cls()
         if not options:
             return base
         own = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(options) - own - set(KNOB_NAMES) - set(POLICIES))
+        passes = [k for k in POLICIES if k in options]
+        if passes:
+            raise TypeError(_pass_option_message(options.get("policy", base.policy), options, passes))
+        unknown = sorted(set(options) - own - set(KNOB_NAMES))
         if unknown:
             raise TypeError(
                 f"Unknown LMS option(s): {', '.join(unknown)}. Options: {', '.join(sorted(own))}; the planner's "
@@ -538,19 +554,8 @@ class LMSConfig:
             )
         fields = {k: v for k, v in options.items() if k in own}
         knobs = {k: v for k, v in options.items() if k in KNOB_NAMES}
-        passes = {k: v for k, v in options.items() if k in POLICIES}
         if knobs:
             fields["knobs"] = dataclasses.replace(fields.get("knobs", base.knobs), **knobs)
-        if passes:
-            for name, on in passes.items():
-                if not isinstance(on, bool):
-                    raise ValueError(f"{name} must be True or False. {_received(name, on)}")
-            policy = set(_check_policy(fields.get("policy", base.policy)))
-            policy |= {n for n, on in passes.items() if on}
-            policy -= {n for n, on in passes.items() if not on}
-            if "drop_tiles" in policy and "split_sums" not in policy and "drop_tiles" not in passes:
-                policy.discard("drop_tiles")  # split_sums=False alone takes the pass that needs it out too
-            fields["policy"] = frozenset(policy)
         return dataclasses.replace(base, **fields)
 
     def to_dict(self) -> dict[str, Any]:
@@ -572,12 +577,11 @@ class LMSConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LMSConfig:
-        """Inverse of :meth:`to_dict`; also reads the flat options of older plans (the passes as booleans)."""
-        options = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
-        if "policy" in options:
-            options["policy"] = frozenset(options["policy"])
-        else:  # an older plan: no pass unless its boolean says so
-            options["policy"] = frozenset()
+        """Inverse of :meth:`to_dict`; also reads the flat options of older plans (the passes as
+        booleans, without ``policy``: no pass unless its boolean says so)."""
+        options = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k not in POLICIES}
+        passes = {k: v for k, v in data.items() if k in POLICIES}
+        options["policy"] = _with_passes(options.get("policy", ()), passes)
         return cls.from_options(**options)
 
 
@@ -621,7 +625,7 @@ def resolve_budget(config: LMSConfig, limit: int | None, source: str) -> tuple[L
 
 
 def _init_taking_knobs(init: Any) -> Any:
-    """Wrap the dataclass ``__init__`` so that knob names and pass names are taken as in
+    """Wrap the dataclass ``__init__`` so that knob names are taken as in
     :meth:`LMSConfig.from_options`, and an unknown keyword lists the valid ones."""
     import functools
 

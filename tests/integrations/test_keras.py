@@ -212,7 +212,7 @@ def test_fit_with_tiles_left_out_trains_within_rounding():
     learning rate; which bits change depends on the CPU's kernels)."""
     setup = _compile(zoo.cnn())
     (plain_logs, plain_vars) = _fit(setup, epochs=1, batches=1)
-    cb = LMSCallback(device=DEVICE, split_sums=True, drop_tiles=True, **SMALL)
+    cb = LMSCallback(device=DEVICE, policy=("default", "split_sums", "drop_tiles"), **SMALL)
     (logs, variables) = _fit(setup, [cb], epochs=1, batches=1)
     assert logs == plain_logs
     lr = float(setup.optimizer.learning_rate)

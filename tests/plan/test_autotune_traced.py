@@ -354,7 +354,7 @@ def test_step_5_finishes_other_resnet50_plans_where_the_lowest_one_does_not_fit(
     net = keras.applications.ResNet50(weights=None)
     net.compile(optimizer=keras.optimizers.Adam(1e-4), loss="sparse_categorical_crossentropy")
     model = tflms.GraphModel.from_func_graph(tflms.ir.trace.keras_train_step(net).graph, batch_size=1424)
-    config = LMSConfig(budget="16GiB", swap_gradients=True, split_sums=True, drop_tiles=True)
+    config = LMSConfig(budget="16GiB", policy=("default", "split_sums", "drop_tiles"))
     finished, calls = tflms.plan.autotune._finished_peak, []  # noqa: SLF001 (the step 5 it checks)
 
     def first_misses(sim, knobs):

@@ -390,7 +390,7 @@ def test_swap_gradients_adds_backward_tensors_that_wait_across_a_branch():
     m = GraphModel.from_ops(ops, name="residual_backward")
     options = {"swapout_threshold": 4, "swapin_ahead": 1, "serialize": False, "policy": "none", **NOFILTER}
     assert make_plan(m, LMSConfig(**options)).swaps == ()
-    plan = make_plan(m, LMSConfig(swap_gradients=True, **options))
+    plan = make_plan(m, LMSConfig(**{**options, "policy": "swap_gradients"}))
     (swap,) = plan.swaps
     assert swap.tensor == "gradient_tape/g:0" and swap.swap_ins[0].consumers == (("gradient_tape/addn", 1),)
     assert swap.swap_ins[0].trigger.startswith("gradient_tape/main")

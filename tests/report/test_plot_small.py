@@ -62,7 +62,7 @@ def test_plot_of_a_plan_with_recomputes_maps_the_clones_onto_the_plain_schedule(
     # x, the scale and the offset made in the step, not arguments (held for the whole step): their
     # last reads are clones, so the step's memory drops after the clones ran.
     model = bn_relu_model(scale_type="Const", x_type="RandomStandardNormal", offset_type="Const")
-    plan = make_plan(model, LMSConfig(recompute=True, swapout_threshold=2, min_bytes=0))
+    plan = make_plan(model, LMSConfig(policy=("default", "recompute"), swapout_threshold=2, min_bytes=0))
     assert plan.recomputes
     data = memory_plot_data(model, plan)
     planned = simulate(with_recomputes(model, plan.recomputes), plan.swaps, plan.options["host"])

@@ -237,7 +237,7 @@ def test_updates_wait_for_the_reads_of_their_variable_and_train_within_rounding(
     from tflms.plan.passes.schedule import update_orders
 
     shared = zoo.shared("resnet50")
-    ordered, plan = tflms.optimize(shared.cf, device=DEVICE, order_updates=True, **SWAPS)
+    ordered, plan = tflms.optimize(shared.cf, device=DEVICE, **{**SWAPS, "policy": "order_updates"})
     _, copying = tflms.optimize(shared.cf, device=DEVICE, **SWAPS)  # order_updates=False, the default
     traced = tflms.GraphModel.from_func_graph(shared.cf.graph)
     updates = update_orders(traced)
@@ -358,7 +358,7 @@ def test_swapped_gradients_keep_training_bit_identical(name):
     """``swap_gradients=True``: tensors of the backward pass are swapped too, on top of the
     forward swaps, and the step trains to the same numbers as the plain step."""
     shared = zoo.shared(name)
-    lms, plan = tflms.optimize(shared.cf, device=DEVICE, swap_gradients=True, **SWAPS)
+    lms, plan = tflms.optimize(shared.cf, device=DEVICE, **{**SWAPS, "policy": "swap_gradients"})
     forward = {s.tensor for s in tflms.optimize(shared.cf, device=DEVICE, **SWAPS)[1].swaps}
     traced = tflms.GraphModel.from_func_graph(shared.cf.graph)
     added = [s for s in plan.swaps if s.tensor not in forward]
@@ -504,9 +504,9 @@ def test_the_measured_transformer_trains_bit_identically_with_swaps_recompute_an
 
     losses_plain, vars_plain = run(cf)
     assert vars_plain[0].shape == initial[0].shape and not np.array_equal(vars_plain[0], initial[0])
-    for options in ({}, {"recompute": True}, {"swapout_window": 4}):
+    for options in ({}, {"policy": ("default", "recompute")}, {"swapout_window": 4}):
         new_cf, plan = tflms.optimize(cf, device=DEVICE, host=HOST, **options)
-        assert plan.swaps and bool(plan.recomputes) == ("recompute" in options)
+        assert plan.swaps and bool(plan.recomputes) == ("policy" in options)
         assert bool(plan.fences) == ("swapout_window" in options)
         losses, variables = run(new_cf)
         np.testing.assert_array_equal(losses, losses_plain, err_msg=str(options))
@@ -570,7 +570,7 @@ def test_recompute_is_bit_identical_and_structured(name):
     traced and trained plain steps (``zoo.shared``)."""
     shared = zoo.shared(name)  # its plain step traced and trained once per process
     setup = shared.setup
-    cf, plan = tflms.optimize(shared.cf, device=DEVICE, recompute=True, **SWAPS)
+    cf, plan = tflms.optimize(shared.cf, device=DEVICE, **{**SWAPS, "policy": "recompute"})
     losses_plain, vars_plain = shared.plain_run(3)
     losses_lms, vars_lms = zoo.run_steps(setup, cf, n=3)
     np.testing.assert_array_equal(losses_lms, losses_plain)
@@ -603,7 +603,7 @@ def test_split_sums_train_within_rounding_and_survive_grappler(name):
     from tflms.plan.passes.sums import ADD_OPS_TAG, chain_ops
 
     shared = zoo.shared(name)
-    lms, plan = tflms.optimize(shared.cf, device=DEVICE, split_sums=True, **SWAPS)
+    lms, plan = tflms.optimize(shared.cf, device=DEVICE, **{**SWAPS, "policy": "split_sums"})
     traced = tflms.GraphModel.from_func_graph(shared.cf.graph)
     big = [op for op in traced.dag if traced.dag.nodes[op]["type"] == "AddN" and len(traced.inputs_of[op]) >= 3]
     assert plan.sums and {s.op for s in plan.sums} <= set(big), plan.summary()
@@ -618,7 +618,7 @@ def test_split_sums_train_within_rounding_and_survive_grappler(name):
     optimized = {n.name: n for n in tfi.grappler_optimize(lms, DEVICE).node}
     kept = [n for s in plan.sums for n in chain_ops(s) if n in optimized and optimized[n].op == "AddV2"]
     assert len(kept) == sum(len(chain_ops(s)) for s in plan.sums)
-    again, replan = tflms.optimize(lms, device=DEVICE, split_sums=True, **SWAPS)
+    again, replan = tflms.optimize(lms, device=DEVICE, **{**SWAPS, "policy": "split_sums"})
     # Rewriting twice changes nothing: the step comes back with its own plan, or an empty one.
     assert again is lms and (replan is plan or "already rewritten" in replan.reason)
     _assert_trains_within_rounding(shared, lms)
@@ -633,7 +633,7 @@ def test_dropped_tiles_train_within_rounding_and_survive_grappler(name):
     from tflms.plan.passes.tiles import SUFFIX
 
     shared = zoo.shared(name)
-    lms, plan = tflms.optimize(shared.cf, device=DEVICE, split_sums=True, drop_tiles=True, **SWAPS)
+    lms, plan = tflms.optimize(shared.cf, device=DEVICE, **{**SWAPS, "policy": ("split_sums", "drop_tiles")})
     traced = tflms.GraphModel.from_func_graph(shared.cf.graph)
     tiles = [op for op in traced.dag if traced.dag.nodes[op]["type"] == "Tile"]
     assert plan.tiles and set(plan.tiles) <= set(tiles), plan.summary()
@@ -648,7 +648,7 @@ def test_dropped_tiles_train_within_rounding_and_survive_grappler(name):
     # Grappler prunes the tiles and the old ops, and keeps the ops made again.
     assert not (set(plan.tiles) | {op.name for op in old.values()}) & set(optimized)
     assert {op.name for op in remade} <= set(optimized)
-    again, replan = tflms.optimize(lms, device=DEVICE, split_sums=True, drop_tiles=True, **SWAPS)
+    again, replan = tflms.optimize(lms, device=DEVICE, **{**SWAPS, "policy": ("split_sums", "drop_tiles")})
     assert again is lms and (replan is plan or "already rewritten" in replan.reason)
     _assert_trains_within_rounding(shared, lms)
 
@@ -660,7 +660,7 @@ def test_dropped_broadcasts_of_a_step_traced_with_an_unknown_batch_train_within_
     setup = shared.setup
     spec = [tf.TensorSpec((None, *t.shape[1:]), t.dtype) for t in (setup.x, setup.y)]
     cf = tf.function(setup.step_fn()).get_concrete_function(*spec)
-    lms, plan = tflms.optimize(cf, device=DEVICE, split_sums=True, drop_tiles=True, batch_size=16, **SWAPS)
+    lms, plan = tflms.optimize(cf, device=DEVICE, batch_size=16, **{**SWAPS, "policy": ("split_sums", "drop_tiles")})
     types = {cf.graph.get_operation_by_name(t).type for t in plan.tiles}
     assert len(plan.tiles) == 8 and types == {"BroadcastTo"}, plan.summary()
     _assert_trains_within_rounding(shared, lms)

@@ -500,11 +500,11 @@ def test_peak_anatomy_of_a_plan_with_recomputes_simulates_the_step_as_planned():
     plan's, made in another fresh process."""
     args = {"model": "transformer", "batch": 8}
     r = testbed.run_measured(
-        "tflms.testing.measure:anatomy_step", {**args, "options": {"recompute": True}}, timeout=900
+        "tflms.testing.measure:anatomy_step", {**args, "options": {"policy": ("default", "recompute")}}, timeout=900
     )
     assert r.ok, r.error
     planned = testbed.run_measured(
-        "testbed_jobs:planned_peak", {**args, "recompute": True}, timeout=900, pythonpath=[str(TESTS)]
+        "testbed_jobs:planned_peak", {**args, "policy": ("default", "recompute")}, timeout=900, pythonpath=[str(TESTS)]
     )
     assert planned.ok, planned.error
     assert r.value["predicted"]["peak"] == planned.value

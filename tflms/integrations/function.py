@@ -33,6 +33,7 @@ from ..plan.passes.offload import OffloadDecisions, offload_decisions, with_offl
 from ..plan.planner import empty_plan, make_plan
 from ..plan.profiles import AUTO_PROFILE, auto_profile_path, profile_of_call
 from ..plan.records import SwapPlan, format_bytes
+from ..plan.registry import PASSES
 from ..rewrite.apply import apply_offload, apply_plan, is_rewritten
 from .devices import check_host, device_memory, device_memory_limit, no_device_message, resolve_device
 from .recovery import FALLBACK_REASON, Recovering
@@ -206,7 +207,7 @@ def _optimize(
         config, budget_text = config.replace(budget=limit), f"budget {format_bytes(limit)}: the limit ({source})"
         plan = make_plan(model, resolve_swapout_window(config, device))
     plan = plan.with_budget_text(budget_text)
-    if offload is None and not (plan.swaps or plan.recomputes or plan.orders or plan.sums or plan.tiles):
+    if offload is None and not any(getattr(plan, p.field) for p in PASSES):  # the plan changes nothing
         return concrete_function, plan, None
     if device is None:
         warnings.warn(no_device_message(), LMSWarning, stacklevel=stacklevel)

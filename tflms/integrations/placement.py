@@ -142,7 +142,7 @@ def placed_swap_plan(model: GraphModel, config: LMSConfig, host_ops: Sequence[st
         devices=None,
         host=ELSEWHERE,
         on_budget_miss="best",
-        policy=("swap_gradients",) if config.swap_gradients else "none",
+        policy=config.policy & {"swap_gradients"} or "none",
         swapout_window=None,
     )
     swaps, fences, orders, peaks = [], [], [], []

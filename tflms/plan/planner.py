@@ -39,17 +39,17 @@ Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`
   the simulator's execution order, the producer of the k-th waits for the swap-out of
   the (k - window)-th, when it runs strictly later (several outputs of one op share it)
   and is not an op of :data:`UNFENCED_TYPES`.
-* ``recompute=True`` first takes the candidates that :mod:`tflms.plan.passes.recompute` predicts
+* the pass ``recompute`` (in ``policy``) first takes the candidates that :mod:`tflms.plan.passes.recompute` predicts
   cheaper to recompute than to swap (with the options as given, before any tuning),
   applies them to the model (:func:`tflms.plan.passes.recompute.recomputed_model`), and plans the
   swaps, tuning included, on that model: a recompute's clones are backward consumers
   like any other, and its sources may be swapped. The predicted peak after is the
   simulator's on that model.
-* ``split_sums=True`` first splits the backward pass's ``AddN`` sums of three or more terms
+* ``split_sums`` first splits the backward pass's ``AddN`` sums of three or more terms
   into chains of ``AddV2`` (:mod:`tflms.plan.passes.sums`) and plans everything else on that model.
-* ``drop_tiles=True`` then leaves out the backward pass's ``Tile`` ops whose values the ops
+* ``drop_tiles`` then leaves out the backward pass's ``Tile`` ops whose values the ops
   that read them can broadcast (:mod:`tflms.plan.passes.tiles`), on the step with the sums split.
-* ``order_updates=True`` then makes each in-place variable update wait for the
+* ``order_updates`` then makes each in-place variable update wait for the
   ops still holding a value read from that variable (:func:`tflms.plan.passes.schedule.update_orders`),
   so that TensorFlow does not copy the variable, where the simulator predicts no higher
   plain peak with them; the plan's ``orders`` list these edges first.
@@ -131,13 +131,13 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
                 config.replace(n_tensors=0, on_budget_miss="raise"),
             )
         from .autotune import tune_ordered
-        from .registry import prepare
+        from .registry import PASSES, prepare
 
         stage = _Stages(model)
-        model, sim, decided = prepare(model, config, sim)
-        stage.done(f"passes before the swaps ({', '.join(decided) or 'none'})")
-        sums, tiles, recomputes = decided.get("sums", ()), decided.get("tiles", ()), decided.get("recomputes", ())
-        orders = decided.get("orders", ())
+        model, sim, decided = prepare(model, config, sim)  # {plan field: decisions}
+        names = [p.name for p in PASSES if p.field in decided]
+        stage.done(f"passes before the swaps ({', '.join(names) or 'none'})")
+        orders = decided.pop("orders", ())  # the update orders; the schedule's are added below
         if config.budget is not None:
             config, more, sim = tune_ordered(model, config, sim, plain=before)
             model, orders = sim.model, orders + more  # with the orders, if the budget needed them
@@ -161,7 +161,7 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
             swaps, more, sim = finish(sim, swaps, config)  # sim: of ``model`` (with the budget's orders)
             orders += more
             stage.done(f"memory-aware schedule ({len(more)} ordering edges)")
-        if not swaps and not recomputes and not orders and not sums and not tiles:
+        if not swaps and not orders and not any(decided.values()):
             return empty(
                 f"no tensor qualifies (forward output >= min_bytes={config.knobs.min_bytes} with a backward "
                 f"consumer more than swapout_threshold={config.knobs.swapout_threshold} levels later)"
@@ -177,11 +177,9 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
             peak_bytes_before=before,
             peak_bytes_after=sim.peak(swaps),
             variable_bytes=model.variable_bytes,
-            recomputes=tuple(recomputes),
             fences=fences_for(sim.pos, swaps, config.knobs.swapout_window) if config.knobs.swapout_window else (),
             orders=orders,
-            sums=tuple(sums),
-            tiles=tuple(tiles),
+            **decided,  # the other passes decided before the swaps: sums, tiles, recomputes
         ).with_model(original)
 
 

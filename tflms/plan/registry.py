@@ -9,9 +9,17 @@ drop_tiles     ``tiles``      before the swaps      the gradient of a mean is br
 recompute      ``recomputes`` before the swaps      cheap tensors are recomputed, not swapped
 swaps          ``swaps``      by the autotuner      tensors go to the host and come back, host-gated
 fences         ``fences``     with the swaps        a forward op waits for an earlier swap-out
-orders         ``orders``     before and with them  update orders (``order_updates``), then the
-                                                    memory-aware schedule's orders
+order_updates  ``orders``     before and with them  update orders, then the memory-aware schedule's
+                                                    orders (ordering edges both)
 =============  =============  ====================  ==================================================
+
+A pass's name is its one spelling: the name a ``policy`` gives it (:data:`tflms.config.POLICIES`;
+the passes decided by the autotuner, ``swaps`` and ``fences``, have none), the name in the logs and
+the name of its applier in the rewrite. A plan field is named for the decisions it holds, not for
+the pass: ``sums`` holds :class:`~tflms.Sum` records, ``recomputes`` :class:`~tflms.Recompute`
+records, and ``orders`` the :class:`~tflms.Order` edges of ``order_updates`` followed by those of
+the memory-aware schedule, which is no pass of a policy (it is decided with the swaps, where the
+budget needs it). :data:`POLICY_PASSES` lists the names a policy may turn on.
 
 ``offload="optimizer"`` (:mod:`tflms.plan.passes.offload`) is not a pass of this table: it is an
 option of the step, applied to the step before the planner runs any pass (by ``tflms.function``,
@@ -21,16 +29,17 @@ TensorFlow graph before the plan (:func:`tflms.rewrite.apply.apply_offload`). No
 the passes, :func:`replay` gives each op its stage's device, and the rewrite sets the same devices on
 the TensorFlow graph (:func:`tflms.rewrite.apply.apply_placement`).
 
-A pass that is decided before the swaps runs when its ``policy`` name is in the config's
-policy (:data:`tflms.config.POLICIES`); :func:`prepare` runs them in registry order and logs
-what each changed. :func:`replay` applies a plan's decisions to the graph model it was made
-from, in the same order (the swaps and fences are run by the simulator, not applied). The
-rewrite (:func:`tflms.rewrite.apply.apply_plan`) applies every pass to the TensorFlow graph in
-this order too.
+A pass that is decided before the swaps runs when its name is in the config's policy;
+:func:`prepare` runs them in registry order and logs what each changed. :func:`replay` applies
+a plan's decisions to the graph model it was made from, in the same order (the swaps and fences
+are run by the simulator, not applied). The rewrite (:func:`tflms.rewrite.apply.apply_plan`)
+applies every pass to the TensorFlow graph in this order too.
 
 Example:
     >>> [p.name for p in PASSES]
-    ['split_sums', 'drop_tiles', 'recompute', 'swaps', 'fences', 'orders']
+    ['split_sums', 'drop_tiles', 'recompute', 'swaps', 'fences', 'order_updates']
+    >>> POLICY_PASSES
+    ('split_sums', 'drop_tiles', 'recompute', 'order_updates')
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-from ..config import LMSConfig
+from ..config import POLICIES, LMSConfig
 from ..emulate.simulator import Simulator
 from ..ir.graph import GraphModel, with_orders, with_recomputes
 from .passes.offload import offload_decisions, with_offload
@@ -52,7 +61,7 @@ from .passes.sums import with_split_sums
 from .passes.tiles import with_dropped_tiles
 from .records import SwapPlan
 
-__all__ = ["PASSES", "Pass", "op_count_change", "prepare", "replay"]
+__all__ = ["PASSES", "POLICY_PASSES", "Pass", "op_count_change", "prepare", "replay"]
 
 log = logging.getLogger("tflms.passes")
 
@@ -65,17 +74,16 @@ class Pass:
     """One transform of a step.
 
     Attributes:
-        name: the pass's name (in logs and in the rewrite's table of appliers).
+        name: the pass's name: in a ``policy`` (for a pass with ``prepare``), in logs, and the
+            name of its applier in the rewrite (:class:`tflms.rewrite.apply._Rewrite`).
         field: the :class:`~tflms.SwapPlan` field that holds its decisions.
-        policy: the policy name that turns it on before the swaps; ``None`` when the autotuner
-            decides it with the swaps.
-        prepare: decides the pass on a step before the swaps (``None``: decided with them).
+        prepare: decides the pass on a step before the swaps, where the config's policy names it
+            (``None``: the autotuner decides it with the swaps; no policy names it).
         replay: applies a plan's decisions to the graph model (``None``: the simulator runs them).
     """
 
     name: str
     field: str
-    policy: str | None
     prepare: Prepare | None
     replay: Callable[[GraphModel, Sequence[Any]], GraphModel] | None
 
@@ -112,15 +120,18 @@ def _prepare_orders(
 
 #: The passes, in the order in which they are decided before the swaps and applied.
 PASSES: tuple[Pass, ...] = (
-    Pass("split_sums", "sums", "split_sums", _resimulated(with_split_sums), lambda m, d: with_split_sums(m, d)[0]),
-    Pass(
-        "drop_tiles", "tiles", "drop_tiles", _resimulated(with_dropped_tiles), lambda m, d: with_dropped_tiles(m, d)[0]
-    ),
-    Pass("recompute", "recomputes", "recompute", _prepare_recompute, with_recomputes),
-    Pass("swaps", "swaps", None, None, None),
-    Pass("fences", "fences", None, None, None),
-    Pass("orders", "orders", "order_updates", _prepare_orders, with_orders),
+    Pass("split_sums", "sums", _resimulated(with_split_sums), lambda m, d: with_split_sums(m, d)[0]),
+    Pass("drop_tiles", "tiles", _resimulated(with_dropped_tiles), lambda m, d: with_dropped_tiles(m, d)[0]),
+    Pass("recompute", "recomputes", _prepare_recompute, with_recomputes),
+    Pass("swaps", "swaps", None, None),
+    Pass("fences", "fences", None, None),
+    Pass("order_updates", "orders", _prepare_orders, with_orders),
 )
+#: The passes a ``policy`` may turn on, in registry order: :data:`tflms.config.POLICIES` is these
+#: and ``swap_gradients`` (which adds swap candidates; it changes no step).
+POLICY_PASSES: tuple[str, ...] = tuple(p.name for p in PASSES if p.prepare is not None)
+if set(POLICIES) != {*POLICY_PASSES, "swap_gradients"}:  # config cannot import the registry: checked here
+    raise ImportError(f"tflms.config.POLICIES {POLICIES} do not name the registry's passes {POLICY_PASSES}")
 
 
 def op_count_change(before: GraphModel, after: GraphModel) -> str:
@@ -149,7 +160,7 @@ def prepare(
     a pass changed the step, not one per pass that changes it."""
     decided: dict[str, tuple] = {}
     for p in PASSES:
-        if p.prepare is None or p.policy not in config.policy or (only is not None and p.name not in only):
+        if p.prepare is None or p.name not in config.policy or (only is not None and p.name not in only):
             continue
         before = model
         model, decisions, sim = p.prepare(model, config, sim)

@@ -342,7 +342,8 @@ class _Rewrite:
             tfi.add_control_input(op, self.swapped_out[fence.tensor].op)
         self.counts["fence"] = len(self.plan.fences)
 
-    def orders(self) -> None:
+    def order_updates(self) -> None:
+        """Every ordering edge of ``plan.orders``: the update orders', then the memory-aware schedule's."""
         graph, plan, device, lookup, gates = self.graph, self.plan, self.device, self.lookup, self.gates
         implied = _implied_orders(graph, plan, gates)
         for i, order in enumerate(plan.orders):

@@ -14,11 +14,12 @@ from graphs import bn_relu_model, two_group_model
 pytestmark = pytest.mark.unit
 
 CFG = {"swapout_threshold": 2, "min_bytes": 0, "policy": "none"}
+RECOMPUTE = {**CFG, "policy": "recompute"}
 
 
 def test_a_cheap_chain_over_a_swapped_input_is_recomputed_not_swapped():
     model = bn_relu_model()
-    cfg = LMSConfig(recompute=True, **CFG)
+    cfg = LMSConfig(**RECOMPUTE)
     [rc] = plan_recomputes(model, cfg)
     assert rc.tensor == "r:0" and rc.ops == ("m", "a", "r")
     assert rc.groups[0].trigger == "gradient_tape/g5"
@@ -39,7 +40,7 @@ def test_a_cheap_chain_over_a_swapped_input_is_recomputed_not_swapped():
 
 def test_the_recomputed_model_is_what_the_rewrite_builds():
     model = bn_relu_model()
-    plan = make_plan(model, LMSConfig(recompute=True, **CFG))
+    plan = make_plan(model, LMSConfig(**RECOMPUTE))
     new = recomputed_model(model, plan.recomputes)
     rc = plan.recomputes[0]
     assert new.inputs_of["gradient_tape/rg"] == ["gradient_tape/g5:0", rc.output(0)]
@@ -55,7 +56,7 @@ def test_the_recomputed_model_is_what_the_rewrite_builds():
 
 @pytest.mark.parametrize("cheap", ["StatelessRandomUniformV2", "RandomUniform", "Conv2D"])
 def test_random_stateful_and_costly_producers_are_never_recomputed(cheap):
-    assert plan_recomputes(bn_relu_model(cheap=cheap), LMSConfig(recompute=True, **CFG)) == []
+    assert plan_recomputes(bn_relu_model(cheap=cheap), LMSConfig(**RECOMPUTE)) == []
 
 
 def test_a_chain_needing_a_tensor_that_is_not_there_is_not_recomputed():
@@ -63,36 +64,36 @@ def test_a_chain_needing_a_tensor_that_is_not_there_is_not_recomputed():
     # would need it, and it is gone (and not cheap to make again: a Conv2D made it).
     model = bn_relu_model(scale_type="Conv2D")
     assert model.tensors["s:0"].consumers == (("m", 1),)
-    assert plan_recomputes(model, LMSConfig(recompute=True, swapout_threshold=2, min_bytes=0)) == []
+    assert plan_recomputes(model, LMSConfig(policy=("default", "recompute"), swapout_threshold=2, min_bytes=0)) == []
     # Under min_bytes it is kept until the backward pass, and the chain is recomputed.
-    [rc] = plan_recomputes(model, LMSConfig(recompute=True, swapout_threshold=2, min_bytes=4096))
+    [rc] = plan_recomputes(model, LMSConfig(policy=("default", "recompute"), swapout_threshold=2, min_bytes=4096))
     assert rc.ops == ("m", "a", "r")
 
 
 def test_the_cost_model_decides():
     model = bn_relu_model()
-    cfg = LMSConfig(recompute=True, **CFG)
+    cfg = LMSConfig(**RECOMPUTE)
     [rc] = plan_recomputes(model, cfg)
     [swap] = [s for s in make_plan(model, LMSConfig(**CFG)).swaps if s.tensor == "r:0"]
     assert recompute_cost(rc, [], cfg) < swap_cost(swap, cfg)
     # A slow device (or a fast link) makes the swap cheaper: nothing is recomputed.
-    assert plan_recomputes(model, LMSConfig(recompute=True, device_bandwidth=10**6, **CFG)) == []
-    assert plan_recomputes(model, LMSConfig(recompute=True, link_bandwidth=10**15, link_latency=0.0, **CFG)) == []
-    assert make_plan(model, LMSConfig(recompute=True, device_bandwidth=10**6, **CFG)).recomputes == ()
+    assert plan_recomputes(model, LMSConfig(device_bandwidth=10**6, **RECOMPUTE)) == []
+    assert plan_recomputes(model, LMSConfig(link_bandwidth=10**15, link_latency=0.0, **RECOMPUTE)) == []
+    assert make_plan(model, LMSConfig(device_bandwidth=10**6, **RECOMPUTE)).recomputes == ()
 
 
 def test_recompute_is_off_by_default_and_plans_round_trip():
     model = bn_relu_model()
     assert make_plan(model, LMSConfig(**CFG)).recomputes == ()
-    plan = make_plan(model, LMSConfig(recompute=True, **CFG))
+    plan = make_plan(model, LMSConfig(**RECOMPUTE))
     data = json.loads(plan.to_json())
     assert data["format_version"] == 7 and data["recomputes"][0]["ops"] == ["m", "a", "r"]
     assert SwapPlan.from_json(plan.to_json()) == plan
-    assert make_plan(bn_relu_model(), LMSConfig(recompute=True, **CFG)).to_json() == plan.to_json()
+    assert make_plan(bn_relu_model(), LMSConfig(**RECOMPUTE)).to_json() == plan.to_json()
 
 
 def test_recompute_options_are_validated():
-    with pytest.raises(ValueError, match=r"recompute must be True or False\. Received: recompute='yes'"):
+    with pytest.raises(TypeError, match=r"recompute='yes' is not an option: .*policy=\('default', 'recompute'\)"):
         LMSConfig(recompute="yes")
     with pytest.raises(ValueError, match=r"device_bandwidth .*Received: device_bandwidth=-1"):
         LMSConfig(device_bandwidth=-1)
@@ -109,9 +110,9 @@ def test_every_group_of_clones_is_charged_the_swap_ins_it_causes(late_u):
     assert [len(s.swap_ins) for s in swap_only.values()] == [1, 2]  # u, r
     # With the default link, recomputing r (2 x 3 ops, 30 us) plus that swap-in of u (11 us)
     # costs more than swapping r (3 transfers, 32 us).
-    assert plan_recomputes(model, LMSConfig(recompute=True, **CFG)) == []
+    assert plan_recomputes(model, LMSConfig(**RECOMPUTE)) == []
     # With a slower link's latency (20 us) recomputing is cheaper, and the plan holds that swap-in.
-    cfg = LMSConfig(recompute=True, link_latency=20e-6, **CFG)
+    cfg = LMSConfig(link_latency=20e-6, **RECOMPUTE)
     [rc] = plan_recomputes(model, cfg)
     assert rc.tensor == "r:0" and [g.level for g in rc.groups] == [13, 24]
     plan = make_plan(model, cfg)
@@ -126,7 +127,7 @@ def test_a_chain_input_that_is_not_swapped_must_be_there_for_the_last_group(late
     # Only r may be swapped: u stays on the device until its last read du. The late group's
     # clones read it at level 24, so du must come at or after that.
     model = two_group_model(late_u=late_u)
-    cfg = LMSConfig(recompute=True, **CFG)
+    cfg = LMSConfig(**RECOMPUTE)
     r_only = [s for s in make_plan(model, LMSConfig(**CFG)).swaps if s.tensor == "r:0"]
     found = plan_recomputes(model, cfg, swaps=r_only)
     assert [rc.ops for rc in found] == ([("m", "a", "r")] if late_u else [])

@@ -26,7 +26,7 @@ def test_recompute_plan_round_trips_and_rewrites_the_same():
 
     setup = zoo.cnn()
     cf = tf.function(setup.step_fn()).get_concrete_function(setup.x, setup.y)
-    new_cf, plan = tflms.optimize(cf, device=DEVICE, recompute=True, **SMALL)
+    new_cf, plan = tflms.optimize(cf, device=DEVICE, policy=("default", "recompute"), **SMALL)
     assert plan.recomputes
     loaded = SwapPlan.from_json(plan.to_json())
     assert loaded == plan and loaded.fingerprint() == plan.fingerprint()
@@ -41,7 +41,7 @@ def test_recompute_plan_round_trips_and_rewrites_the_same():
         np.testing.assert_array_equal(a, b)
     check_recomputes(again, loaded)
     # Rewriting twice changes nothing.
-    same_cf, same_plan = tflms.optimize(new_cf, device=DEVICE, recompute=True, **SMALL)
+    same_cf, same_plan = tflms.optimize(new_cf, device=DEVICE, policy=("default", "recompute"), **SMALL)
     assert same_cf is new_cf and same_plan == plan
     # The recomputed model the planner simulated is the one the rewrite built (names and wiring).
     rebuilt = GraphModel.from_func_graph(new_cf.graph)
@@ -59,7 +59,7 @@ def test_the_callbacks_short_summary_counts_the_recomputes():
     from graphs import bn_relu_model
 
     cfg = {"swapout_threshold": 2, "min_bytes": 0}
-    plan = tflms.make_plan(bn_relu_model(), tflms.LMSConfig(recompute=True, **cfg))
+    plan = tflms.make_plan(bn_relu_model(), tflms.LMSConfig(policy=("default", "recompute"), **cfg))
     [rc] = plan.recomputes
     first = short_summary(plan).splitlines()[0]
     assert first.endswith(f"; 1 tensor recomputed ({len(rc.ops) * len(rc.groups)} op clones)"), first

@@ -10,7 +10,7 @@ from tflms.plan import registry
 
 pytestmark = pytest.mark.unit
 
-CONFIG = LMSConfig(split_sums=True, drop_tiles=True, min_bytes=0, swapout_threshold=2)
+CONFIG = LMSConfig(policy=("default", "split_sums", "drop_tiles"), min_bytes=0, swapout_threshold=2)
 
 
 @pytest.mark.parametrize("only", [None, ("split_sums", "drop_tiles")])
