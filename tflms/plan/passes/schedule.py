@@ -33,7 +33,7 @@ now starts each variable's update as soon as its gradient exists, as the executo
 rule is kept (README, "Memory-aware schedule").
 Deterministic: candidates are tried in sorted order and ties keep the first.
 
-:func:`update_orders` (``LMSConfig.order_updates``) makes another kind of ordering edge: each
+:func:`update_orders` (the pass ``order_updates``) makes another kind of ordering edge: each
 in-place variable update waits for the ops still holding a value read from that variable, so
 that TensorFlow does not copy the variable before updating it.
 
@@ -116,7 +116,7 @@ def memory_orders(
 
 def update_orders(model: GraphModel, host: str | None = None) -> tuple[Order, ...]:
     """Ordering edges that make each in-place variable update wait for the ops still holding a
-    value read from that variable (``LMSConfig.order_updates``).
+    value read from that variable (the pass ``order_updates``).
 
     TensorFlow copies a variable before updating it in place while a tensor read from it is
     still held (``PrepareToUpdateVariable``): Adam updates a kernel as soon as its filter

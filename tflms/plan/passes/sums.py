@@ -1,4 +1,4 @@
-"""Sums added as their terms arrive (``split_sums=True``): each large gradient ``AddN`` of
+"""Sums added as their terms arrive (the pass ``split_sums`` of a policy): each large gradient ``AddN`` of
 three or more terms becomes a chain of two-input ``AddV2`` ops, bit-identical to the ``AddN``.
 
 An ``AddN`` runs when its last term exists, so every term waits on the device until then

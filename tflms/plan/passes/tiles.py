@@ -1,4 +1,4 @@
-"""Tiles left out (``drop_tiles=True``): a gradient that a ``Tile`` copies to a full
+"""Tiles left out (the pass ``drop_tiles`` of a policy): a gradient that a ``Tile`` copies to a full
 activation's size is kept at its own size, and the element-wise ops that read it broadcast it.
 
 The gradient of a mean is its incoming gradient tiled back to the input's shape, then divided
@@ -19,7 +19,7 @@ A ``Tile`` is left out only where every op its value reaches, up to a full-sized
 of those four element-wise ops of the backward pass with its other input of a known shape, none
 of them is an output of the step, and no ``AddN`` of three or more inputs reads a made-again op
 (a new name could change Grappler's order of its terms). The input gradient of a BatchNorm is an ``AddN`` of three
-terms, one of them the mean's: so the option needs ``split_sums=True``, whose chains of
+terms, one of them the mean's: so the pass needs ``split_sums`` in the policy too, whose chains of
 ``AddV2`` take the per-channel term as it is (:mod:`tflms.plan.passes.sums`). The planner and the simulator
 see the step with the sums split, then the tiles left out (:func:`with_dropped_tiles`); the
 rewrite applies them in the same order (:func:`apply_tiles`).
