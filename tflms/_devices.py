@@ -47,11 +47,6 @@ class DeviceName(NamedTuple):
     type: str | None
     index: int | None
 
-    @property
-    def is_local(self) -> bool:
-        """True when the string names a device of this process (no job, or job ``localhost``)."""
-        return self.job in (None, LOCAL_JOB)
-
     def to_string(self) -> str:
         """The canonical string: ``/device:TYPE:N`` for a local device given without job,
         else ``/job:J/replica:R/task:T/device:TYPE:N`` (missing replica/task become 0)."""

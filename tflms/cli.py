@@ -417,12 +417,8 @@ def build_horovod(args: argparse.Namespace) -> int:
     return bh.main(args.rest)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``tflms`` console script."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    parser = argparse.ArgumentParser(prog="tflms", description="Large model support for TensorFlow 2.")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_demo(sub: Any) -> None:
+    """The ``demo`` command's parser, on ``sub`` (the subparsers of :func:`_parser`)."""
     p = sub.add_parser("demo", help="ResNet50: the plain step runs out of memory, tflms trains (measured)")
     p.add_argument(
         "--budget",
@@ -446,6 +442,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.set_defaults(func=demo)
 
+
+def _add_plan(sub: Any) -> None:
+    """The ``plan`` command's parser, on ``sub``."""
     p = sub.add_parser("plan", help="plan a model for a batch size (simulator)")
     p.add_argument("model", metavar="MODEL", help="keras.applications name (e.g. ResNet50) or package.module:factory")
     p.add_argument("--batch", type=int, required=True, help="batch size")
@@ -508,15 +507,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--traceback", action="store_true", help="on an error, show the full traceback")
     p.set_defaults(func=plan_cmd)
 
+
+def _add_bench(sub: Any) -> None:
+    """The ``bench`` command's parser, on ``sub``."""
     p = sub.add_parser("bench", help="run a benchmark from benchmarks/ (writes JSON, prints a table)")
     p.add_argument("name", choices=sorted(BENCHMARKS), help="which benchmark")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="options for the benchmark script")
     p.set_defaults(func=bench)
 
+
+def _add_build_horovod(sub: Any) -> None:
+    """The ``build-horovod`` command's parser, on ``sub``."""
     p = sub.add_parser("build-horovod", help="build/install the Horovod wheel (options: build-horovod -- --help)")
     p.add_argument("rest", nargs=argparse.REMAINDER, help="options passed to python -m tflms.tools.build_horovod")
     p.set_defaults(func=build_horovod)
 
+
+#: The commands, in the order ``tflms --help`` lists them: each adds its parser to the subparsers.
+_COMMANDS = (_add_demo, _add_plan, _add_bench, _add_build_horovod)
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The ``tflms`` command line's parser: one subparser per command, its ``func`` the command."""
+    parser = argparse.ArgumentParser(prog="tflms", description="Large model support for TensorFlow 2.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in _COMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tflms`` console script."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    parser = _parser()
     args = parser.parse_args(argv)
     for name in ("batch", "image_size", "steps", "rows", "classes"):
         value = getattr(args, name, None)

@@ -145,12 +145,6 @@ class BFCAllocator:
             self.prev[addr + size] = addr
         bisect.insort(free, (size, addr))
 
-    def _unlink(self, addr: int) -> None:
-        del self.free[bisect.bisect_left(self.free, (self.size[addr], addr))]
-
-    def _forget(self, addr: int) -> None:
-        del self.size[addr], self.used[addr], self.prev[addr], self.region_end[addr]
-
 
 def _rounded(nbytes: int) -> int:
     return max(BFC_ROUND, -(-nbytes // BFC_ROUND) * BFC_ROUND)

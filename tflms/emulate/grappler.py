@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import networkx as nx
 
@@ -142,21 +143,7 @@ def _rewired(model: GraphModel, inputs: dict[str, list[str]]) -> GraphModel:
         for u in old:
             del succ[u][v]
             sources.add(u)
-        edges: dict[str, dict] = {}
-        for name in inputs_of[v]:
-            t = tensors[name]
-            edge = edges.get(t.op)
-            if edge is None:
-                edges[t.op] = {"tensors": (t,), "control": False}
-            else:
-                edge["tensors"] += (t,)
-        for u, edge in old.items():
-            if edge["control"]:
-                if u in edges:
-                    edges[u]["control"] = True
-                else:
-                    edges[u] = {"tensors": (), "control": True}
-        pred[v] = edges
+        pred[v] = edges = _in_edges(inputs_of[v], tensors, old)
         for u, edge in edges.items():
             succ[u][v] = edge
             sources.add(u)
@@ -166,6 +153,26 @@ def _rewired(model: GraphModel, inputs: dict[str, list[str]]) -> GraphModel:
     rewired = dataclasses.replace(model, dag=dag, tensors=tensors, inputs_of=inputs_of)
     rewired._annotate()  # noqa: SLF001 (levels and phases follow the new edges)
     return rewired
+
+
+def _in_edges(inputs: list[str], tensors: dict[str, Any], old: dict[str, dict]) -> dict[str, dict]:
+    """A rewired op's predecessor edges, as from_ops adds them: its data ``inputs``' ops in input
+    order, then the control inputs among its ``old`` edges."""
+    edges: dict[str, dict] = {}
+    for name in inputs:
+        t = tensors[name]
+        edge = edges.get(t.op)
+        if edge is None:
+            edges[t.op] = {"tensors": (t,), "control": False}
+        else:
+            edge["tensors"] += (t,)
+    for u, edge in old.items():
+        if edge["control"]:
+            if u in edges:
+                edges[u]["control"] = True
+            else:
+                edges[u] = {"tensors": (), "control": True}
+    return edges
 
 
 def _has_nested_family(model: GraphModel) -> bool:

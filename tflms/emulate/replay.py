@@ -82,28 +82,7 @@ class _Replay:
         first = np.full(n_roots, -1, dtype=np.int64)  # the buffer is live at least until here
         np.maximum.at(first, arrays.keep_root, at[arrays.keep_op])
         first[arrays.is_argument] = n + LAG
-        # Per buffer its last read, and the one read there if no other read is within
-        # CONCURRENT_READS positions of it (see _last_read): sorted by buffer, then position.
-        read_at = at[arrays.read_op]
-        by = np.lexsort((read_at, arrays.read_root))
-        ends = np.flatnonzero(np.append(np.diff(arrays.read_root[by]) != 0, True)) if by.size else by
-        last = np.full(n_roots, -1, dtype=np.int64)
-        sole = np.full(n_roots, -1, dtype=np.int64)  # index of that read, -1 if none
-        if ends.size:
-            top = by[ends]
-            groups = arrays.read_root[top]
-            last[groups] = read_at[top]
-            second = np.full(ends.size, -1, dtype=np.int64)
-            shared = ends > 0
-            shared[shared] = arrays.read_root[by[ends[shared] - 1]] == groups[shared]
-            second[shared] = read_at[by[ends[shared] - 1]]
-            # An alias op whose output the last read reads (a Reshape before a Softmax) has
-            # finished before it: its read is not concurrent with it.
-            via = np.zeros(ends.size, dtype=bool)
-            via[shared] = arrays.read_op[by[ends[shared] - 1]] == arrays.read_via[top[shared]]
-            second[via] = -1
-            sole[groups] = np.where(second < read_at[top] - CONCURRENT_READS, top, -1)
-
+        last, sole = _last_reads(arrays, at, n_roots)
         # In-place outputs: the read (op, input) whose buffer the op may reuse for its output.
         self.forwarding: set[tuple[str, int]] = set()
         forwarded = np.full(len(arrays.ops), -1, dtype=np.int64)  # op index -> the input it reuses
@@ -270,91 +249,15 @@ class _Replay:
         """
         n = len(self.order)
         spans = self._spans(swaps)
-        copies = self.copies
-        # (position, phase, index): per position, first the buffers that end (0) and the old
-        # chunks of copied variables (1) are freed, then the new buffers (2) and copies (3) made.
-        events = sorted(
-            [(end, 0, k) for k, (_, end, *_) in enumerate(spans)]
-            + [(start, 2, k) for k, (start, *_) in enumerate(spans)]
-            + [(end, 1, k) for k, (_, end, *_) in enumerate(copies)]
-            + [(w, 3, k) for k, (w, *_) in enumerate(copies)]
-        )
         rounded = [_rounded(span[2]) for span in spans]
-        if limit is not None:  # in the peak's currency: the variables count at their bytes, not their chunks'
-            chunks = [_rounded(nbytes) for _, nbytes in self.model.variables] or [_rounded(self.model.variable_bytes)]
-            limit = _rounded(limit + sum(chunks) - self.model.variable_bytes)
-        if self.model.variables:
-            bfc = BFCAllocator(limit=limit)
-            chunk_of = {}
-            for handle, nbytes in self.model.variables:
-                chunk_of[handle or object()] = bfc.alloc(nbytes)
-            resident = bfc.in_use
-        else:
-            bfc, chunk_of, resident = BFCAllocator(self.model.variable_bytes, limit), {}, 0
-        alloc, release, size = bfc.alloc, bfc.release, bfc.size
-        in_place_outputs = self._in_place_outputs
-        # Per buffer, read once for all steps: its bytes, whether its end hands its chunk on, and
-        # whether it is an output written in place (it takes a chunk handed on at its start).
+        bfc, chunk_of, resident = self._allocator(limit)
+        program = self._program(spans)
         nbytes_of = [span[2] for span in spans]
-        hands = [span[3] for span in spans]
-        takes_chunk = [span[5] < 0 and span[4] in in_place_outputs for span in spans]
-        # The events as one program per position, made once for all steps: (code, index) with code
-        # 0 free, 1 hand on (written in place), 2 free a copied variable's old chunk, 3 allocate,
-        # 4 allocate taking a chunk handed on there if it holds the buffer, 5 copy a variable.
-        program: list[tuple[int, list[tuple[int, int]]]] = []
-        last = None
-        for p, phase, k in events:
-            if p != last:
-                ops: list[tuple[int, int]] = []
-                program.append((p, ops))
-                last = p
-            if phase == 0:
-                ops.append((1 if hands[k] else 0, k))
-            elif phase == 2:
-                ops.append((4 if takes_chunk[k] else 3, k))
-            else:
-                ops.append((2 if phase == 1 else 5, k))
         best = np.zeros(n, dtype=np.int64)
         state = None  # the allocator's state after the previous step
         for _ in range(steps):
-            addr = [0] * len(spans)
-            released = [0] * len(copies)  # per copy: the chunk freed at its end
-            marks: list[int] = []  # positions (< n) with events, and the bytes in use after them
-            values: list[int] = []
             held = bfc.in_use - resident  # before the step's first event
-            handed: list[int] = []
-            for p, ops in program:
-                for code, k in ops:
-                    if code == 3:
-                        addr[k] = alloc(nbytes_of[k], rounded[k])
-                    elif code == 0:
-                        release(addr[k])
-                    elif code == 1:
-                        handed.append(addr[k])
-                    elif code == 4:
-                        chunk = handed.pop(0) if handed else None
-                        if chunk is not None and size[chunk] < rounded[k]:
-                            release(chunk)
-                            chunk = None
-                        addr[k] = alloc(nbytes_of[k], rounded[k]) if chunk is None else chunk
-                    elif code == 2:
-                        release(released[k])
-                    else:
-                        _, _, nbytes, _, handle = copies[k]
-                        new = alloc(nbytes)
-                        released[k] = chunk_of.get(handle, new)
-                        if handle in chunk_of:
-                            chunk_of[handle] = new
-                if handed:  # the position is done: chunks handed on that no output took are freed
-                    for chunk in handed:
-                        release(chunk)
-                    handed = []
-                if p < n:
-                    in_use = bfc.in_use - resident
-                    marks.append(p)
-                    values.append(in_use)
-                    if stop is not None and in_use > stop:
-                        break
+            marks, values = _run_step(program, bfc, chunk_of, self.copies, nbytes_of, rounded, resident, n, stop)
             # Each position holds what the last position with events left.
             filled = np.zeros(n, dtype=np.int64)
             filled[marks] = np.arange(1, len(marks) + 1)
@@ -375,6 +278,56 @@ class _Replay:
                 break
             state = after
         return best
+
+    def _allocator(self, limit: int | None) -> tuple[BFCAllocator, dict[Any, int], int]:
+        """``(allocator, chunk per variable handle, resident bytes)``: the variables placed first, as
+        :meth:`_allocated` starts its steps; ``limit`` in the peak's currency (variables at their bytes)."""
+        if limit is not None:  # in the peak's currency: the variables count at their bytes, not their chunks'
+            chunks = [_rounded(nbytes) for _, nbytes in self.model.variables] or [_rounded(self.model.variable_bytes)]
+            limit = _rounded(limit + sum(chunks) - self.model.variable_bytes)
+        if not self.model.variables:
+            return BFCAllocator(self.model.variable_bytes, limit), {}, 0
+        bfc = BFCAllocator(limit=limit)
+        chunk_of = {}
+        for handle, nbytes in self.model.variables:
+            chunk_of[handle or object()] = bfc.alloc(nbytes)
+        return bfc, chunk_of, bfc.in_use
+
+    def _program(
+        self, spans: Sequence[tuple[int, int, int, bool, str, int]]
+    ) -> list[tuple[int, list[tuple[int, int]]]]:
+        """The events of :meth:`_allocated` as one program per position, made once for all steps:
+        ``(position, [(code, index), ...])`` with code 0 free, 1 hand on (written in place), 2 free a
+        copied variable's old chunk, 3 allocate, 4 allocate taking a chunk handed on there if it
+        holds the buffer, 5 copy a variable (``index`` into ``spans`` or :attr:`copies`)."""
+        copies = self.copies
+        # (position, phase, index): per position, first the buffers that end (0) and the old
+        # chunks of copied variables (1) are freed, then the new buffers (2) and copies (3) made.
+        events = sorted(
+            [(end, 0, k) for k, (_, end, *_) in enumerate(spans)]
+            + [(start, 2, k) for k, (start, *_) in enumerate(spans)]
+            + [(end, 1, k) for k, (_, end, *_) in enumerate(copies)]
+            + [(w, 3, k) for k, (w, *_) in enumerate(copies)]
+        )
+        in_place_outputs = self._in_place_outputs
+        # Per buffer: whether its end hands its chunk on, and whether it is an output written in
+        # place (it takes a chunk handed on at its start).
+        hands = [span[3] for span in spans]
+        takes_chunk = [span[5] < 0 and span[4] in in_place_outputs for span in spans]
+        program: list[tuple[int, list[tuple[int, int]]]] = []
+        last = None
+        for p, phase, k in events:
+            if p != last:
+                ops: list[tuple[int, int]] = []
+                program.append((p, ops))
+                last = p
+            if phase == 0:
+                ops.append((1 if hands[k] else 0, k))
+            elif phase == 2:
+                ops.append((4 if takes_chunk[k] else 3, k))
+            else:
+                ops.append((2 if phase == 1 else 5, k))
+        return program
 
     def live(self, position: int, swaps: Sequence[Swap] = ()) -> list[tuple[str, int]]:
         """See :meth:`Simulator.live`; ``position`` in ``self.order``."""
@@ -484,3 +437,86 @@ class _Replay:
             swap_in_steps=tuple(self._swap_in_span(s, si)[0] for s in swaps for si in s.swap_ins),
             requested=np.cumsum(self._delta(swaps)[:n]),
         )
+
+
+def _run_step(
+    program: list[tuple[int, list[tuple[int, int]]]],
+    bfc: BFCAllocator,
+    chunk_of: dict[Any, int],
+    copies: Sequence[tuple[int, int, int, str, str]],
+    nbytes_of: Sequence[int],
+    rounded: Sequence[int],
+    resident: int,
+    n: int,
+    stop: int | None,
+) -> tuple[list[int], list[int]]:
+    """One step of :meth:`_Replay._allocated`: ``program`` (:meth:`_Replay._program`) run on ``bfc``.
+
+    Returns ``(marks, values)``: the positions (< ``n``) with events, and the bytes in use after
+    them (``resident`` left out); up to the first position above ``stop``, if one is."""
+    alloc, release, size = bfc.alloc, bfc.release, bfc.size
+    addr = [0] * len(nbytes_of)
+    released = [0] * len(copies)  # per copy: the chunk freed at its end
+    marks: list[int] = []  # positions (< n) with events, and the bytes in use after them
+    values: list[int] = []
+    handed: list[int] = []
+    for p, ops in program:
+        for code, k in ops:
+            if code == 3:
+                addr[k] = alloc(nbytes_of[k], rounded[k])
+            elif code == 0:
+                release(addr[k])
+            elif code == 1:
+                handed.append(addr[k])
+            elif code == 4:
+                chunk = handed.pop(0) if handed else None
+                if chunk is not None and size[chunk] < rounded[k]:
+                    release(chunk)
+                    chunk = None
+                addr[k] = alloc(nbytes_of[k], rounded[k]) if chunk is None else chunk
+            elif code == 2:
+                release(released[k])
+            else:
+                _, _, nbytes, _, handle = copies[k]
+                new = alloc(nbytes)
+                released[k] = chunk_of.get(handle, new)
+                if handle in chunk_of:
+                    chunk_of[handle] = new
+        if handed:  # the position is done: chunks handed on that no output took are freed
+            for chunk in handed:
+                release(chunk)
+            handed = []
+        if p < n:
+            in_use = bfc.in_use - resident
+            marks.append(p)
+            values.append(in_use)
+            if stop is not None and in_use > stop:
+                break
+    return marks, values
+
+
+def _last_reads(arrays: Any, at: np.ndarray, n_roots: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per buffer (root) its last read's position (-1 if none), and the index of the one read there
+    if no other read is within :data:`CONCURRENT_READS` positions of it, else -1 (see
+    :meth:`_Replay._last_read`); ``at`` maps op indices to schedule positions."""
+    # Sorted by buffer, then position.
+    read_at = at[arrays.read_op]
+    by = np.lexsort((read_at, arrays.read_root))
+    ends = np.flatnonzero(np.append(np.diff(arrays.read_root[by]) != 0, True)) if by.size else by
+    last = np.full(n_roots, -1, dtype=np.int64)
+    sole = np.full(n_roots, -1, dtype=np.int64)  # index of that read, -1 if none
+    if ends.size:
+        top = by[ends]
+        groups = arrays.read_root[top]
+        last[groups] = read_at[top]
+        second = np.full(ends.size, -1, dtype=np.int64)
+        shared = ends > 0
+        shared[shared] = arrays.read_root[by[ends[shared] - 1]] == groups[shared]
+        second[shared] = read_at[by[ends[shared] - 1]]
+        # An alias op whose output the last read reads (a Reshape before a Softmax) has
+        # finished before it: its read is not concurrent with it.
+        via = np.zeros(ends.size, dtype=bool)
+        via[shared] = arrays.read_op[by[ends[shared] - 1]] == arrays.read_via[top[shared]]
+        second[via] = -1
+        sole[groups] = np.where(second < read_at[top] - CONCURRENT_READS, top, -1)
+    return last, sole

@@ -52,7 +52,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..ir.graph import GraphModel
 
@@ -206,59 +206,14 @@ class TimelineModel:
             raise ValueError("a timeline with swaps needs a link. Received: link=None")
         if in_time and self._plain_start is None:
             self._plain_start = self.run().start
-        index, order = self._index, self.order
+        order = self.order
         n = len(order)
         start = [0.0] * n
         end = [0.0] * n
         stall = {}
-        # What each op position does besides computing.
-        outs_at: dict[int, list[int]] = {}  # producer -> swaps whose swap-out it requests
-        ins_at: dict[int, list[tuple[int, int]]] = {}  # trigger -> swap-ins it requests
-        untriggered: dict[int, list[tuple[int, int]]] = {}  # swap index -> swap-ins requested at its landing
-        needs: dict[int, list[tuple[int, int]]] = {}  # consumer -> swap-ins it reads
-        waits_out: dict[int, list[int]] = {}  # fenced op -> swap-outs it waits for
-        by_tensor = {s.tensor: k for k, s in enumerate(swaps)}
-        not_before: dict[tuple[int, int], float] = {}
-        for k, s in enumerate(swaps):
-            outs_at.setdefault(index[s.producer], []).append(k)
-            for j, si in enumerate(s.swap_ins):
-                if in_time:
-                    first = min(self._plain_start[c] for c, _ in si.consumers)  # type: ignore[index]
-                    not_before[(k, j)] = first - link.seconds(s.bytes, "to_device")  # type: ignore[union-attr]
-                    untriggered.setdefault(k, []).append((k, j))
-                elif si.trigger is None:
-                    untriggered.setdefault(k, []).append((k, j))
-                else:
-                    ins_at.setdefault(index[si.trigger], []).append((k, j))
-                for c, _ in si.consumers:
-                    needs.setdefault(index[c], []).append((k, j))
-        for f in fences:
-            waits_out.setdefault(index[f.op], []).append(by_tensor[f.tensor])
-        out_done: dict[int, float] = {}
-        in_done: dict[tuple[int, int], float] = {}
-        pending: list[tuple[float, int, int, int]] = []  # (requested, sequence, swap, swap-in): the h2d queue
-        seq = 0
-        d2h_free = h2d_free = 0.0
-        transfers_out: list[Transfer] = []
-        transfers_in: list[Transfer] = []
-
-        def request_in(k: int, j: int, at: float) -> None:
-            nonlocal seq
-            heapq.heappush(pending, (at, seq, k, j))
-            seq += 1
-
-        def land_until(key: tuple[int, int] | None) -> None:
-            """Move queued swap-ins over the host-to-device engine, in the order requested,
-            until ``key`` has landed (``None``: all of them)."""
-            nonlocal h2d_free
-            while pending and (key is None or key not in in_done):
-                at, _, k, j = heapq.heappop(pending)
-                s = swaps[k]
-                begin = max(at, h2d_free)
-                h2d_free = begin + link.seconds(s.bytes, "to_device")  # type: ignore[union-attr]
-                in_done[(k, j)] = h2d_free
-                transfers_in.append(Transfer(s.tensor, j, s.bytes, at, begin, h2d_free))
-
+        outs_at, ins_at, untriggered, needs, waits_out, not_before = self._events(swaps, fences, link, in_time)
+        engines = _Engines(swaps, link)
+        in_done, out_done = engines.in_done, engines.out_done
         free = [0.0] * self.streams  # when each compute stream is free
         for i in range(n):
             lane = min(range(len(free)), key=free.__getitem__)
@@ -269,7 +224,7 @@ class TimelineModel:
             waited = ready
             for key in needs.get(i, ()):
                 if key not in in_done:
-                    land_until(key)
+                    engines.land_until(key)
                 if in_done[key] > waited:
                     waited = in_done[key]
             for k in waits_out.get(i, ()):
@@ -279,27 +234,99 @@ class TimelineModel:
             start[i] = waited
             end[i] = free[lane] = waited + self._seconds[i]
             for k in outs_at.get(i, ()):
-                s = swaps[k]
-                begin = max(end[i], d2h_free)
-                d2h_free = out_done[k] = begin + link.seconds(s.bytes, "to_host")  # type: ignore[union-attr]
-                transfers_out.append(Transfer(s.tensor, None, s.bytes, end[i], begin, d2h_free))
+                landed = engines.swap_out(k, end[i])
                 for kj in untriggered.get(k, ()):
-                    request_in(*kj, max(d2h_free, not_before.get(kj, 0.0)))
+                    engines.request_in(*kj, max(landed, not_before.get(kj, 0.0)))
             for k, j in ins_at.get(i, ()):
                 if k not in out_done:
                     raise ValueError(
                         f"the swap-in of {swaps[k].tensor!r} is triggered by {order[i]!r}, which runs before the "
                         f"tensor's producer {swaps[k].producer!r}: check the plan's triggers"
                     )
-                request_in(k, j, max(end[i], out_done[k]))
-        land_until(None)
+                engines.request_in(k, j, max(end[i], out_done[k]))
+        engines.land_until(None)
         return Timeline(
             start=dict(zip(order, start)),
             end=dict(zip(order, end)),
             stall=stall,
-            transfers=tuple(transfers_out + transfers_in),
+            transfers=tuple(engines.transfers_out + engines.transfers_in),
             compute_seconds=self.compute_seconds,
         )
+
+    def _events(self, swaps: Sequence[Swap], fences: Sequence[Fence], link: Link | None, in_time: bool) -> _Events:
+        """What each op position of :meth:`run` does besides computing (see :class:`_Events`)."""
+        index = self._index
+        events = _Events({}, {}, {}, {}, {}, {})
+        outs_at, ins_at, untriggered, needs = events.outs_at, events.ins_at, events.untriggered, events.needs
+        for k, s in enumerate(swaps):
+            outs_at.setdefault(index[s.producer], []).append(k)
+            for j, si in enumerate(s.swap_ins):
+                if in_time:
+                    first = min(self._plain_start[c] for c, _ in si.consumers)  # type: ignore[index]
+                    events.not_before[(k, j)] = first - link.seconds(s.bytes, "to_device")  # type: ignore[union-attr]
+                    untriggered.setdefault(k, []).append((k, j))
+                elif si.trigger is None:
+                    untriggered.setdefault(k, []).append((k, j))
+                else:
+                    ins_at.setdefault(index[si.trigger], []).append((k, j))
+                for c, _ in si.consumers:
+                    needs.setdefault(index[c], []).append((k, j))
+        by_tensor = {s.tensor: k for k, s in enumerate(swaps)}
+        for f in fences:
+            events.waits_out.setdefault(index[f.op], []).append(by_tensor[f.tensor])
+        return events
+
+
+class _Events(NamedTuple):
+    """What each op position of :meth:`TimelineModel.run` does besides computing (positions and
+    swaps are indices into the order and the swaps; a swap-in is ``(swap, swap-in)``)."""
+
+    outs_at: dict[int, list[int]]  # producer -> swaps whose swap-out it requests
+    ins_at: dict[int, list[tuple[int, int]]]  # trigger -> swap-ins it requests
+    untriggered: dict[int, list[tuple[int, int]]]  # swap index -> swap-ins requested at its landing
+    needs: dict[int, list[tuple[int, int]]]  # consumer -> swap-ins it reads
+    waits_out: dict[int, list[int]]  # fenced op -> swap-outs it waits for
+    not_before: dict[tuple[int, int], float]  # with in_time: per swap-in, no request before this
+
+
+class _Engines:
+    """The copy engines of one :meth:`TimelineModel.run`: swap-outs over the device-to-host engine
+    as their producers end, swap-ins over the host-to-device engine in the order requested."""
+
+    def __init__(self, swaps: Sequence[Swap], link: Link | None) -> None:
+        self.swaps, self.link = swaps, link
+        self.out_done: dict[int, float] = {}
+        self.in_done: dict[tuple[int, int], float] = {}
+        self.pending: list[tuple[float, int, int, int]] = []  # (requested, sequence, swap, swap-in): the h2d queue
+        self.seq = 0
+        self.d2h_free = self.h2d_free = 0.0
+        self.transfers_out: list[Transfer] = []
+        self.transfers_in: list[Transfer] = []
+
+    def swap_out(self, k: int, at: float) -> float:
+        """Move swap ``k``'s swap-out, requested at ``at``, over the device-to-host engine; when it landed."""
+        s = self.swaps[k]
+        begin = max(at, self.d2h_free)
+        self.d2h_free = self.out_done[k] = begin + self.link.seconds(s.bytes, "to_host")  # type: ignore[union-attr]
+        self.transfers_out.append(Transfer(s.tensor, None, s.bytes, at, begin, self.d2h_free))
+        return self.d2h_free
+
+    def request_in(self, k: int, j: int, at: float) -> None:
+        """Queue swap-in ``j`` of swap ``k``, requested at ``at``."""
+        heapq.heappush(self.pending, (at, self.seq, k, j))
+        self.seq += 1
+
+    def land_until(self, key: tuple[int, int] | None) -> None:
+        """Move queued swap-ins over the host-to-device engine, in the order requested,
+        until ``key`` has landed (``None``: all of them)."""
+        pending, in_done = self.pending, self.in_done
+        while pending and (key is None or key not in in_done):
+            at, _, k, j = heapq.heappop(pending)
+            s = self.swaps[k]
+            begin = max(at, self.h2d_free)
+            self.h2d_free = begin + self.link.seconds(s.bytes, "to_device")  # type: ignore[union-attr]
+            in_done[(k, j)] = self.h2d_free
+            self.transfers_in.append(Transfer(s.tensor, j, s.bytes, at, begin, self.h2d_free))
 
 
 def timeline(

@@ -151,7 +151,29 @@ def max_batch_size(
         >>> r.without_lms < r.with_lms <= r.bound
         True
     """
-    cfg = LMSConfig.from_options(config, **options)
+    cfg, budget = _budget_of(budget, LMSConfig.from_options(config, **options))
+    _check_limit(limit)
+    if not isinstance(bound, bool):
+        raise ValueError(f"bound must be True or False. Received: bound={bound!r}")
+    graph_of = _checked_source(step, "max_batch_size")
+    if cfg.offload is not None:  # every size as the step runs with the offload: the update on the host
+        traced_of = graph_of
+        graph_of = lambda batch: offloaded(traced_of(batch), cfg)  # noqa: E731
+    search = _CapacitySearch(graph_of, cfg, budget)
+    without = _largest_within(search.plain_peak, budget, limit, rel_tol, start=32)
+    with_lms = largest_fitting(search.fits_with, limit, rel_tol)
+    return BatchSizeResult(
+        budget=budget,
+        without_lms=without,
+        with_lms=with_lms,
+        limit=limit,
+        bound=_bound(search.planned_of, budget, limit, with_lms) if bound else None,
+    )
+
+
+def _budget_of(budget: int | str | None, cfg: LMSConfig) -> tuple[LMSConfig, int]:
+    """``(cfg, budget in bytes)`` of :func:`max_batch_size`'s ``budget`` argument and ``cfg.budget``
+    (``'auto'`` dropped: no device to read a limit from); a ``ValueError`` for none, or two that differ."""
     if cfg.budget == "auto":  # no device to read a limit from: the budget argument decides
         cfg = cfg.replace(budget=None)
     if budget is None:
@@ -164,82 +186,76 @@ def max_batch_size(
             f"max_batch_size got two budgets: budget={budget} and config.budget={cfg.budget}. "
             "Pass one of them (or the same value)."
         )
-    _check_limit(limit)
-    if not isinstance(bound, bool):
-        raise ValueError(f"bound must be True or False. Received: bound={bound!r}")
-    graph_of = _checked_source(step, "max_batch_size")
-    if cfg.offload is not None:  # every size as the step runs with the offload: the update on the host
-        traced_of = graph_of
-        graph_of = lambda batch: offloaded(traced_of(batch), cfg)  # noqa: E731
+    return cfg, budget
 
-    def planned_of(batch: int) -> Simulator:
+
+class _CapacitySearch:
+    """The predicates :func:`max_batch_size` searches on, per batch size, with what they learnt so far."""
+
+    def __init__(self, graph_of: Callable[[int], GraphModel], cfg: LMSConfig, budget: int) -> None:
+        self.graph_of, self.cfg, self.budget = graph_of, cfg, budget
+        self.plain_fits: dict[int, bool] = {}  # per batch size: the plain step fits
+        self.lms_fits: dict[int, bool] = {}  # per batch size: the plain step or some plan of the autotuner fits
+        # Thresholds of the plans of step 5 that fitted at the last batch sizes, latest first.
+        self.fitted: list[int] = []
+        self.plain_peaks: dict[int, int] = {}  # per batch size: the plain step's predicted peak
+
+    def planned_of(self, batch: int) -> Simulator:
         """A simulator of the step the bound is searched on: the policy's passes that change what
         the step holds (split sums, tiles left out) applied, as the planner applies them. Those two
         passes read no simulator: one is made of the last step only (``prepare`` without one)."""
-        return prepare(graph_of(batch), cfg, None, only=("split_sums", "drop_tiles"))[1]
+        return prepare(self.graph_of(batch), self.cfg, None, only=("split_sums", "drop_tiles"))[1]
 
-    plain_fits: dict[int, bool] = {}  # per batch size: the plain step fits
-    lms_fits: dict[int, bool] = {}  # per batch size: the plain step or some plan of the autotuner fits
-    fitted: list[int] = []  # thresholds of the plans of step 5 that fitted at the last batch sizes, latest first
-
-    plain_peaks: dict[int, int] = {}  # per batch size: the plain step's predicted peak
-
-    def plain_peak(batch: int) -> int:
+    def plain_peak(self, batch: int) -> int:
         """The plain step's predicted peak at this batch size (what :func:`_largest_within` searches on)."""
-        if batch not in plain_peaks:
+        if batch not in self.plain_peaks:
             peak = [0]
 
             def fits() -> bool:
-                peak[0] = Simulator(graph_of(batch), cfg.host).peak()
-                return peak[0] <= budget
+                peak[0] = Simulator(self.graph_of(batch), self.cfg.host).peak()
+                return peak[0] <= self.budget
 
-            plain_fits[batch] = _timed(batch, "without", fits)
-            plain_peaks[batch] = peak[0]
-        return plain_peaks[batch]
+            self.plain_fits[batch] = _timed(batch, "without", fits)
+            self.plain_peaks[batch] = peak[0]
+        return self.plain_peaks[batch]
 
-    def fits_without(batch: int) -> bool:
+    def fits_without(self, batch: int) -> bool:
         """Whether the plain step fits at this batch size."""
-        if batch not in plain_fits:
-            plain_fits[batch] = _timed(
-                batch, "without", lambda: Simulator(graph_of(batch), cfg.host).peak(above=budget) <= budget
+        if batch not in self.plain_fits:
+            self.plain_fits[batch] = _timed(
+                batch,
+                "without",
+                lambda: Simulator(self.graph_of(batch), self.cfg.host).peak(above=self.budget) <= self.budget,
             )
-        return plain_fits[batch]
+        return self.plain_fits[batch]
 
-    def fits_with(batch: int) -> bool:
+    def fits_with(self, batch: int) -> bool:
         """Whether the plain step or some plan of the autotuner fits at this batch size: the
         autotuner's search runs only for the batch sizes the search with LMS asks about, and the
         plain step is checked where no plan fits (or known to fit from the search without LMS)."""
-        if batch not in lms_fits and batch <= max((b for b, fit in plain_fits.items() if fit), default=0):
-            lms_fits[batch] = True  # the plain step fits there (it fits at a batch at least as large)
-        if batch not in lms_fits:
+        known = self.lms_fits
+        if batch not in known and batch <= max((b for b, fit in self.plain_fits.items() if fit), default=0):
+            known[batch] = True  # the plain step fits there (it fits at a batch at least as large)
+        if batch not in known:
+            known[batch] = _timed(batch, "with", lambda: self._some_plan_fits(batch))
+        return known[batch]
 
-            def some_plan_fits() -> bool:
-                model = graph_of(batch)  # made again: the plain step's model is not kept
-                # The step make_plan plans on; one simulator, of it (none of the steps before each pass).
-                model, sim, *_ = prepare(model, cfg, None)
-                if sim.floor()[0] <= budget:  # else no plan's peak is below it: nothing to search
-                    # The plans of step 5 that fitted at the last batch sizes are tried first (they
-                    # often fit again): the answer is the search's either way (serialized_search's ``first``).
-                    tuned, *_, lowest = serialized_search(model, cfg, sim, budget, exists_only=True, first=fitted)
-                    if tuned is not None:
-                        if lowest is None:  # it fitted only with orders (steps 4 and 5)
-                            threshold = tuned.knobs.swapout_threshold
-                            fitted[:] = [threshold, *(t for t in fitted if t != threshold)][:3]
-                        return True
-                return fits_without(batch)
-
-            lms_fits[batch] = _timed(batch, "with", some_plan_fits)
-        return lms_fits[batch]
-
-    without = _largest_within(plain_peak, budget, limit, rel_tol, start=32)
-    with_lms = largest_fitting(fits_with, limit, rel_tol)
-    return BatchSizeResult(
-        budget=budget,
-        without_lms=without,
-        with_lms=with_lms,
-        limit=limit,
-        bound=_bound(planned_of, budget, limit, with_lms) if bound else None,
-    )
+    def _some_plan_fits(self, batch: int) -> bool:
+        """Whether some plan of the autotuner fits at this batch size, else whether the plain step does."""
+        model = self.graph_of(batch)  # made again: the plain step's model is not kept
+        # The step make_plan plans on; one simulator, of it (none of the steps before each pass).
+        model, sim, *_ = prepare(model, self.cfg, None)
+        if sim.floor()[0] <= self.budget:  # else no plan's peak is below it: nothing to search
+            # The plans of step 5 that fitted at the last batch sizes are tried first (they
+            # often fit again): the answer is the search's either way (serialized_search's ``first``).
+            fitted = self.fitted
+            tuned, *_, lowest = serialized_search(model, self.cfg, sim, self.budget, exists_only=True, first=fitted)
+            if tuned is not None:
+                if lowest is None:  # it fitted only with orders (steps 4 and 5)
+                    threshold = tuned.knobs.swapout_threshold
+                    fitted[:] = [threshold, *(t for t in fitted if t != threshold)][:3]
+                return True
+        return self.fits_without(batch)
 
 
 def offloaded(model: GraphModel, config: LMSConfig) -> GraphModel:

@@ -19,6 +19,7 @@ GPU benchmarks (``benchmarks/gpu.py``, ``gpu_offload.py``, ``gpu_throughput.py``
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -124,25 +125,11 @@ def measure_step(
     """
     import tensorflow as tf
 
-    from .. import _tf_internal as tfi
     from ..emulate.simulator import Simulator
-    from ..integrations.function import optimize
     from ..ir.graph import GraphModel
-    from ..rewrite.apply import apply_plan
     from . import testbed
 
-    check_int("steps", steps, 1)
-    check_int("warmup", warmup, 0)
-    if memory_optimizer not in ("auto", "default", "manual"):
-        raise ValueError(
-            f"memory_optimizer must be 'auto', 'default' or 'manual'. Received: memory_optimizer={memory_optimizer!r}"
-        )
-    unknown = sorted(set(modes) - set(MEASURE_MODES))
-    if unknown or not modes:
-        raise ValueError(
-            f"modes must be a non-empty list of {', '.join(map(repr, MEASURE_MODES[:-1]))} and {MEASURE_MODES[-1]!r}. "
-            f"Received: modes={modes!r}"
-        )
+    _check_measure_args(modes, steps, warmup, memory_optimizer)
     tf.config.experimental.enable_op_determinism()
     device, host = testbed.devices()
     keras_model, x, y, train_step = build(model, batch, size)
@@ -166,62 +153,107 @@ def measure_step(
         manual = memory_optimizer == "manual"
         layout_off = False
         if mode.startswith("lms"):
-            extra = {
-                "lms_recompute": {"recompute": True},
-                "lms_fenced": {"swapout_window": FENCE_WINDOW},
-                "lms_serialized": {"serialize": True},
-                "lms_unordered": {"serialize": False},
-                "lms_split_sums": {"split_sums": True},
-                "lms_ordered_updates": {"order_updates": True},
-            }.get(mode, {})
-            key = json.dumps({**(options or {}), **extra}, sort_keys=True, default=repr)
-            if mode == "lms_device_gated" and key in plans:  # the plan of an earlier 'lms' mode: not made twice
-                plan = plans[key]
-            else:
-                step, plan = optimize(cf, device=device, host=host, **{**(options or {}), **extra})
-                plans[key] = plan
-            if mode == "lms_device_gated":  # the negative control: tflms 0.1's swap-in placement
-                graph = tfi.copy_graph(cf)
-                apply_plan(graph, plan, device, host, swap_in_on="device")
-                step = tfi.rebuild(cf, graph)
-            entry.update(
-                predicted=plan.peak_bytes_after,
-                n_swaps=len(plan.swaps),
-                n_swap_ins=plan.n_swap_ins,
-                n_fences=len(plan.fences),
-                n_orders=len(plan.orders),
-                swapped_bytes=plan.swapped_bytes,
-                n_recomputes=len(plan.recomputes),
-                recomputed_bytes=plan.recomputed_bytes,
-                n_sums=len(plan.sums),
-                link_seconds=plan.link_seconds,
-                recompute_seconds=plan.recompute_seconds,
-                options=dict(plan.options),
-            )
+            step, plan = _lms_step(mode, cf, options, plans, device, host)
+            entry.update(_plan_entry(plan))
             if memory_optimizer == "auto":
                 manual, layout_off = _as_tflms_calls(plan)
         else:
             entry["predicted"] = plain_predicted
-        peaks, losses, seconds = [], [], []
-        for _ in range(warmup + steps):
-            testbed.reset_peak()
-            t0 = time.perf_counter()
-            with tf.device(device), tfi.memory_optimization("MANUAL" if manual else None, layout_off=layout_off):
-                loss = float(step(x, y).numpy())
-            seconds.append(time.perf_counter() - t0)
-            peaks.append(testbed.memory()["peak"])
-            losses.append(loss)
+        run = _run_steps(step, x, y, device, warmup + steps, manual=manual, layout_off=layout_off)
         entry.update(
-            manual_memory_optimizer=manual,
-            layout_optimizer_off=layout_off,
-            peak=max(peaks[warmup:]),
-            first_peak=peaks[0],
-            peaks=peaks,
-            losses=losses,
-            step_seconds=seconds,
+            manual_memory_optimizer=manual, layout_optimizer_off=layout_off, peak=max(run["peaks"][warmup:]), **run
         )
         result[mode if mode not in result else f"{mode}_{i}"] = entry
     return result
+
+
+def _check_measure_args(modes: Sequence[str], steps: int, warmup: int, memory_optimizer: str) -> None:
+    """Raise ``ValueError`` for the arguments :func:`measure_step` does not take."""
+    check_int("steps", steps, 1)
+    check_int("warmup", warmup, 0)
+    if memory_optimizer not in ("auto", "default", "manual"):
+        raise ValueError(
+            f"memory_optimizer must be 'auto', 'default' or 'manual'. Received: memory_optimizer={memory_optimizer!r}"
+        )
+    unknown = sorted(set(modes) - set(MEASURE_MODES))
+    if unknown or not modes:
+        raise ValueError(
+            f"modes must be a non-empty list of {', '.join(map(repr, MEASURE_MODES[:-1]))} and {MEASURE_MODES[-1]!r}. "
+            f"Received: modes={modes!r}"
+        )
+
+
+#: The options each ``lms_*`` mode of :func:`measure_step` adds to the caller's.
+_MODE_OPTIONS: dict[str, dict[str, Any]] = {
+    "lms_recompute": {"recompute": True},
+    "lms_fenced": {"swapout_window": FENCE_WINDOW},
+    "lms_serialized": {"serialize": True},
+    "lms_unordered": {"serialize": False},
+    "lms_split_sums": {"split_sums": True},
+    "lms_ordered_updates": {"order_updates": True},
+}
+
+
+def _lms_step(
+    mode: str, cf: Any, options: dict[str, Any] | None, plans: dict[str, Any], device: str, host: str
+) -> tuple[Any, Any]:
+    """``(step, plan)`` of the ``lms`` mode ``mode`` of :func:`measure_step`; ``plans`` (by options)
+    keeps the plans made, so that ``'lms_device_gated'`` reuses the plan of an earlier ``'lms'`` mode."""
+    from .. import _tf_internal as tfi
+    from ..integrations.function import optimize
+    from ..rewrite.apply import apply_plan
+
+    extra = _MODE_OPTIONS.get(mode, {})
+    key = json.dumps({**(options or {}), **extra}, sort_keys=True, default=repr)
+    step = cf
+    if mode == "lms_device_gated" and key in plans:  # the plan of an earlier 'lms' mode: not made twice
+        plan = plans[key]
+    else:
+        step, plan = optimize(cf, device=device, host=host, **{**(options or {}), **extra})
+        plans[key] = plan
+    if mode == "lms_device_gated":  # the negative control: tflms 0.1's swap-in placement
+        graph = tfi.copy_graph(cf)
+        apply_plan(graph, plan, device, host, swap_in_on="device")
+        step = tfi.rebuild(cf, graph)
+    return step, plan
+
+
+def _plan_entry(plan: Any) -> dict[str, Any]:
+    """What :func:`measure_step` reports of the plan of an ``lms`` mode."""
+    return {
+        "predicted": plan.peak_bytes_after,
+        "n_swaps": len(plan.swaps),
+        "n_swap_ins": plan.n_swap_ins,
+        "n_fences": len(plan.fences),
+        "n_orders": len(plan.orders),
+        "swapped_bytes": plan.swapped_bytes,
+        "n_recomputes": len(plan.recomputes),
+        "recomputed_bytes": plan.recomputed_bytes,
+        "n_sums": len(plan.sums),
+        "link_seconds": plan.link_seconds,
+        "recompute_seconds": plan.recompute_seconds,
+        "options": dict(plan.options),
+    }
+
+
+def _run_steps(step: Any, x: Any, y: Any, device: str, n: int, *, manual: bool, layout_off: bool) -> dict[str, Any]:
+    """Call ``step(x, y)`` ``n`` times on ``device``: ``first_peak``, ``peaks``, ``losses`` and
+    ``step_seconds`` (the test bed's peak is reset before each step)."""
+    import tensorflow as tf
+
+    from .. import _tf_internal as tfi
+    from . import testbed
+
+    peaks, losses, seconds = [], [], []
+    for _ in range(n):
+        testbed.reset_peak()
+        t0 = time.perf_counter()
+        with tf.device(device), tfi.memory_optimization("MANUAL" if manual else None, layout_off=layout_off):
+            loss = float(step(x, y).numpy())
+        seconds.append(time.perf_counter() - t0)
+        peaks.append(testbed.memory()["peak"])
+        losses.append(loss)
+    return {"first_peak": peaks[0], "peaks": peaks, "losses": losses, "step_seconds": seconds}
 
 
 def measure(
@@ -463,12 +495,10 @@ def anatomy_step(
     """
     import tensorflow as tf
 
-    from .. import _tf_internal as tfi
     from ..emulate.simulator import Simulator
     from ..integrations.function import optimize
     from ..ir.graph import GraphModel
     from ..plan.registry import replay
-    from ..rewrite.apply import is_landing
     from . import testbed
 
     if mode not in ("plain", "lms"):
@@ -484,40 +514,10 @@ def anatomy_step(
         # The step as planned and simulated: with its recompute clones (backward ops).
         graph_model = replay(graph_model, plan)
     sim = Simulator(graph_model, host)
-
-    def phase(op: str) -> str:
-        if op in graph_model.dag:
-            return graph_model.phase(op)
-        # tflms's swap ops; the receive of a transfer allocates in gRPC's thread, with no op annotation.
-        return "swap" if not op or op.startswith("tflms_") or is_landing(op) else "other"
-
-    def summary(buffers: list[tuple[str, str, int]]) -> dict[str, Any]:
-        by_phase: dict[str, int] = {}
-        for _, where, nbytes in buffers:
-            by_phase[where] = by_phase.get(where, 0) + nbytes
-        return {"by_phase": by_phase, "top": [[name, nbytes] for name, _, nbytes in buffers[:12]]}
-
-    def simulated(position: int) -> dict[str, Any]:
-        buffers = [
-            (
-                name,
-                "swap" if "(swap-in" in name else "update" if "(copied by" in name else phase(name.split(":")[0]),
-                nbytes,
-            )
-            for name, nbytes in sim.live(position, swaps)
-        ]
-        op = profile.schedule[position]
-        return {"op": op, "op_phase": phase(op), **summary(buffers)}
-
+    phase = functools.partial(_phase_of, graph_model)
     # The rewritten step is called as tflms.function calls it.
     manual, layout_off = _as_tflms_calls(plan) if mode == "lms" else (False, False)
-    with tf.device(testbed.DEVICE), tfi.memory_optimization("MANUAL" if manual else None, layout_off=layout_off):
-        for _ in range(warmup):
-            step(x, y)
-        testbed.reset_peak()
-        step(x, y)
-        measured_peak = testbed.memory()["peak"]
-        records, kernels = tfi.profile_step(lambda: step(x, y))
+    measured_peak, records, kernels = _profiled_step(step, x, y, warmup, manual=manual, layout_off=layout_off)
     anatomy = peak_anatomy(records)
     # Recorded starts are ordered on the graph as run (Grappler's push-downs applied).
     in_order = Simulator(graph_model, host, order=recorded_order(sim.executed, kernels))
@@ -538,15 +538,15 @@ def anatomy_step(
             "variables": anatomy["before"],
             "op": anatomy["op"],
             "op_phase": phase(anatomy["op"]),
-            **summary([(c["op"], phase(c["op"]), c["bytes"]) for c in anatomy["live"]]),
+            **_phase_summary([(c["op"], phase(c["op"]), c["bytes"]) for c in anatomy["live"]]),
         },
         "predicted": {
             "peak": profile.peak_bytes,
             "requested": sim.requested_peak(swaps),
             "variables": graph_model.variable_bytes,
-            **simulated(pos[profile.peak_op]),
+            **_simulated_at(sim, profile, swaps, phase, pos[profile.peak_op]),
         },
-        "predicted_at_measured_op": None if at is None else simulated(at),
+        "predicted_at_measured_op": None if at is None else _simulated_at(sim, profile, swaps, phase, at),
         "recorded_order": {
             "peak": in_order.peak(swaps),
             "requested": in_order.requested_peak(swaps),
@@ -555,3 +555,57 @@ def anatomy_step(
         },
         "replayed": replay_allocations(records, anatomy["allocator"]),
     }
+
+
+def _phase_of(graph_model: GraphModel, op: str) -> str:
+    """The phase :func:`anatomy_step` sorts a buffer of ``op`` into."""
+    from ..rewrite.apply import is_landing
+
+    if op in graph_model.dag:
+        return graph_model.phase(op)
+    # tflms's swap ops; the receive of a transfer allocates in gRPC's thread, with no op annotation.
+    return "swap" if not op or op.startswith("tflms_") or is_landing(op) else "other"
+
+
+def _phase_summary(buffers: list[tuple[str, str, int]]) -> dict[str, Any]:
+    """Bytes per phase of ``buffers`` (``(name, phase, bytes)``, largest first), and the 12 largest."""
+    by_phase: dict[str, int] = {}
+    for _, where, nbytes in buffers:
+        by_phase[where] = by_phase.get(where, 0) + nbytes
+    return {"by_phase": by_phase, "top": [[name, nbytes] for name, _, nbytes in buffers[:12]]}
+
+
+def _simulated_at(
+    sim: Any, profile: Any, swaps: Sequence[Any], phase: Callable[[str], str], position: int
+) -> dict[str, Any]:
+    """The simulator's live buffers at ``position`` of its schedule, as :func:`anatomy_step` reports them."""
+    buffers = [
+        (
+            name,
+            "swap" if "(swap-in" in name else "update" if "(copied by" in name else phase(name.split(":")[0]),
+            nbytes,
+        )
+        for name, nbytes in sim.live(position, swaps)
+    ]
+    op = profile.schedule[position]
+    return {"op": op, "op_phase": phase(op), **_phase_summary(buffers)}
+
+
+def _profiled_step(
+    step: Any, x: Any, y: Any, warmup: int, *, manual: bool, layout_off: bool
+) -> tuple[int, list[dict[str, Any]], list[dict[str, Any]]]:
+    """``warmup`` steps, one measured step and one profiled step on the test bed's device:
+    ``(measured peak, allocator records, kernel records)``."""
+    import tensorflow as tf
+
+    from .. import _tf_internal as tfi
+    from . import testbed
+
+    with tf.device(testbed.DEVICE), tfi.memory_optimization("MANUAL" if manual else None, layout_off=layout_off):
+        for _ in range(warmup):
+            step(x, y)
+        testbed.reset_peak()
+        step(x, y)
+        measured_peak = testbed.memory()["peak"]
+        records, kernels = tfi.profile_step(lambda: step(x, y))
+    return measured_peak, records, kernels
