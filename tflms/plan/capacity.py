@@ -128,7 +128,7 @@ def max_batch_size(
     too: its batch cannot vary (pass a factory instead).
 
     "With LMS" means the autotuner (:func:`tune`) finds a plan that fits (with
-    ``recompute=True``: on the model with the recomputes applied, as :func:`tflms.make_plan` does;
+    ``recompute`` in the policy: on the model with the recomputes applied, as :func:`tflms.make_plan` does;
     with ``serialize=True``: with ordering edges where it needs them, see :func:`tune_ordered`).
     ``budget`` may also come from ``config.budget`` (or ``budget=`` among the
     options); naming two different budgets is an error.

@@ -104,11 +104,12 @@ def measure_step(
     ``'lms_fenced'`` is ``'lms'`` with ``swapout_window=``:data:`FENCE_WINDOW` (the same swaps,
     plus fences). ``'lms_serialized'`` is ``'lms'`` with ``serialize=True`` (the same swaps, plus
     the memory-aware schedule's orders, counted in ``n_orders``; the default since 2026-11-25),
-    ``'lms_unordered'`` with ``serialize=False`` (the swaps alone), ``'lms_split_sums'`` with
-    ``split_sums=True`` (:mod:`tflms.plan.passes.sums`; its entry's ``n_sums`` counts them), ``'lms_ordered_updates'``
-    with ``order_updates=True`` (each variable update waits for the reads of its variable, so that
-    TensorFlow does not copy the variable first). ``'lms_recompute'`` is ``'lms'``
-    with ``recompute=True`` (:mod:`tflms.plan.passes.recompute`); its entry also has ``n_recomputes`` and
+    ``'lms_unordered'`` with ``serialize=False`` (the swaps alone). Three modes add a pass to the
+    policy of ``options`` (``'default'`` if they name none): ``'lms_split_sums'`` ``split_sums``
+    (:mod:`tflms.plan.passes.sums`; its entry's ``n_sums`` counts them), ``'lms_ordered_updates'``
+    ``order_updates`` (each variable update waits for the reads of its variable, so that
+    TensorFlow does not copy the variable first) and ``'lms_recompute'`` ``recompute``
+    (:mod:`tflms.plan.passes.recompute`); its entry also has ``n_recomputes`` and
     ``recomputed_bytes``. Every ``lms`` mode's entry
     has the plan's predicted ``link_seconds`` and ``recompute_seconds``.
 
@@ -183,15 +184,23 @@ def _check_measure_args(modes: Sequence[str], steps: int, warmup: int, memory_op
         )
 
 
-#: The options each ``lms_*`` mode of :func:`measure_step` adds to the caller's.
+#: The options each ``lms_*`` mode of :func:`measure_step` sets over the caller's.
 _MODE_OPTIONS: dict[str, dict[str, Any]] = {
-    "lms_recompute": {"recompute": True},
     "lms_fenced": {"swapout_window": FENCE_WINDOW},
     "lms_serialized": {"serialize": True},
     "lms_unordered": {"serialize": False},
-    "lms_split_sums": {"split_sums": True},
-    "lms_ordered_updates": {"order_updates": True},
 }
+#: The pass each ``lms_*`` mode of :func:`measure_step` adds to the caller's policy (``'default'`` if none).
+_MODE_PASSES = {"lms_recompute": "recompute", "lms_split_sums": "split_sums", "lms_ordered_updates": "order_updates"}
+
+
+def _mode_options(mode: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """The options of the ``lms`` mode ``mode`` of :func:`measure_step`: ``options`` with the mode's."""
+    found = {**(options or {}), **_MODE_OPTIONS.get(mode, {})}
+    if mode in _MODE_PASSES:
+        policy = found.get("policy", "default")
+        found["policy"] = (*((policy,) if isinstance(policy, str) else policy), _MODE_PASSES[mode])
+    return found
 
 
 def _lms_step(
@@ -203,13 +212,13 @@ def _lms_step(
     from ..integrations.function import optimize
     from ..rewrite.apply import apply_plan
 
-    extra = _MODE_OPTIONS.get(mode, {})
-    key = json.dumps({**(options or {}), **extra}, sort_keys=True, default=repr)
+    found = _mode_options(mode, options)
+    key = json.dumps(found, sort_keys=True, default=repr)
     step = cf
     if mode == "lms_device_gated" and key in plans:  # the plan of an earlier 'lms' mode: not made twice
         plan = plans[key]
     else:
-        step, plan = optimize(cf, device=device, host=host, **{**(options or {}), **extra})
+        step, plan = optimize(cf, device=device, host=host, **found)
         plans[key] = plan
     if mode == "lms_device_gated":  # the negative control: tflms 0.1's swap-in placement
         graph = tfi.copy_graph(cf)
