@@ -51,31 +51,35 @@ def test_gpt_whose_adam_state_overflows_the_cap_trains_with_the_optimizer_offloa
 
 #: A GPT of 12 blocks (54.6 MB of weights, 13.6 M parameters) at batch 2, sequence 64, under a cap
 #: that neither its plain step nor its step with the optimizer offloaded fits, and that its step
-#: with the weights offloaded fits with room to spare.
+#: with the weights offloaded fits with room to spare: this fraction of the optimizer-offloaded
+#: step's peak, measured uncapped in the same test. Measured here (2026-11-28, 2-CPU AMD EPYC, the
+#: cap claimed in one region): uncapped, the plain step peaked at 221-223 MiB, the optimizer-offloaded
+#: one at 108-111 MiB and the weights-offloaded one at 66-70 MiB (66 MiB predicted).
 WEIGHTS_KWARGS = {"layers": 12, "batch": 2, "seq": 64, "steps": 3}
-WEIGHTS_CAP = "96MiB"
+WEIGHTS_CAP_FRACTION = 0.85
 
 
 @pytest.mark.measured
 def test_gpt_that_overflows_the_cap_with_the_optimizer_offloaded_trains_with_the_weights_offloaded():
     jobs = [str(TESTS)]
 
-    def run(offload, cap=WEIGHTS_CAP):
+    def run(offload, cap):
         kwargs = {**WEIGHTS_KWARGS, "offload": offload}
         return testbed.run_measured("testbed_jobs:offload_gpt", kwargs, cap=cap, timeout=900, pythonpath=jobs)
 
-    plain, optimizer, weights = run(False), run("optimizer"), run("weights")
+    reference, uncapped_optimizer = run(False, None), run("optimizer", None)
+    assert reference.ok and uncapped_optimizer.ok, (reference.error, uncapped_optimizer.error)
+    cap = int(WEIGHTS_CAP_FRACTION * min(uncapped_optimizer.value["peaks"])) // 2**20 * 2**20
+    plain, optimizer, weights = run(False, cap), run("optimizer", cap), run("weights", cap)
     assert plain.status == "oom", (plain.status, plain.error[-2000:])
     assert optimizer.status == "oom", (optimizer.status, optimizer.error[-2000:])
     assert weights.ok, weights.error
-    reference = run(False, cap=None)
-    assert reference.ok, reference.error
     w, r = weights.value, reference.value
     # The same losses as the plain step without a cap, bit for bit.
     assert w["losses"] == r["losses"] and w["losses"][-1] < w["losses"][0]
     # The weights alone are more than half the cap; the step with them offloaded holds about a third of
     # the plain step's peak: activations, a few layers' weights and the gradients in flight.
-    assert w["weight_bytes"] > 0.5 * 96 * 2**20 > 0.5 * w["peak"]
+    assert w["weight_bytes"] > 0.5 * cap > 0.5 * w["peak"]
     assert w["peak"] < 0.4 * r["peak"], (w["peaks"], r["peaks"])
     # Measured against predicted (1.00 at 8, 32 and 64 blocks when this was written). Requested: 0.96
     # of predicted.
