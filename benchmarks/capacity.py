@@ -35,7 +35,7 @@ from pathlib import Path
 
 import keras
 import tensorflow as tf
-from report import save_result
+from report import policy_of, save_result
 
 import tflms
 from tflms.config import parse_bytes
@@ -134,10 +134,10 @@ def largest_side(
         sim = tflms.Simulator(model, "/device:CPU:0")
         if sim.peak() <= budget:
             return True
-        config = tflms.LMSConfig(
-            serialize=serialize, swap_gradients=swap_gradients, split_sums=split_sums, drop_tiles=drop_tiles,
-            order_updates=order_updates,
-        )  # fmt: skip
+        policy = policy_of(
+            swap_gradients=swap_gradients, split_sums=split_sums, drop_tiles=drop_tiles, order_updates=order_updates
+        )
+        config = tflms.LMSConfig(serialize=serialize, policy=policy)
         if lms:  # the step make_plan plans on
             model, sim, *_ = prepare(model, config, sim)
         return lms and serialized_search(model, config, sim, budget)[0] is not None
@@ -241,8 +241,10 @@ def main(argv: list[str] | None = None) -> int:
                 what = "batch"
                 result = tflms.max_batch_size(
                     step, budget, rel_tol=args.rel_tol, limit=1 << 15, serialize=args.serialize, bound=True,
-                    swap_gradients=args.swap_gradients, split_sums=args.split_sums, drop_tiles=args.drop_tiles,
-                    order_updates=args.order_updates,
+                    policy=policy_of(
+                        swap_gradients=args.swap_gradients, split_sums=args.split_sums, drop_tiles=args.drop_tiles,
+                        order_updates=args.order_updates,
+                    ),
                 )  # fmt: skip
                 base, lms, bound = result.without_lms, result.with_lms, result.bound
             seconds = time.perf_counter() - t0

@@ -27,6 +27,15 @@ from tflms.testing.zoo import MODELS
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def policy_of(**passes: bool) -> tuple[str, ...] | str:
+    """The ``policy`` of tflms that runs the passes given as ``True`` (``"none"`` when none is).
+
+    >>> policy_of(swap_gradients=True, split_sums=False), policy_of(split_sums=False)
+    (('swap_gradients',), 'none')
+    """
+    return tuple(name for name, on in passes.items() if on) or "none"
+
+
 def save_result(path: Path, benchmark: str, rows: list[dict], **fields: object) -> None:
     """Write a benchmark's JSON with the common header (date, machine, versions) and say so."""
     import os

@@ -90,7 +90,9 @@ def run_case(
     for m in modes:  # what the plans are made with, also for a row whose every run failed
         if m != "plain":
             rows[m]["serialize"] = {"lms_serialized": True, "lms_unordered": False}.get(m, LMSConfig().knobs.serialize)
-            rows[m]["order_updates"] = m == "lms_ordered_updates" or bool((options or {}).get("order_updates"))
+            rows[m]["order_updates"] = m == "lms_ordered_updates" or "order_updates" in (options or {}).get(
+                "policy", ()
+            )
     for _ in range(runs):
         r = measure(
             model, batch, size=size, modes=modes, steps=steps, memory_optimizer=memory_optimizer, gpu=gpu,
@@ -175,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         size_or_none = int(size) if size else None
         case_rows = run_case(
             model, int(batch), modes, args.runs, args.steps, size_or_none, memory_optimizer, args.gpu,
-            {"order_updates": True} if args.order_updates else None,
+            {"policy": ("default", "order_updates")} if args.order_updates else None,
         )  # fmt: skip
         for row in sorted(case_rows, key=lambda r: r["mode"] != "plain"):  # the plain row first in tables
             rows.append(row)

@@ -31,7 +31,7 @@ import json
 import time
 from pathlib import Path
 
-from report import save_result
+from report import policy_of, save_result
 
 from tflms.config import LMSConfig, parse_bytes
 from tflms.plan.capacity import largest_fitting
@@ -78,8 +78,10 @@ def predicted(
         )
 
     r = tflms.max_batch_size(
-        at, cap, limit=limit, rel_tol=0.05, serialize=serialize, bound=True, swap_gradients=swap_gradients,
-        split_sums=split_sums, order_updates=order_updates, drop_tiles=drop_tiles,
+        at, cap, limit=limit, rel_tol=0.05, serialize=serialize, bound=True,
+        policy=policy_of(
+            swap_gradients=swap_gradients, split_sums=split_sums, order_updates=order_updates, drop_tiles=drop_tiles
+        ),
     )  # fmt: skip
     return r.without_lms, r.with_lms, r.bound
 
@@ -160,10 +162,12 @@ def main() -> None:
                 "budget": int(cap * args.fraction),
                 "swapout_window": args.swapout_window,
                 "serialize": args.serialize,
-                "swap_gradients": args.swap_gradients,
-                "split_sums": args.split_sums,
-                "order_updates": args.order_updates,
-                "drop_tiles": args.drop_tiles,
+                "policy": policy_of(
+                    swap_gradients=args.swap_gradients,
+                    split_sums=args.split_sums,
+                    order_updates=args.order_updates,
+                    drop_tiles=args.drop_tiles,
+                ),
             }
             kw = {"modes": ["lms"], "options": options} if lms else {"modes": ["plain"]}
             r = measure(name, batch, size=args.size, steps=args.steps, cap=cap, timeout=1800, **kw)

@@ -484,8 +484,8 @@ def _add_plan(sub: Any) -> None:
         type=_parse_policy,
         default=("default",),
         metavar="NAMES",
-        help="the passes the planner may use besides swaps, comma-separated: default (swap_gradients, split_sums, "
-        "drop_tiles), none, or names such as default,order_updates (default: default)",
+        help="the passes the planner may use besides swaps, comma-separated: default (swap_gradients), none, "
+        "or names such as default,order_updates (default: default)",
     )
     p.add_argument(
         "--on-budget-miss",

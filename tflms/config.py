@@ -517,11 +517,6 @@ class LMSConfig:
         if not isinstance(self.knobs, Knobs):
             raise TypeError(f"knobs must be a tflms.Knobs. {_received('knobs', self.knobs)}")
 
-    @property
-    def swap_gradients(self) -> bool:
-        """``'swap_gradients' in self.policy`` (kept for :mod:`tflms.plan.candidates`)."""
-        return "swap_gradients" in self.policy
-
     def replace(self, **changes: Any) -> LMSConfig:
         """A copy with ``changes``: option names or knob names.
 

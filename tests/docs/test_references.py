@@ -13,7 +13,6 @@ import io
 import re
 import textwrap
 import tokenize
-import warnings
 from pathlib import Path
 
 import pytest
@@ -166,30 +165,6 @@ def ast_texts(source: str) -> list[tuple[int, str]]:
         return texts_of_module(path)
 
 
-#: Stale references in files whose owners are changing them now (issue 64): ``(file, reference)``.
-#: The list is to be emptied: an entry fixed since is named in a warning, to be removed from here.
-PENDING = frozenset(
-    {
-        ("docs/passes.md", "tflms.Sum"),
-        ("tflms/emulate/simulator.py", "tflms.ir.graph.with_constant_pushdown"),
-        ("tflms/emulate/simulator.py", "tests/test_simulator.py"),
-        ("tflms/integrations/keras.py", "tests/test_horovod_keras.py"),
-        ("tflms/integrations/keras.py", "tests/test_keras.py"),
-        ("tflms/integrations/offload.py", "tests/test_offload.py"),
-        ("tflms/plan/passes/schedule.py", "tflms.ir.graph.fused_partners"),
-        ("tflms/plan/passes/schedule.py", "tflms.ir.graph.joins_fused"),
-        ("tflms/plan/registry.py", "tflms.Sum"),
-        ("tflms/report/plot.py", "tflms.SwapPlan.plot"),
-        ("tflms/rewrite/apply.py", "tests/test_recompute.py"),
-        ("tflms/rewrite/apply.py", "tflms.ir.graph.with_constant_pushdown"),
-    }
-)
-
-
 def test_every_documented_reference_resolves():
-    missing = [(where.split(":")[0], reference, where) for reference, where in stale(documented())]
-    new = [f"{where}: {reference}" for path, reference, where in missing if (path, reference) not in PENDING]
-    assert not new, "stale references:\n" + "\n".join(new)
-    fixed = sorted(PENDING - {(path, reference) for path, reference, _ in missing})
-    if fixed:
-        warnings.warn(f"fixed, to be removed from PENDING: {fixed}", stacklevel=1)
+    missing = [f"{where}: {reference}" for reference, where in stale(documented())]
+    assert not missing, "stale references:\n" + "\n".join(missing)

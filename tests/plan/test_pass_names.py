@@ -53,10 +53,10 @@ def test_the_rewrite_applies_each_pass_by_its_name_and_the_callback_refuses_a_pa
 
 
 @pytest.mark.unit
-def test_the_config_has_no_pass_properties_but_swap_gradients():
+def test_the_config_has_no_pass_properties():
     cfg = LMSConfig(policy=("default", "split_sums", "drop_tiles", "order_updates", "recompute"))
-    assert cfg.swap_gradients and cfg.policy == frozenset(POLICIES)
-    for name in ("split_sums", "drop_tiles", "order_updates", "recompute"):
+    assert cfg.policy == frozenset(POLICIES)
+    for name in POLICIES:
         assert not hasattr(cfg, name)
 
 

@@ -1,11 +1,11 @@
 """Predicted device memory of a step, before and after a swap plan.
 
 Execution model (documented in the README; every number the simulator reports
-follows from it). It follows what TensorFlow 2.21's executor was seen doing on
-the test bed (per-op allocation records of the profiler, ``benchmarks/simulator_accuracy.py``):
+follows from it). It follows what TensorFlow 2.21's executor does, as the profiler's
+per-op allocation records on the test bed show (``benchmarks/simulator_accuracy.py``):
 
 0. The graph is the step as Grappler leaves it after its constant push-down
-   (:func:`tflms.ir.graph.with_constant_pushdown`: ``c * (dx * y)`` becomes
+   (:func:`tflms.emulate.grappler.with_constant_pushdown`: ``c * (dx * y)`` becomes
    ``dx * (c * y)``, and ``c * y`` of forward tensors then runs in the forward pass),
    in the rewritten step too: a swap-in reaches its consumers through a landing named
    under the swapped tensor's producer (:func:`tflms.rewrite.apply.landing_name`), and
@@ -72,7 +72,7 @@ the test bed (per-op allocation records of the profiler, ``benchmarks/simulator_
    :meth:`Simulator.requested_peak`, :meth:`Simulator.prefix_peaks`) is the same
    model without this rule: a lower bound, fast to compute, used by searches.
 
-Example on a hand-built graph (see ``tests/test_simulator.py`` for more):
+Example on a hand-built graph (see ``tests/emulate/test_simulator.py`` for more):
 
     >>> from tflms.ir.graph import GraphModel
     >>> f32 = lambda n: ("float32", (n,), 4 * n, False)
@@ -137,7 +137,7 @@ class Simulator:
     """The execution model of this module, precomputed for one graph model.
 
     Rule 0 of the module doc first: the ops run as Grappler leaves them after its constant
-    push-down (:func:`tflms.ir.graph.with_constant_pushdown`; :attr:`pushdowns` lists the
+    push-down (:func:`tflms.emulate.grappler.with_constant_pushdown`; :attr:`pushdowns` lists the
     rewritten pairs), with or without swaps. A pushed-down op that a swap-in feeds waits for
     it: where the swap-in has a trigger, the op runs after it (the push-down had made it
     ready in the forward pass); such steps are simulated on a schedule built for them, kept

@@ -39,7 +39,7 @@ under the strategy, reduced by ``model.distribute_reduction_method``, as many ba
 
 What differs between one process and data parallelism under ``horovodrun`` is a *mode*
 the callback holds: :class:`OneProcess` here, Horovod's (``tflms.integrations.horovod.fit``,
-pinned by ``tests/test_horovod_keras.py``) with ``LMSCallback(horovod=True)`` or
+pinned by ``tests/integrations/test_horovod_keras.py``) with ``LMSCallback(horovod=True)`` or
 :class:`tflms.horovod.HorovodLMSCallback`. This module imports nothing of Horovod until that
 is asked for.
 
@@ -561,7 +561,7 @@ def _auto_would_choose_xla(model: keras.Model) -> bool:
     """Whether Keras's ``jit_compile="auto"`` turns XLA on for ``model`` here (a GPU, no strategy, ...).
 
     Then ``model.jit_compile == True`` may be Keras's default rather than the user's request.
-    Keras's own resolution (pinned in tests/test_keras.py); when it cannot be asked, True.
+    Keras's own resolution (pinned in tests/integrations/test_keras.py); when it cannot be asked, True.
     """
     if tfi.tf_keras_model(model):
         return False  # tf-keras has no "auto": jit_compile=True is the user's

@@ -5,7 +5,7 @@
   colocates it through the distribution strategy, whatever the device scope); this calls the
   backend-independent ``BaseOptimizer.add_variable_from_reference`` under ``tf.device(host)``
   instead, for this one build. ``LMSCallback(offload="optimizer")`` calls it at train begin; with
-  ``tflms.function`` call it yourself before the first step (``tests/test_offload.py`` pins where
+  ``tflms.function`` call it yourself before the first step (``tests/integrations/test_offload.py`` pins where
   the variables land).
 * :func:`check_optimizer`: the Keras 3 optimizers whose update was checked with the offload.
 * :func:`check_state_on_host`: refuse a traced step whose optimizer state is on the device.

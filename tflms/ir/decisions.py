@@ -101,7 +101,7 @@ class Fence:
 class Order:
     """An ordering edge: ``op`` starts only after ``after`` has run. The memory-aware schedule
     (``Knobs.serialize``) makes a backward op wait for another, so that two branches of the
-    backward pass do not hold their buffers at the same time; ``LMSConfig.order_updates`` makes
+    backward pass do not hold their buffers at the same time; the pass ``order_updates`` makes
     a variable's in-place update wait for an op still reading the variable, so that TensorFlow
     does not copy it (:func:`tflms.plan.passes.schedule.update_orders`)."""
 
@@ -111,7 +111,7 @@ class Order:
 
 @dataclasses.dataclass(frozen=True)
 class Sum:
-    """A sum added as its terms arrive (``LMSConfig.split_sums``): the ``AddN`` op ``op`` becomes a
+    """A sum added as its terms arrive (the pass ``split_sums``): the ``AddN`` op ``op`` becomes a
     chain of ``AddV2`` ops over ``terms``, in the order Grappler sorts the ``AddN``'s inputs, which
     is the order the plain step sums them in (:mod:`tflms.plan.passes.sums`)."""
 

@@ -113,7 +113,7 @@ def _swaps(model: GraphModel, config: LMSConfig, eligible: Sequence[TensorInfo])
 def _is_candidate(model: GraphModel, t: TensorInfo, config: LMSConfig) -> bool:
     node = model.dag.nodes[t.op]
     op_type = node["type"]
-    phases = ("forward", "backward") if config.swap_gradients else ("forward",)
+    phases = ("forward", "backward") if "swap_gradients" in config.policy else ("forward",)
     if node["phase"] not in phases or op_type in EXCLUDED_PRODUCER_TYPES or is_collective(op_type):
         return False
     if t.dtype in EXCLUDED_DTYPES or t.rank is None or t.rank < 2 or t.bytes < config.knobs.min_bytes:

@@ -16,7 +16,7 @@ order_updates  ``orders``     before and with them  update orders, then the memo
 A pass's name is its one spelling: the name a ``policy`` gives it (:data:`tflms.config.POLICIES`;
 the passes decided by the autotuner, ``swaps`` and ``fences``, have none), the name in the logs and
 the name of its applier in the rewrite. A plan field is named for the decisions it holds, not for
-the pass: ``sums`` holds :class:`~tflms.Sum` records, ``recomputes`` :class:`~tflms.Recompute`
+the pass: ``sums`` holds :class:`~tflms.ir.decisions.Sum` records, ``recomputes`` :class:`~tflms.Recompute`
 records, and ``orders`` the :class:`~tflms.Order` edges of ``order_updates`` followed by those of
 the memory-aware schedule, which is no pass of a policy (it is decided with the swaps, where the
 budget needs it). :data:`POLICY_PASSES` lists the names a policy may turn on.

@@ -408,7 +408,7 @@ def plot_memory(
 
     ``model`` is the graph model of the step the plan was made from (not the
     rewritten one); the image is ``figsize * dpi`` pixels. Returns the path written.
-    See :func:`memory_plot_data` for the numbers drawn and :meth:`tflms.SwapPlan.plot`
+    See :func:`memory_plot_data` for the numbers drawn and :func:`tflms.plot_plan`
     for plans that remember their model.
 
     Example (the module's example has the imports; a plan tuned to a budget also

@@ -35,7 +35,7 @@ clone; the group's consumers are rewired to the last clone. Clones carry
 it, Grappler's arithmetic optimizer rewrote the original BatchNorm-ReLU chain of ResNet50
 and not its clones, and the step drifted from step 2 on; without it the clones get the
 same rewrites, and their control input from the trigger keeps them distinct from the
-originals, so they survive (``tests/test_recompute.py`` checks both). A swap whose
+originals, so they survive (``tests/rewrite/test_zoo.py`` checks both). A swap whose
 consumer is a clone then rewires the clone's input, as for any consumer.
 
 Fences (:class:`~tflms.ir.decisions.Fence`) are control inputs from a swap-out (on the host) to a
@@ -392,7 +392,7 @@ def _implied_orders(graph: Any, plan: SwapPlan, gates: dict[int, list[tuple[Any,
     push-down then leaves the op reading none of the inputs through which ``after`` reached it
     (``Mul(c, Mul(sub, y))`` becomes ``Mul(sub, Mul(c, y))``, and ``Mul(c, y)`` runs as soon as
     ``y`` exists). The schedule's orders are made on the step after the push-down
-    (:func:`tflms.ir.graph.with_constant_pushdown`), where such an order is not redundant: measured on
+    (:func:`tflms.emulate.grappler.with_constant_pushdown`), where such an order is not redundant: measured on
     the test bed, the transformer's attention gradient's scaled softmax, ordered after the
     gradient's ``mul``, ran as soon as its swap-in landed. Gated are the inputs the op reads after
     the push-down that ``after`` does not reach (not a ``Const``, a resource or a variant). Any

@@ -47,7 +47,7 @@ other input that read no swap-in, and the reader that can write into that input'
 reads it last; see :func:`_room_orders`).
 
 No order or trigger of these joins a filter gradient and the bias gradient that oneDNN runs
-with it as one kernel (:func:`tflms.ir.graph.fused_partners`): that would change the numbers.
+with it as one kernel (:func:`tflms.emulate.fusion.fused_partners`): that would change the numbers.
 """
 
 from __future__ import annotations
@@ -583,7 +583,7 @@ def _later_trigger(
     that computes data (not a constant, a shape op or a sum) that ``schedule`` runs after
     position ``after`` and before ``si``'s first consumer, and that no consumer leads to; None if
     there is none, or if a consumer is a sum or not in ``schedule``. An op whose edges to the
-    consumers would join a fused pair (:func:`tflms.ir.graph.joins_fused`; a filter gradient's bias
+    consumers would join a fused pair (:func:`tflms.emulate.fusion.joins_fused`; a filter gradient's bias
     gradient) is passed over: ``fused`` holds the edges already there (the swap-ins' triggers) and
     those added before (the late triggers of the same round)."""
     firsts = [pos.get(c) for c, _ in si.consumers]
