@@ -17,7 +17,16 @@ import traceback
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .testbed import _GPU, HostWorker, _is_gpu_process, claim_memory, connect, device_environ, setup_gpu
+from .testbed import (
+    _GPU,
+    CLAIM_MARK,
+    HostWorker,
+    _is_gpu_process,
+    claim_memory,
+    connect,
+    device_environ,
+    setup_gpu,
+)
 
 __all__ = ["MeasuredResult", "STATUSES", "allocator_oom_report", "oom_message", "run_measured"]
 
@@ -231,8 +240,11 @@ def run_measured(
             )
         if line.startswith(_FAILED_MARK):
             raised = json.loads(line[len(_FAILED_MARK) :])
-    output = (proc.stdout + proc.stderr)[-4000:]
-    report = allocator_oom_report(proc.stderr)
+    stderr = proc.stderr
+    claimed = stderr.rfind(CLAIM_MARK)  # the claim's own tries ran out of memory on purpose
+    stderr = stderr[claimed + len(CLAIM_MARK) :] if claimed >= 0 else stderr
+    output = (proc.stdout + stderr)[-4000:]
+    report = allocator_oom_report(stderr)
     if raised is not None:  # the function raised: the measured process said what
         status = raised.pop("status")
         if status == "error" and report is not None:  # the allocator failed a request first

@@ -64,6 +64,7 @@ from ..config import parse_bytes
 from ..errors import TflmsError
 
 __all__ = [
+    "CLAIM_MARK",
     "DEVICE",
     "DEVICE_NICE",
     "GPU_DEVICE",
@@ -101,6 +102,9 @@ _ONEDNN = "TF_ENABLE_ONEDNN_OPTS"
 #: (:func:`device_environ`); by default they run TensorFlow's own (Eigen's), which raise
 #: ``ResourceExhaustedError`` under a cap as a GPU does.
 ONEDNN_OPT_IN = "TFLMS_TESTBED_ONEDNN"
+#: The line :func:`claim_memory` writes to stderr when it is done: the allocator's out-of-memory
+#: reports before it are its own tries, not the work's (:func:`tflms.testing.measured.run_measured`).
+CLAIM_MARK = "TFLMS_TESTBED_CLAIMED"
 #: Set to ``1`` in a measured process's environment, its allocator grows by regions instead of
 #: claiming its cap in one (:func:`claim_memory`): ``device_environ(cap, growth=True)``.
 GROWTH = "TFLMS_TESTBED_GROWTH"
@@ -238,6 +242,7 @@ def claim_memory() -> int:
             except tf.errors.ResourceExhaustedError:
                 size -= 2**20
     reset_peak()
+    print(CLAIM_MARK, file=sys.stderr, flush=True)
     return max(size, 0)
 
 
