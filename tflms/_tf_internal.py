@@ -359,7 +359,11 @@ def profile_step(fn: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
       named ``'<op>:<kernel type>'``. Each record: ``time_ns`` (start), ``duration_ns``,
       ``op``, ``type``, ``thread``.
     """
-    space = _profiled_space(fn)
+    return _space_records(_profiled_space(fn))
+
+
+def _space_records(space: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """:func:`profile_step`'s records of a profiler's ``XSpace``."""
     kinds = {"MemoryAllocation": "alloc", "MemoryDeallocation": "free"}
     records, kernels = [], []
     for plane in space.planes:
@@ -442,7 +446,7 @@ def _annotated_op(annotation: str) -> tuple[str, str] | None:
     return (op, op_type) if op else None
 
 
-def profile_kernels(fn: Any) -> list[dict[str, Any]]:
+def profile_kernels(fn: Any, allocations: bool = False) -> list[dict[str, Any]]:
     """Call ``fn()`` once under TensorFlow's profiler; every kernel it ran, in time order.
 
     Each record: ``time_ns`` (start), ``duration_ns``, ``op``, ``type``, ``thread`` and
@@ -451,9 +455,14 @@ def profile_kernels(fn: Any) -> list[dict[str, Any]]:
     enqueue its kernels), ``'device'`` for the kernels a GPU ran (the planes ``/device:GPU:N``,
     one line per stream; the op read from the kernel's ``tf_op`` or ``kernel_annotation``
     stat; memory copies, ``Memcpy...`` events, are left out: they are transfers, not compute).
+    With ``allocations``, the BFC allocators' allocations (as :func:`profile_step` reads them,
+    ``kind == 'alloc'``) are in the list too, with ``source`` ``'allocator'``.
     """
     space = _profiled_space(fn)
-    kernels = []
+    kernels: list[dict[str, Any]] = []
+    if allocations:
+        records, _ = _space_records(space)
+        kernels += [{**r, "source": "allocator"} for r in records if r["kind"] == "alloc"]
     for plane in space.planes:
         names = {k: v.name for k, v in plane.event_metadata.items()}
         stat_names = {k: v.name for k, v in plane.stat_metadata.items()}

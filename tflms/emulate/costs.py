@@ -19,6 +19,10 @@ so a plan for a GPU can be made and studied on a machine without one::
      "device_name": "NVIDIA H100 80GB HBM3", "function": "train_step", "steps": 2,
      "ops": {"conv1/Conv2D": {"type": "Conv2D", "seconds": 0.00041}, ...}}
 
+An op's record may also hold ``scratch_bytes``: the largest temporary buffer its kernel took
+from the device's allocator (a convolution gradient's column buffer, a cuDNN workspace), which
+the simulator allocates while the op runs (:func:`with_scratch`).
+
 Example:
     >>> from tflms.ir.graph import GraphModel
     >>> f32 = lambda *s: ("float32", s, 4 * math.prod(s), False)
@@ -61,6 +65,7 @@ __all__ = [
     "flops",
     "estimate_seconds",
     "op_seconds",
+    "with_scratch",
 ]
 
 PROFILE_FORMAT = "tflms-op-profile"
@@ -248,8 +253,10 @@ class OpProfile:
 
     ``device`` is the device it was measured on, ``device_name`` a readable name of it (a GPU's
     model), ``function`` the traced step's name and ``steps`` how many profiled steps the times
-    are the median of. Make one with :func:`tflms.testing.profile.profile_ops` (or
-    :meth:`from_kernels` from kernel records), save it with :meth:`save`, load it with :meth:`load`.
+    are the median of. ``scratch``: per op, the bytes of the largest temporary buffer its kernel
+    allocated on the device (ops without one are not listed). Make one with
+    :func:`tflms.testing.profile.profile_ops` (or :meth:`from_kernels` from kernel records), save
+    it with :meth:`save`, load it with :meth:`load`.
     """
 
     ops: Mapping[str, tuple[str, float]]
@@ -257,8 +264,16 @@ class OpProfile:
     device_name: str = ""
     function: str = ""
     steps: int = 1
+    scratch: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        scratch = {}
+        for name, nbytes in dict(self.scratch).items():
+            if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+                raise ValueError(f"scratch must be bytes >= 0. Received: scratch[{name!r}]={nbytes!r}")
+            if nbytes:
+                scratch[str(name)] = nbytes
+        object.__setattr__(self, "scratch", scratch)
         ops = {}
         for name, value in dict(self.ops).items():
             kind, seconds = value
@@ -304,7 +319,10 @@ class OpProfile:
             "device_name": self.device_name,
             "function": self.function,
             "steps": self.steps,
-            "ops": {op: {"type": kind, "seconds": s} for op, (kind, s) in sorted(self.ops.items())},
+            "ops": {
+                op: {"type": kind, "seconds": s, **({"scratch_bytes": self.scratch[op]} if op in self.scratch else {})}
+                for op, (kind, s) in sorted(self.ops.items())
+            },
         }
 
     @classmethod
@@ -322,12 +340,14 @@ class OpProfile:
                 f"{PROFILE_VERSION}). Received: version={data.get('version')!r}"
             )
         ops = {op: (rec.get("type", ""), rec["seconds"]) for op, rec in data["ops"].items()}
+        scratch = {op: rec["scratch_bytes"] for op, rec in data["ops"].items() if "scratch_bytes" in rec}
         return cls(
             ops,
             device=data.get("device", ""),
             device_name=data.get("device_name", ""),
             function=data.get("function", ""),
             steps=int(data.get("steps", 1)),
+            scratch=scratch,
         )
 
     def to_json(self) -> str:
@@ -357,6 +377,31 @@ class OpProfile:
         if not path.is_file():
             raise FileNotFoundError(f"op profile {str(path)!r} does not exist. Received: op_profile={str(path)!r}")
         return cls.from_json(path.read_text())
+
+
+def with_scratch(model: GraphModel, scratch: Mapping[str, int]) -> GraphModel:
+    """``model`` with each op of ``scratch`` (op name -> bytes, as :attr:`OpProfile.scratch`)
+    marked to allocate a temporary buffer of that size while it runs (the node attribute
+    ``scratch``, which :mod:`tflms.emulate.simulator` counts); ``model`` itself where no op of
+    it is named. A recompute's clone gets its original's.
+
+    >>> f32 = ("float32", (4,), 16, False)
+    >>> m = GraphModel.from_ops([{"name": "c", "type": "Conv2DBackpropFilter", "inputs": [], "outputs": [f32]}])
+    >>> with_scratch(m, {"c": 1 << 20}).dag.nodes["c"]["scratch"], with_scratch(m, {"x": 8}) is m
+    (1048576, True)
+    """
+    profile = OpProfile({op: ("", 0.0) for op in scratch})
+    found = {}
+    for op in model.dag:
+        name = _profiled_name(profile, op)
+        if name is not None and scratch[name] > 0:
+            found[op] = int(scratch[name])
+    if not found:
+        return model
+    dag = model.dag.copy()
+    for op, nbytes in found.items():
+        dag.nodes[op]["scratch"] = nbytes
+    return dataclasses.replace(model, dag=dag)
 
 
 def _profiled_name(profile: OpProfile, op: str) -> str | None:

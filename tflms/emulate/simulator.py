@@ -25,6 +25,9 @@ per-op allocation records on the test bed show (``benchmarks/simulator_accuracy.
    step's arguments belong to the caller: they are held for the whole step.
    Outputs of op types in :data:`tflms.ir.graph.ALIAS_OP_TYPES` (``Identity``,
    ``Reshape``, ``ReadVariableOp``...) share their input's buffer and allocate nothing.
+   An op with a measured temporary buffer (its ``scratch`` bytes, from an op profile:
+   :func:`tflms.emulate.costs.with_scratch`) allocates it after its outputs, as an output
+   nobody reads (rule 4).
 3. In-place outputs: an op of :data:`FORWARDING_OP_TYPES` whose output (or of
    :data:`FORWARDING_OUTPUTS`, whose output it names) has the size
    and dtype of an input it is the last reader of writes into that buffer (the
@@ -101,7 +104,7 @@ from .bfc import BFC_FIRST_REGION, BFC_MAX_WASTE, BFC_ROUND, OutOfMemory
 from .grappler import with_constant_pushdown
 from .order import ready_order, seed_ready_structure
 from .replay import STEPS, MemoryProfile, _Replay
-from .static import FORWARDING_OP_TYPES, FORWARDING_OUTPUTS, VARIABLE_WRITE_TYPES, _seed_ordered_static
+from .static import FORWARDING_OP_TYPES, FORWARDING_OUTPUTS, VARIABLE_WRITE_TYPES, _seed_ordered_static, is_scratch
 
 if TYPE_CHECKING:
     from ..ir.decisions import Order, Swap
@@ -379,9 +382,10 @@ class Simulator:
     def buffer_spans(self) -> list[tuple[str, int, int, int]]:
         """The device buffers of the plain step (rules 1-7, no swaps): ``(tensor, allocated at,
         end, bytes)``, positions in :attr:`order`, ``end`` the first position where the buffer is
-        no longer counted; the variables (``model.variable_bytes``) and their copies by rule 6
-        are not listed. A search that moves ops between devices re-counts these per device
-        (:mod:`tflms.plan.passes.place`) instead of simulating each candidate.
+        no longer counted; the variables (``model.variable_bytes``), their copies by rule 6 and
+        the ops' temporary buffers (rule 2) are not listed. A search that moves ops between
+        devices re-counts these per device (:mod:`tflms.plan.passes.place`) instead of simulating
+        each candidate.
 
         >>> from tflms.ir.graph import GraphModel
         >>> f32 = lambda n: ("float32", (n,), 4 * n, False)
@@ -393,7 +397,9 @@ class Simulator:
         [('a:0', 0, 3, 400), ('b:0', 1, 2, 40)]
         """
         run = self._runs[frozenset()]
-        return [(root, start, run.end[root], nbytes) for root, (start, nbytes) in run.alloc.items()]
+        return [
+            (root, start, run.end[root], nbytes) for root, (start, nbytes) in run.alloc.items() if not is_scratch(root)
+        ]
 
     def in_place_reads(self) -> frozenset[tuple[str, int]]:
         """The reads ``(op, input index)`` of the plain step whose op writes its output into that

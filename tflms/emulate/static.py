@@ -14,7 +14,14 @@ from .._devices import device_key
 from ..ir.graph import ALIAS_OP_TYPES, GraphModel, reach
 from .order import _ready_structure, ready_order, topological_order
 
-__all__ = ["FORWARDING_OP_TYPES", "FORWARDING_OUTPUTS", "VARIABLE_WRITE_TYPES", "static_of"]
+__all__ = [
+    "FORWARDING_OP_TYPES",
+    "FORWARDING_OUTPUTS",
+    "VARIABLE_WRITE_TYPES",
+    "is_scratch",
+    "scratch_name",
+    "static_of",
+]
 
 #: Op types whose kernel may write its output into the buffer of an input it reads
 #: last (TensorFlow's ``forward_input_or_allocate_output``): input indices it may
@@ -55,6 +62,22 @@ FORWARDING_OUTPUTS: dict[str, tuple[int, tuple[int, ...]]] = {
     "SoftmaxCrossEntropyWithLogits": (1, (0,)),
     "SparseSoftmaxCrossEntropyWithLogits": (1, (0,)),
 }
+
+
+def scratch_name(op: str) -> str:
+    """The name of ``op``'s temporary buffer (its node attribute ``scratch``, bytes) among the
+    simulator's buffers: allocated when the op runs, after its outputs, and freed after it, as
+    an output nobody reads (:func:`tflms.emulate.costs.with_scratch`).
+
+    >>> scratch_name("conv/Conv2DBackpropFilter")
+    'conv/Conv2DBackpropFilter (scratch)'
+    """
+    return f"{op} (scratch)"
+
+
+def is_scratch(name: str) -> bool:
+    """Whether a buffer name of the simulator is an op's temporary buffer (:func:`scratch_name`)."""
+    return name.endswith(" (scratch)")
 
 
 def _forwarding(op_type: str) -> tuple[int, tuple[int, ...] | None]:
@@ -210,6 +233,11 @@ def static_of(model: GraphModel, host_key: Any) -> _Static:
             allocated.add(r)
         readers = [(c, i) for c, i in t.consumers if types[c] != "IdentityN"]
         tensors.append((r, t.op, readers, types[t.op] != "IdentityN", nbytes))
+    for op, nbytes in dag.nodes(data="scratch"):
+        if nbytes and (host_key is None or device_key(dag.nodes[op]["device"]) != host_key):
+            name = scratch_name(op)
+            root[name] = name
+            tensors.append((name, op, [], True, nbytes))
     forwarding = []
     for op in dag.nodes:
         k, allowed = _forwarding(types[op])

@@ -350,7 +350,7 @@ class LMSFunction(Recovering):
             return self._run(new_cf, device, args, kwargs)
         if self.profiles_calls and device is not None and cf not in self._profiled:  # only a rewritten step
             out: list[Any] = []
-            kernels = tfi.profile_kernels(lambda: out.append(self._run_recovering(cf, args, kwargs)))
+            kernels = tfi.profile_kernels(lambda: out.append(self._run_recovering(cf, args, kwargs)), allocations=True)
             self.replan_with_kernels(kernels, [cf])
             return out[0]
         return self._run_recovering(cf, args, kwargs)

@@ -73,6 +73,7 @@ from collections.abc import Mapping, Sequence
 
 from .._util import format_bytes, format_sizes, paused_gc
 from ..config import LMSConfig, resolve_budget, resolve_swapout_window
+from ..emulate.costs import with_scratch
 from ..emulate.simulator import BFC_FIRST_REGION, Simulator
 from ..errors import LMSWarning
 from ..ir.decisions import Fence, Swap
@@ -111,6 +112,9 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
     with paused_gc():  # no frame of its own: warnings name the caller of make_plan
         config, _ = resolve_budget(config, None, "make_plan reads no device")
         config = resolve_swapout_window(config, config.device)
+        scratch = _measured_scratch(config)
+        if with_scratch(model, scratch) is not model:
+            model, simulator = with_scratch(model, scratch), None
         sim = simulator or Simulator(model, config.host)
         before = sim.peak()
         original = model
@@ -135,6 +139,9 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
 
         stage = _Stages(model)
         model, sim, decided = prepare(model, config, sim)  # {plan field: decisions}
+        if with_scratch(model, scratch) is not model:  # a pass that rebuilt the step left it out
+            model = with_scratch(model, scratch)
+            sim = Simulator(model, config.host)
         names = [p.name for p in PASSES if p.field in decided]
         stage.done(f"passes before the swaps ({', '.join(names) or 'none'})")
         orders = decided.pop("orders", ())  # the update orders; the schedule's are added below
@@ -194,6 +201,15 @@ class _Stages:
         now = time.perf_counter()
         log.info("make_plan %s: %s (%.1f s)", self.name, what, now - self.start)
         self.start = now
+
+
+def _measured_scratch(config: LMSConfig) -> dict[str, int]:
+    """The ops' temporary buffers of the op profile ``config`` names (``Knobs.op_profile``), by
+    op: the simulator counts them (:func:`tflms.emulate.costs.with_scratch`); none without a profile."""
+    from .timing import load_profile
+
+    profile = load_profile(config)
+    return dict(profile.scratch) if profile is not None else {}
 
 
 def check_placement(sim: Simulator, swaps: Sequence[Swap], budget: int) -> None:

@@ -22,6 +22,7 @@ profile (:func:`auto_profile_path`) and plan that signature again with it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import tempfile
@@ -29,8 +30,16 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ..emulate.costs import OpProfile
+from ..emulate.static import VARIABLE_WRITE_TYPES
 
-__all__ = ["AUTO_PROFILE", "MAX_GAP", "device_kernels_with_gaps", "profile_of_call", "auto_profile_path"]
+__all__ = [
+    "AUTO_PROFILE",
+    "MAX_GAP",
+    "auto_profile_path",
+    "device_kernels_with_gaps",
+    "profile_of_call",
+    "scratch_of_call",
+]
 
 #: ``Knobs.op_profile`` value: profile the first rewritten call of each input signature, then plan again.
 AUTO_PROFILE = "auto"
@@ -105,7 +114,43 @@ def profile_of_call(
             if own is not None:
                 named.append({**k, "op": own})
         records = named
-    return OpProfile.from_kernels([records], device=device, device_name=device_name, function=function)
+    profile = OpProfile.from_kernels([records], device=device, device_name=device_name, function=function)
+    scratch = scratch_of_call(kernels, device, ops)
+    return dataclasses.replace(profile, scratch={op: n for op, n in scratch.items() if op in profile.ops})
+
+
+def scratch_of_call(
+    records: Sequence[Mapping[str, Any]], device: str = "", ops: Collection[str] | None = None
+) -> dict[str, int]:
+    """Per op, the largest temporary buffer its kernel took from ``device``'s allocator in one
+    profiled call: the allocation records (``source == 'allocator'``, as
+    :func:`tflms._tf_internal.profile_kernels` gives them with ``allocations=True``) of region
+    ``temp``. A GPU's allocator is named ``GPU_<n>_bfc``; any other allocator counts for a
+    device that is not a GPU. The temporary copy a variable write makes (``AssignSubVariableOp``
+    and the other :data:`tflms.emulate.static.VARIABLE_WRITE_TYPES`) is left out: the simulator
+    counts it as the variable's copy (its rule 6). With ``ops``, an inlined op's record counts
+    for its own name and other ops' are left out.
+
+    >>> rs = [{"source": "allocator", "region": "temp", "allocator": "cpu_bfc", "op": op, "bytes": b}
+    ...       for op, b in (("f/conv", 512), ("f/conv", 2048), ("f/assign", 4096))]
+    >>> rs += [{"source": "executor", "op": "f/assign", "type": "AssignSubVariableOp"}]
+    >>> scratch_of_call(rs, "/device:CPU:0", ops={"conv", "assign"}), scratch_of_call(rs, "/device:GPU:0")
+    ({'conv': 2048}, {})
+    """
+    gpu = "GPU" in device.upper()
+    type_of = {r["op"]: r.get("type", "") for r in records if r.get("source") != "allocator"}
+    found: dict[str, int] = {}
+    for r in records:
+        if r.get("source") != "allocator" or r.get("region") != "temp" or not r.get("op"):
+            continue
+        allocator = str(r.get("allocator", "")).upper()
+        if allocator.startswith("GPU") != gpu or "HOST" in allocator:
+            continue
+        own = _own_name(r["op"], ops) if ops is not None else r["op"]
+        if own is None or type_of.get(r["op"]) in VARIABLE_WRITE_TYPES:
+            continue
+        found[own] = max(found.get(own, 0), int(r["bytes"]))
+    return found
 
 
 def auto_profile_path(function: str, signature: str, device: str) -> str:

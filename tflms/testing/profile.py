@@ -21,12 +21,13 @@ the first call of a signature is profiled and the others reuse it. Save a profil
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..config import check_int
 from ..emulate.costs import OpProfile
-from ..plan.profiles import MAX_GAP, device_kernels_with_gaps, step_records
+from ..plan.profiles import MAX_GAP, device_kernels_with_gaps, scratch_of_call, step_records
 
 __all__ = ["profile_ops", "profile_once", "signature", "device_kernels_with_gaps", "MAX_GAP"]
 
@@ -70,12 +71,16 @@ def profile_ops(
         raise TypeError(f"step must be callable (a tf.function or a ConcreteFunction). Received: step={step!r}")
     args = tuple(args)
     scope = tf.device(device) if device is not None else contextlib.nullcontext()
-    runs = []
+    runs: list[list[dict[str, Any]]] = []
+    scratch: list[dict[str, int]] = []
     with scope:
         for _ in range(warmup):
             step(*args)
         for _ in range(steps):
-            runs.append(step_records(tfi.profile_kernels(lambda: step(*args)), include_gaps))
+            records = tfi.profile_kernels(lambda: step(*args), allocations=True)
+            runs.append(step_records(records, include_gaps))
+            on_gpu = any(k.get("source") == "device" for k in records)
+            scratch.append(scratch_of_call(records, device or ("/device:GPU:0" if on_gpu else "")))
     name = ""
     gpus = [k for k in runs[0] if k.get("source") == "device"] if runs else []
     if gpus:
@@ -85,7 +90,9 @@ def profile_ops(
         except (RuntimeError, ValueError, IndexError):  # details are optional
             name = ""
     function = getattr(step, "__name__", None) or getattr(getattr(step, "graph", None), "name", "") or ""
-    return OpProfile.from_kernels(runs, device=device or "", device_name=name, function=str(function))
+    profile = OpProfile.from_kernels(runs, device=device or "", device_name=name, function=str(function))
+    most = {op: max(s.get(op, 0) for s in scratch) for op in set().union(*scratch) if op in profile.ops}
+    return dataclasses.replace(profile, scratch=most)
 
 
 def profile_once(step: Callable[..., Any], args: Sequence[Any], **kwargs: Any) -> OpProfile:

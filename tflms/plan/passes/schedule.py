@@ -244,7 +244,7 @@ def _candidates(sim: Simulator, swaps: Sequence[Swap]) -> list[tuple[Order, ...]
     # The swap-ins' readers as the simulator runs them (where a push-down moved a read).
     as_run = sim._as_run(swaps)  # noqa: SLF001 (the simulator's rule 0, within the package)
     groups = {(s.tensor, k): si.consumers for s in as_run for k, si in enumerate(s.swap_ins)}
-    live = [name for name, _ in sim.live(position, swaps) if " (copied by " not in name][:TOP]  # no copy is ordered
+    live = [name for name, _ in sim.live(position, swaps) if name in model.tensors or " (swap-in " in name][:TOP]
 
     def last_reader(buffer: str) -> str | None:
         tensor, _, k = buffer.partition(" (swap-in ")
