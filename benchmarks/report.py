@@ -80,16 +80,27 @@ def _header(data: dict) -> str:
     return f"{data['date']}, {data['machine']}, TensorFlow {data['tensorflow']}, tflms {data['tflms']}"
 
 
+def _newest(rows: list[dict]) -> list[dict]:
+    """The rows of ``rows`` run last: those with the label of the latest ``date``. The earlier runs
+    stay in the JSON (each labelled, with its commit and the machine's load in its notes)."""
+    latest = max(rows, key=lambda r: r["date"])["label"]
+    return [r for r in rows if r["label"] == latest]
+
+
 def pass_speed(data: dict) -> str:
-    # Rows without "serialize" were planned when it was off by default (before 2026-11-25).
+    """``pass_speed.py``: the block stacks' rows, then the newest run of the Keras applications, of
+    the capacity search and of the policies (each row with its date)."""
+    # Rows without "serialize" were planned with serialize=False, then the default.
     ordered = {r.get("serialize", False) for r in data["rows"]}
     schedule = (
         "; planned with `serialize=True` (the memory-aware schedule)"
         if ordered == {True}
         else ("; planned with `serialize=False` (no memory-aware schedule)" if ordered == {False} else "")
     )
+    notes = data.get("notes") or {}
+    rows_note = f"; {notes['rows']}" if isinstance(notes, dict) and notes.get("rows") else ""
     lines = [
-        f"_{_header(data)}; seconds, best of the runs; transformer-block Adam steps{schedule}_",
+        f"_{_header(data)}; seconds, best of the runs; transformer-block Adam steps{schedule}{rows_note}_",
         "",
         "| ops | swaps | graph model | plan | rewrite (in place) | **total** | + graph copy (`optimize(cf)`) |",
         "|---:|---:|---:|---:|---:|---:|---:|",
@@ -105,35 +116,36 @@ def pass_speed(data: dict) -> str:
             "",
             "Keras applications, default options (seconds, min / median of the runs; the trace is TensorFlow's):",
             "",
-            "| when | model | batch | ops | swaps | trace | graph model | plan |",
+            "| date | model | batch | ops | swaps | trace | graph model | plan |",
             "|---|---|---:|---:|---:|---:|---:|---:|",
         ]
-        for r in data["keras"]:
+        for r in _newest(data["keras"]):
             s = r["seconds"]
             cells = " | ".join(f"{s[k]['min']:.2f} / {s[k]['median']:.2f}" for k in ("trace", "model", "plan"))
-            lines.append(f"| {r['label']} | {r['name']} | {r['batch']} | {r['ops']:,} | {r['swaps']} | {cells} |")
+            lines.append(f"| {r['date']} | {r['name']} | {r['batch']} | {r['ops']:,} | {r['swaps']} | {cells} |")
     if data.get("capacity"):
         lines += [
             "",
             "The capacity search of `tflms plan NAME --batch B --budget SIZE --max-batch` (seconds, min / median):",
             "",
-            "| when | model | budget | largest batch plain / with tflms (predicted) | trace | search |",
+            "| date | model | budget | largest batch plain / with tflms (predicted) | trace | search |",
             "|---|---|---|---|---:|---:|",
         ]
-        for r in data["capacity"]:
+        for r in _newest(data["capacity"]):
             s = r["seconds"]
             lines.append(
-                f"| {r['label']} | {r['name']} | {r['budget']} | {r['without_lms']} / {r['with_lms']} "
+                f"| {r['date']} | {r['name']} | {r['budget']} | {r['without_lms']} / {r['with_lms']} "
                 f"| {s['trace']['min']:.1f} / {s['trace']['median']:.1f} | {s['search']['min']:.0f} / "
                 f"{s['search']['median']:.0f} |"
             )
     if data.get("policies"):
-        lines += ["", _pass_speed_policies(data["policies"])]
-    notes = data.get("notes") or {}
-    lines += ["", *(f"- {k}: {v}" for k, v in notes.items())] if isinstance(notes, dict) else []
-    # The --policies rows keep their notes in the rows: one line per label.
-    policy_notes = {r["label"]: r["notes"] for r in data.get("policies", []) if r.get("notes")}
-    lines += [f"- policies, {label}: {note}" for label, note in policy_notes.items()]
+        lines += ["", _pass_speed_policies(_newest(data["policies"]))]
+    if any(data.get(k) for k in ("keras", "capacity", "policies")):
+        lines += [
+            "",
+            "The Keras, capacity and policy tables show their newest run; `benchmarks/results/pass_speed.json` "
+            "keeps the earlier ones, with notes on the code each timed and the machine's load.",
+        ]
     return "\n".join(lines)
 
 
@@ -151,9 +163,9 @@ def _pass_speed_policies(rows: list[dict]) -> str:
         "the runs; plan CPU: the process's CPU seconds; rewrite: only where the plan changes the step; load "
         "average: 1 minute, at the start and the end of the run):",
         "",
-        "| when | date | policy | ops | swaps | sums split | tiles dropped | predicted peak before -> after "
+        "| date | policy | ops | swaps | sums split | tiles dropped | predicted peak before -> after "
         "| graph model | plan | plan CPU | rewrite | total | runs | load average |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         s = r["seconds"]
@@ -161,7 +173,7 @@ def _pass_speed_policies(rows: list[dict]) -> str:
             f"{s[k]['min']:.2f} / {s[k]['median']:.2f}" for k in ("model", "plan", "plan_cpu", "rewrite", "total")
         )
         lines.append(
-            f"| {r['label']} | {r['date']} | `{r['policy']}` | {r['ops']:,} | {r['swaps']} | {r['sums']} "
+            f"| {r['date']} | `{r['policy']}` | {r['ops']:,} | {r['swaps']} | {r['sums']} "
             f"| {r['tiles']} | {r['peak_bytes_before'] / 2**20:,.1f} -> {r['peak_bytes_after'] / 2**20:,.1f} MiB "
             f"| {cells} "
             f"| {len(s['total']['runs'])} | {_load_average(r.get('load_average') or {})} |"

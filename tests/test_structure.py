@@ -190,3 +190,26 @@ def test_every_import_between_tflms_modules_names_one_that_exists():
     modules = {_module_name(p) for p in PACKAGE.rglob("*.py")}
     missing = [f"{i.importer}:{i.line} imports {i.module}" for i in _imports() if i.module not in modules]
     assert missing == []
+
+
+def test_each_stage_says_what_it_holds_and_the_package_map_names_the_stages_in_order():
+    """Each stage's ``__init__.py`` (and ``tflms/plan/passes``'s) has a docstring of at most four
+    lines that says more than the stage's name. The package map is written once, in the docstring
+    of ``tflms`` (a line ``<stage>/ ...`` a stage), and names every stage in the order of
+    :data:`STAGES`; docs/how-it-works.md renders that docstring (``::: tflms``)."""
+    import re
+
+    def docstring(path: Path) -> str:
+        return ast.get_docstring(ast.parse(path.read_text())) or ""
+
+    bad = {}
+    for stage in (*STAGES, "plan/passes"):
+        text = docstring(PACKAGE / stage / "__init__.py")
+        if not 1 <= len(text.splitlines()) <= 4 or len(text.split()) < 8:
+            bad[stage] = text
+    assert not bad, f"stage docstrings missing, bare or longer than four lines: {bad}"
+
+    package_map = re.findall(r"^(\w+)/\s", docstring(PACKAGE / "__init__.py"), re.MULTILINE)
+    assert tuple(package_map) == STAGES, "the package map in tflms/__init__.py does not list STAGES in order"
+    how_it_works = (PACKAGE.parent / "docs" / "how-it-works.md").read_text()
+    assert re.search(r"^::: tflms$", how_it_works, re.MULTILINE), "docs/how-it-works.md does not render the map"

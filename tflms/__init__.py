@@ -1,23 +1,39 @@
 """tflms: train TensorFlow models larger than the device by rewriting the training step's graph.
 
-The package follows the pipeline, one subpackage a stage::
+One traced step goes through the stages below, each a subpackage of ``tflms`` whose docstring says
+what the stage holds; the list is the data flow, and this is the package map:
 
-    ir/            GraphModel: the traced step as a networkx DAG of ops and tensors; the
-                   decisions a plan is made of, as frozen data
-    emulate/       what TensorFlow will do with it: executor order, Grappler and oneDNN rules,
-                   the BFC allocator, the memory simulator
-    plan/          SwapPlan (records), candidates, the ordered pass registry
-                   (plan/passes), the planner and the autotuner (budget and batch-size search)
-    rewrite/       apply a plan to a copy of the TensorFlow graph (host-gated swap-ins)
-    report/        plots of predicted memory
-    integrations/  tflms.function, LMSCallback, Horovod
-    testing/       the two-process test bed, the measurement harness, the model zoo, the demo
-    tools/         build_horovod: a Horovod wheel for TensorFlow 2.21
+```text
+trace          tf.function's tracing, or Keras's train step (ir/trace.py)     -> ConcreteFunction
+ir/            GraphModel: the step as a networkx DAG of ops, levels and phases; the decisions
+               a plan is made of (decisions.py: swaps, recomputes, fences, ...)
+emulate/       what TensorFlow will do with it: the executor's order (order.py), Grappler's
+               constant push-down (grappler.py), oneDNN's fused pairs (fusion.py), the BFC
+               allocator (bfc.py); the simulator (simulator.py, static.py, replay.py):
+               predicted device memory of the step, with or without a plan
+plan/          SwapPlan (records.py), candidates, the ordered pass registry (registry.py):
+                 split sums -> drop tiles -> recompute -> swaps -> fences -> orders
+               the passes themselves (passes/), the planner, the autotuner (a budget's
+               knobs) and the capacity search (the largest batch)              -> SwapPlan
+rewrite/       the plan applied to a copy of the graph, one applier a pass, in registry
+               order: swap-outs, host-gated swap-ins, clones, ordering edges   -> ConcreteFunction
+report/        the predicted memory timeline as a picture, plan summaries
+integrations/  tflms.function / tflms.optimize, LMSCallback (one process, or Horovod's mode)
+testing/       the test bed, measured processes, your own model measured, the model zoo, the demo
+tools/         build_horovod: a Horovod wheel for TensorFlow 2.21
+```
 
-This module only re-exports (``tflms/__init__.pyi`` lists the names); ``import tflms``
-imports no TensorFlow until a name that needs it is used.
+Below every stage sit the options (``config.py``), the errors (``errors.py``), device strings
+(``_devices.py``) and TensorFlow's private API (``_tf_internal.py``). A module imports only from its
+own stage, an earlier one or those (``tests/test_structure.py`` checks it, and that this map names
+the stages in that order).
 
-Example:
+Everything a user calls is re-exported by ``tflms`` itself (``tflms.function``,
+``tflms.LMSCallback``, ``tflms.LMSConfig``, ``tflms.Knobs``, ``tflms.SwapPlan``,
+``tflms.max_batch_size``, ``tflms.horovod``, ``tflms.testbed``, ...; ``tflms/__init__.pyi`` lists
+them); ``import tflms`` imports no TensorFlow until a name that needs it is used.
+
+Examples:
     >>> import tflms
     >>> tflms.LMSConfig().budget
     'auto'

@@ -15,7 +15,7 @@ from ..ir.graph import GraphModel, reach
 #: unless a path joins the two: then each runs alone, and the bias gradient's bits change
 #: (``tests/test_tf_internals.py``). No order or trigger of a plan may join them
 #: (:func:`fused_partners`). The rule holds for every device: a GPU does not fuse the two, so a
-#: plan for one may go without an order it could have had (none seen so far).
+#: plan for one may go without an order it could have had.
 FUSED_GRADIENT_TYPES = ("Conv2DBackpropFilter", "BiasAddGrad")
 
 

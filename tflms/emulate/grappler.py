@@ -25,8 +25,9 @@ def with_constant_pushdown(model: GraphModel) -> tuple[GraphModel, list[tuple[st
     Grappler rewrites ``C * (X * Y)`` (``C`` a ``Const``, the inner product read only by
     the outer one) into ``X * (C * Y)``, and likewise for ``+``. Where ``Y`` is a forward
     tensor and ``X`` a gradient, the inner op then reads forward tensors only, so the
-    executor runs it in the forward pass and its output lives until the backward pass:
-    Keras's attention (``softmax * scale``) and GELU gradients, measured on the test bed.
+    executor runs it in the forward pass and its output lives until the backward pass, as
+    in the gradients of Keras's attention (``softmax * scale``) and GELU
+    (``tests/test_tf_internals.py`` pins the rewrite).
     The conditions are Grappler's: the five ops on one device (an unplaced op counts as
     the same), ``X`` the child's first input unless that is a constant, the parent's
     constant no larger than ``X`` (when both shapes are known), no 16-bit floats,

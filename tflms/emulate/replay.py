@@ -54,9 +54,9 @@ class MemoryProfile:
 
 
 #: Steps the allocator emulation (rule 8) runs one after the other. The chunks a step gets
-#: depend on where the steps before it left the variables that rule 6 copied: three steps
-#: predicted 1-3 % less than five for ResNet50 96² (batch 16-48), the same for the CNN and
-#: the transformer, in 60 % of the time.
+#: depend on where the steps before it left the variables that rule 6 copied. Three steps cost
+#: 60 % of five and predict the same peak as five for the zoo's CNN and transformer, 1-3 % less
+#: for its ResNet50 96² (batch 16-48).
 STEPS = 3
 
 

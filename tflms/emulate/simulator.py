@@ -47,8 +47,9 @@ per-op allocation records on the test bed show (``benchmarks/simulator_accuracy.
    ``Conv2DBackpropInput`` against its Adam update), copies the variable first, as
    TensorFlow's ``PrepareToUpdateVariable`` does: the new buffer, allocated at the
    update, is the variable from then on; the old one is freed ``1 + LAG`` steps
-   after the last of those reads (measured on the test bed, ResNet50 96² batch 16:
-   51-61 MiB of its 90 MiB of weights copied per step; this rule copies all of them).
+   after the last of those reads. TensorFlow copies only where the read has not
+   finished when the update runs, which depends on timing; this rule copies every
+   variable whose read may not have, so it counts the most copies a step can make.
 7. With a plan: the far consumers of a swapped tensor no longer read the device
    copy; the swap-out reads it right after its producer (so the device copy is
    freed by rules 3-4 applied to the swap-out and the *near* consumers). Each
@@ -70,7 +71,7 @@ per-op allocation records on the test bed show (``benchmarks/simulator_accuracy.
    model does not list them), and ``STEPS`` steps run one after the other on that
    allocator: a variable copied by rule 6 moves to its new chunk for the steps after
    it, which is how small variables come to sit inside the large free chunks
-   activations need (a 16 MiB activation in a 30 MiB hole, unsplit, measured). The
+   activations need (a 16 MiB activation takes a 30 MiB hole whole: it is not split). The
    prediction is the step with the highest peak. ``requested`` (:attr:`MemoryProfile.requested`,
    :meth:`Simulator.requested_peak`, :meth:`Simulator.prefix_peaks`) is the same
    model without this rule: a lower bound, fast to compute, used by searches.
@@ -358,11 +359,11 @@ class Simulator:
         region. So a step whose :meth:`peak` is within ``limit`` may still find no room for a
         large tensor: with 32 MiB in use, regions of 2+4+...+64 MiB leave 130 MiB of a 256 MiB
         cap, and a 187.5 MiB request fails though most of the pool is free. A diagnostic, not
-        what budgets are checked by: on the test bed it erred both ways (the GPT of
-        :mod:`tflms.testing.measure` at batch 16: a plan it placed under 320 MiB ran out of memory there
-        asking for its logits, and the default plan, for whose logits it found no chunk, trained),
-        and under caps near the peak it misses chunks for tensors far smaller than the room left
-        (ResNet50). :func:`tflms.plan.planner.check_placement` warns by the room left instead.
+        what budgets are checked by: the chunks it places are not the ones TensorFlow places, so
+        it errs both ways (a plan it places may run out of memory, one for whose tensor it finds
+        no chunk may train), and under a cap near the peak it misses chunks for tensors far
+        smaller than the room left. :func:`tflms.plan.planner.check_placement` warns by the room
+        left instead.
 
         >>> from tflms.ir.graph import GraphModel
         >>> mib = lambda n: ("float32", (n << 18,), n << 20, False)

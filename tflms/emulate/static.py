@@ -54,8 +54,7 @@ FORWARDING_OP_TYPES: dict[str, tuple[int, ...] | None] = {
 #: :data:`FORWARDING_OP_TYPES` (rule 3; kept apart from it: :mod:`tflms.plan.passes.schedule` orders element-wise
 #: ops): op type -> (the output, the input indices). Softmax and LogSoftmax write into their logits
 #: (``softmax_op.cc``); the cross-entropy ops write their backprop, output 1, into them
-#: (``xent_op.cc``, ``sparse_xent_op.cc``). Measured on the test bed (the GPT of
-#: :mod:`tflms.testing.measure`, batch 8): none of them allocated a buffer.
+#: (``xent_op.cc``, ``sparse_xent_op.cc``), so none of them allocates a buffer of its own.
 FORWARDING_OUTPUTS: dict[str, tuple[int, tuple[int, ...]]] = {
     "Softmax": (0, (0,)),
     "LogSoftmax": (0, (0,)),
@@ -265,7 +264,7 @@ def _seed_ordered_static(parent: GraphModel, child: GraphModel, orders: Sequence
     data: buffers, reads and in-place outputs stay; only a variable write (rule 6) may now wait for
     a read that it did not wait for, through a path over one of the new edges ``after -> op``, i.e.
     from an ancestor of ``after`` to a descendant of ``op``. (For the schedule's search, which
-    orders one step many times: deriving a ResNet50 step's writes afresh took 0.2-0.3 s here.)"""
+    orders one step many times: deriving the writes afresh walks the whole graph each time.)"""
     hit = _STATICS.get(parent.dag, {}).get(host_key)
     if hit is None or hit[0] is not parent.tensors or child.tensors is not parent.tensors:
         return

@@ -43,9 +43,9 @@ __all__ = [
 ]
 
 
-#: ``swapout_window`` of the ``'lms_fenced'`` mode of :func:`measure_step`: four swap-outs in flight
-#: kept every step of the 8-block encoder (batch 32) within 4 % of its prediction (measured on the
-#: test bed, benchmarks/results/fences.json).
+#: ``swapout_window`` of the ``'lms_fenced'`` mode of :func:`measure_step`: with four swap-outs in
+#: flight every step of the 8-block encoder (batch 32) is within 4 % of its prediction
+#: (benchmarks/results/fences.json, the test bed).
 FENCE_WINDOW = 4
 
 
@@ -81,15 +81,13 @@ def measure_step(
     :func:`tflms.optimize` with ``options``, on the measured process's device and host,
     :func:`tflms.testing.testbed.devices`). Every mode starts from the same weights and optimizer
     state, in this one process: TensorFlow's CPU kernels are not bit-reproducible across
-    processes here (plain steps of ResNet50 differ in the 6th digit from one process to
-    the next), so only runs in one process can be compared exactly.
+    processes (a plain ResNet50 step's numbers differ from one process to the next), so only
+    steps in one process can be compared exactly.
 
     The first ``warmup`` steps are not counted in ``peak``: a function's first call
-    instantiates it (on the test bed also its host half, in the host process), and the
-    rewritten step's first peak measured up to 1.8x its later ones (ResNet50 96² b48:
-    926 MiB, then 509-604 MiB) in earlier runs; in later ones (ResNet50 b32 and b48)
-    at most 9 % above them. The plain step's first peak is mostly its lowest (not
-    always: a CNN b32 run measured 130 MiB, then 115 MiB).
+    instantiates it (on the test bed also its host half, in the host process), so its peak is
+    not the steady state's: a rewritten step's first peak can be well above its later ones, a
+    plain step's is mostly below them. ``first_peak`` keeps it.
 
     Returns ``{'model', 'batch', 'size', 'plain_predicted', MODE: {...}}`` where each mode
     has ``peak`` (the steady-state peak: the largest measured per-step peak after the
@@ -99,11 +97,11 @@ def measure_step(
     ``layout_optimizer_off`` (whether they ran with Grappler's layout optimizer off: the
     rewritten steps with ``memory_optimizer='auto'``, as ``tflms.function`` calls them) and, for
     ``'lms'``, ``n_swaps``, ``n_swap_ins``, ``n_fences``, ``n_orders``, ``swapped_bytes`` and the plan's ``options``.
-    ``'lms_device_gated'`` applies the same plan with the swap-ins on the device (as tflms
-    0.1 did; see :func:`tflms.rewrite.apply.apply_plan`): the negative control.
+    ``'lms_device_gated'`` applies the same plan with the swap-ins on the device, where a swap-in
+    does not wait for its trigger (see :func:`tflms.rewrite.apply.apply_plan`): the negative control.
     ``'lms_fenced'`` is ``'lms'`` with ``swapout_window=``:data:`FENCE_WINDOW` (the same swaps,
     plus fences). ``'lms_serialized'`` is ``'lms'`` with ``serialize=True`` (the same swaps, plus
-    the memory-aware schedule's orders, counted in ``n_orders``; the default since 2026-11-25),
+    the memory-aware schedule's orders, counted in ``n_orders``; the default),
     ``'lms_unordered'`` with ``serialize=False`` (the swaps alone). Three modes add a pass to the
     policy of ``options`` (``'default'`` if they name none): ``'lms_split_sums'`` ``split_sums``
     (:mod:`tflms.plan.passes.sums`; its entry's ``n_sums`` counts them), ``'lms_ordered_updates'``
@@ -220,7 +218,7 @@ def _lms_step(
     else:
         step, plan = optimize(cf, device=device, host=host, **found)
         plans[key] = plan
-    if mode == "lms_device_gated":  # the negative control: tflms 0.1's swap-in placement
+    if mode == "lms_device_gated":  # the negative control: the swap-ins on the device
         graph = tfi.copy_graph(cf)
         apply_plan(graph, plan, device, host, swap_in_on="device")
         step = tfi.rebuild(cf, graph)

@@ -93,7 +93,8 @@ def _transformer(seq: int, dim: int = 256, heads: int = 8, layers: int = 2, drop
 def _twoinput(size: int) -> Any:
     """A subclassed two-input model that overrides ``train_step``: four Conv2D (ReLU) + MaxPool2D
     stages on a ``size``-pixel image, a Dense branch on a 64-wide vector, concatenated, a Dense
-    head: the model of issue 57. At 128 px and batch 32 its first stage's output is 64 MiB;
+    head (what ``LMSCallback`` meets in user code: several inputs and a ``train_step`` of its own).
+    At 128 px and batch 32 its first stage's output is 64 MiB;
     tests/testing/test_recovery_testbed.py trains it with tflms under its plain step's measured peak."""
     import keras
     import tensorflow as tf

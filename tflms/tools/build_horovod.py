@@ -3,7 +3,7 @@
 Run as ``python -m tflms.tools.build_horovod`` (``--help`` for options) or call
 :func:`ensure_horovod` from Python.
 
-Why: Horovod 0.28.1 (the latest release, 2023) publishes only an sdist, and
+Why: Horovod 0.28.1, its latest release, publishes only an sdist, and
 that sdist does not build against TensorFlow 2.21 as published. This module
 makes the build reproducible:
 
@@ -36,7 +36,7 @@ HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1`` and
 ``HOROVOD_BUILD_ARCH_FLAGS`` / ``HOROVOD_CMAKE`` already in the environment
 is passed through (Horovod's default arch flags are ``-mf16c -mavx -mfma``).
 
-GPU (untested here): with ``--gpu auto`` (default) a GPU build is made when a
+GPU (the tests check the detection, not a GPU build): with ``--gpu auto`` (default) a GPU build is made when a
 CUDA toolkit is found (``nvcc`` on PATH, or ``CUDA_HOME``/``CUDA_PATH`` set)
 *and* the installed TensorFlow is built with CUDA; it adds
 ``HOROVOD_GPU_OPERATIONS=NCCL`` (NCCL headers and library must be findable,
@@ -55,10 +55,10 @@ cached), and every run prints the ``pip install`` command of the wheel it built 
 
 Running with Horovod over localhost: ``horovodrun --gloo -np 2 -H
 localhost:2 python train.py`` (the venv's ``bin`` must be on PATH so that
-``horovodrun`` and the right ``python`` are found; no ``HOROVOD_GLOO_IFACE``
-was needed).
+``horovodrun`` and the right ``python`` are found; ``HOROVOD_GLOO_IFACE`` need
+not be set).
 
-Known limits with Keras 3 (seen with TF 2.21 / Keras 3.15): ``hvd.allreduce``
+Known limits with Keras 3 (TF 2.21, Keras 3.15): ``hvd.allreduce``
 / ``hvd.grouped_allreduce`` work eagerly and in ``tf.function``;
 ``horovod.tensorflow.keras`` imports, but ``model.fit`` with its
 ``DistributedOptimizer``, ``hvd.DistributedGradientTape.gradient(loss,

@@ -54,8 +54,8 @@ WEIGHT_IN_SCOPE = "tflms_weightin"
 #: Ops never chosen as a trigger: they are not a point in the step's time (no inputs), Grappler
 #: removes them (``IdentityN``), their body is another function, or they are sums: Grappler's
 #: arithmetic optimizer folds a tree of sums into an ``AddN`` only where no member has a control
-#: edge, so a trigger there changes how the sum rounds (seen: a LayerNorm's ``add_2``, the trigger
-#: of the next attention's query bias, kept the GPT from being bit-identical).
+#: edge, so a trigger there changes how the sum rounds and the step is no longer bit-identical
+#: (in the GPT, a LayerNorm's ``add_2`` as the trigger of the next attention's query bias).
 _NO_TRIGGER_TYPES = frozenset({"Placeholder", "Const", "IdentityN", "NoOp"}) | CONTROL_FLOW_OP_TYPES | SUM_OP_TYPES
 
 
@@ -147,8 +147,8 @@ def weight_transfers(model: GraphModel, side: Collection[str], host_ops: Collect
 
 def _constant(model: GraphModel) -> set[str]:
     """The ops that read only constants (and the ``Const`` ops): Grappler folds them, and drops the
-    control edges they would send (seen: the GPT's position embedding's copy, gated by an op of its
-    constant indices, left the host at the step's start)."""
+    control edges they would send: a copy gated by one leaves the host at the step's start (in the
+    GPT, the position embedding's copy gated by an op of its constant indices)."""
     dag, found = model.dag, set()
     for n in nx.topological_sort(dag):
         preds = dag.pred[n]
@@ -160,8 +160,8 @@ def _constant(model: GraphModel) -> set[str]:
 def _near_inputs(model: GraphModel, consumers: list[str], hops: int = NEAR) -> set[str]:
     """The ops within ``hops`` data edges upstream of ``consumers``: never their trigger. Grappler's
     remapper and oneDNN fuse an op with the ops that read it (``Conv2D`` + ``BiasAdd`` + ``Relu``,
-    ``MatMul`` + ``BiasAdd``): a trigger fused with a consumer of its own copy would wait for itself
-    (seen: the small CNN's step hung with a kernel's ``Conv2D`` triggering its bias's copy)."""
+    ``MatMul`` + ``BiasAdd``): a trigger fused with a consumer of its own copy waits for itself and
+    the step hangs (a kernel's ``Conv2D`` as the trigger of its bias's copy)."""
     dag, found, frontier = model.dag, set(), list(consumers)
     for _ in range(hops):
         frontier = [u for n in frontier for u, e in dag.pred[n].items() if not e["control"] and u not in found]
