@@ -168,6 +168,14 @@ def test_run_measured_reports_errors_without_raising():
 
 
 @pytest.mark.measured
+def test_a_cap_above_two_gib_is_claimed_in_one_region():
+    """A shape's dimensions are 32-bit: the claim of a 3 GiB cap is one request all the same."""
+    r = testbed.run_measured("tflms.testing.testbed:memory", cap="3GiB", timeout=300)
+    assert r.ok, (r.status, r.error[-2000:])
+    assert r.value["current"] < 64 * 2**20 and r.value["peak"] == r.value["current"], r.value  # freed, peak reset
+
+
+@pytest.mark.measured
 def test_measured_process_yields_the_cores_to_its_host_worker():
     """connect() lowers every thread of the measured process, and every thread it starts
     later, by DEVICE_NICE; the host worker, started before, keeps its priority."""

@@ -233,17 +233,17 @@ def claim_memory() -> int:
     mib = int(os.environ.get(_CAP, "0") or 0)
     if _is_gpu_process() or mib <= 0 or os.environ.get(GROWTH) == "1":
         return 0
-    size = mib * 2**20 - memory()["current"]
+    rows = (mib * 2**20 - memory()["current"]) >> 20  # whole MiB: a shape's dimensions are 32-bit
     with tf.device(DEVICE):
-        while size > 2**20:  # regions already made hold a little: the largest request that fits
+        while rows > 1:  # regions already made hold a little: the largest request that fits
             try:
-                tf.raw_ops.Empty(shape=[size], dtype=tf.uint8, init=False)
+                tf.raw_ops.Empty(shape=[rows, 2**20], dtype=tf.uint8, init=False)
                 break
             except tf.errors.ResourceExhaustedError:
-                size -= 2**20
+                rows -= 1
     reset_peak()
     print(CLAIM_MARK, file=sys.stderr, flush=True)
-    return max(size, 0)
+    return max(rows, 0) << 20
 
 
 def _require_measured(what: str) -> None:
