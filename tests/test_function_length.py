@@ -25,7 +25,6 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tflms"
 PENDING = frozenset(
     {
         "tflms/testing/demo.py:_measured_demo",  # pending, issue 64
-        "tflms/testing/own_model.py:_measure_way",  # pending, issue 64
     }
 )
 
