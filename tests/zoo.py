@@ -59,6 +59,16 @@ def run_steps(setup: Setup, step: Callable, n: int = 3, device: str | None = "/d
     return np.array(losses), [v.numpy() for v in setup.state()]
 
 
+def tiny_step() -> tuple[keras.Model, Callable]:
+    """The smallest traced training step, for the tests of TensorFlow's graphs: (model, step). The
+    model is 8 -> Dense(16, relu) -> Dense(1) (seed 0); ``step(x, y)`` is the ``tf.function`` of
+    :func:`~tflms.testing.zoo.train_step_of` with the mean squared error and SGD(0.1)."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    step = train_step_of(model, lambda y, prediction: tf.reduce_mean((prediction - y) ** 2), keras.optimizers.SGD(0.1))
+    return model, tf.function(step)
+
+
 def plain_step(model: keras.Model, step_fn: Callable, optimizer: keras.optimizers.Optimizer, device: str) -> Callable:
     """The plain step of ``step_fn`` as a ``tf.function``, ``optimizer`` built beside ``model``'s
     weights on ``device``: what an offloaded step is compared with."""
