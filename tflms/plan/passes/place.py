@@ -493,7 +493,12 @@ def place(
     devices' (:func:`device_stages` leaves it out).
     """
     k_devices = len(devices)
-    _check_devices(devices, host, host_ops)
+    if k_devices < 2:
+        raise ValueError(f"place needs two or more devices. Received: devices={list(devices)!r}")
+    if host is None and host_ops:
+        raise ValueError(f"host_ops needs host= (where they run). Received: host_ops={list(host_ops)!r}, host=None")
+    if host is not None and any(same_device(host, d) for d in devices):
+        raise ValueError(f"host must not be one of devices. Received: host={host!r}, devices={list(devices)!r}")
     forward = forward_order(model)
     positions = cut_positions(forward, candidates)
     if len(positions) < k_devices + 1:
@@ -514,23 +519,8 @@ def place(
     return _on_host(model, devices, stages[chosen], options[chosen], host, host_ops, exact)
 
 
-def _check_devices(devices: Sequence[str], host: str | None, host_ops: Sequence[str] | None) -> None:
-    """Raise a ``ValueError`` unless :func:`place` may place on ``devices`` (and ``host``, with ``host_ops``)."""
-    if len(devices) < 2:
-        raise ValueError(f"place needs two or more devices. Received: devices={list(devices)!r}")
-    if host is None and host_ops:
-        raise ValueError(f"host_ops needs host= (where they run). Received: host_ops={list(host_ops)!r}, host=None")
-    if host is not None and any(same_device(host, d) for d in devices):
-        raise ValueError(f"host must not be one of devices. Received: host={host!r}, devices={list(devices)!r}")
-
-
 def _cut_shortlist(
-    model: GraphModel,
-    n: int,
-    positions: Sequence[int],
-    anchor: Mapping[str, int],
-    k_devices: int,
-    refine: int,
+    model: GraphModel, n: int, positions: Sequence[int], anchor: Mapping[str, int], k_devices: int, refine: int
 ) -> list[tuple[int, ...]]:
     """The cuts :func:`place` simulates, as indices into ``positions`` (of ``n`` forward ops): the
     search's best first, then up to ``refine - 1`` more within :data:`REFINE_SLACK` of its peak."""
