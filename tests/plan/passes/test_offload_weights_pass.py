@@ -47,25 +47,10 @@ def two_layers(sum_before_w2: bool = False) -> GraphModel:
         {"name": "s_assign", "type": "AssignVariableOp", "inputs": ["s:0", "s_new:0"], "outputs": []},
         {"name": "loss", "type": "Sum", "inputs": ["h2:0"], "outputs": [("float32", (), 4, False)]},
         {"name": "gradient_tape/dh2", "type": "OnesLike", "inputs": ["h2:0"], "outputs": mib(1)},
-        {
-            "name": "gradient_tape/dw2",
-            "type": "MatMul",
-            "inputs": ["a5:0", "gradient_tape/dh2:0"],
-            "outputs": mib(8),
-        },
+        {"name": "gradient_tape/dw2", "type": "MatMul", "inputs": ["a5:0", "gradient_tape/dh2:0"], "outputs": mib(8)},
         *chain(6, "gradient_tape/b", "gradient_tape/dh2"),
-        {
-            "name": "gradient_tape/dh1",
-            "type": "MatMul",
-            "inputs": ["gradient_tape/b5:0", "w2_2d:0"],
-            "outputs": mib(1),
-        },
-        {
-            "name": "gradient_tape/dw1",
-            "type": "MatMul",
-            "inputs": ["x:0", "gradient_tape/dh1:0"],
-            "outputs": mib(8),
-        },
+        {"name": "gradient_tape/dh1", "type": "MatMul", "inputs": ["gradient_tape/b5:0", "w2_2d:0"], "outputs": mib(1)},
+        {"name": "gradient_tape/dw1", "type": "MatMul", "inputs": ["x:0", "gradient_tape/dh1:0"], "outputs": mib(8)},
     ]
     for w, g, m in (("w1", "gradient_tape/dw1", "m1"), ("w2", "gradient_tape/dw2", "m2")):
         ops += [
