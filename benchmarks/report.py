@@ -1449,20 +1449,16 @@ def headline(results: Path = RESULTS) -> str:
     ratios = [a / b for a, b in zip(lms48["runs"], plain48["runs"])]
     gib = 2**30
     rows = [
-        (
+        _batch_row(
             f"ResNet50 {gpu['image_size']}², Adam, real {gpu['cap_bytes'] / gib:g} GiB cap: largest batch",
-            str(gpu["max_batch_plain"]),
-            str(gpu["max_batch_budget"]),
-            f"x{gpu['max_batch_budget'] / gpu['max_batch_plain']:.1f}",
+            (gpu["max_batch_plain"], gpu["max_batch_budget"]),
             "measured (H200)",
             gpu["date"],
             "gpu",
         ),
-        (
+        _batch_row(
             f"DenseNet121 {dense['image_size']}², Adam, real 4 GiB cap: largest batch",
-            str(dense_plain),
-            str(dense_lms),
-            f"x{dense_lms / dense_plain:.1f}",
+            (dense_plain, dense_lms),
             "measured (H200)",
             dense["date"],
             "gpu_densenet121",
@@ -1486,24 +1482,8 @@ def headline(results: Path = RESULTS) -> str:
             accuracy["date"],
             "simulator_accuracy",
         ),
-        (
-            "ResNet50 224², Adam, 16 GiB budget: largest batch",
-            str(default_capacity["without_lms"]),
-            str(default_capacity["with_lms"]),
-            f"x{default_capacity['with_lms'] / default_capacity['without_lms']:.2f}",
-            "predicted",
-            default_capacity["planned"],
-            "capacity",
-        ),
-        (
-            "BERT-base, Adam, 16 GiB budget: largest batch",
-            str(bert["without_lms"]),
-            str(bert["with_lms"]),
-            f"x{bert['with_lms'] / bert['without_lms']:.2f}",
-            "predicted",
-            bert["planned"],
-            "capacity",
-        ),
+        _capacity_row("ResNet50 224², Adam, 16 GiB budget: largest batch", default_capacity),
+        _capacity_row("BERT-base, Adam, 16 GiB budget: largest batch", bert),
     ]
     lines = [
         "| result | plain | tflms | ratio | label | date | source |",
@@ -1512,6 +1492,19 @@ def headline(results: Path = RESULTS) -> str:
     for what, plain, lms, ratio, label, date, source in rows:
         lines.append(f"| {what} | {plain} | {lms} | {ratio} | {label} | {date} | `benchmarks/results/{source}.json` |")
     return "\n".join(lines)
+
+
+def _batch_row(
+    what: str, batches: tuple[int, int], label: str, date: str, source: str, digits: int = 1
+) -> tuple[str, ...]:
+    """A headline row of the largest batches ``(plain, tflms)`` and their ratio (to ``digits`` decimals)."""
+    plain, lms = batches
+    return (what, str(plain), str(lms), f"x{lms / plain:.{digits}f}", label, date, source)
+
+
+def _capacity_row(what: str, row: dict) -> tuple[str, ...]:
+    """A headline row of a capacity result (``benchmarks/results/capacity.json``): predicted batches."""
+    return _batch_row(what, (row["without_lms"], row["with_lms"]), "predicted", row["planned"], "capacity", digits=2)
 
 
 #: Options off by default: a row that names one of them ran an experimental pass.

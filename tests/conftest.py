@@ -30,9 +30,11 @@ a unit-only session stay free of it.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -57,6 +59,16 @@ TIERS = {
 }
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """The script ``benchmarks/<name>.py`` loaded as a module named ``name`` (the benchmarks are
+    scripts, not a package): what the tests of a benchmark call."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 _tf_configured = False
 

@@ -2,6 +2,13 @@
 
 from tflms.ir.graph import GraphModel
 
+MIB = 1 << 20
+
+
+def mib(n_mib: int) -> list:
+    """The outputs of an op of one flat float32 tensor of ``n_mib`` MiB."""
+    return [("float32", (n_mib * MIB // 4,), n_mib * MIB, False)]
+
 
 def f32(*shape):
     n = 4

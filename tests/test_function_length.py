@@ -3,8 +3,7 @@
 A function's length is its lines from ``def`` to its last line, less its docstring (prose, not
 logic). A function may be longer where a comment containing ``long:`` and the reason stands on the
 line before its ``def`` (or before its first decorator) or among its first lines, from the ``def``
-to its first statement after the docstring. The functions longer today, in files other changes
-are splitting, are listed in :data:`PENDING`. Read with :mod:`ast`: nothing is imported.
+to its first statement after the docstring. Read with :mod:`ast`: nothing is imported.
 """
 
 from __future__ import annotations
@@ -19,18 +18,6 @@ pytestmark = pytest.mark.unit
 
 MAX_LINES = 80
 PACKAGE = Path(__file__).resolve().parent.parent / "tflms"
-
-#: ``path:qualified name`` of the functions over :data:`MAX_LINES` today (pending, issue 64): each is
-#: to be split; take it off this list then. No other function may grow past the limit.
-PENDING = frozenset(
-    {
-        "tflms/ir/trace.py:keras_train_step",  # pending, issue 64
-        "tflms/plan/passes/place.py:place",  # pending, issue 64
-        "tflms/plan/records.py:SwapPlan.summary",  # pending, issue 64
-        "tflms/testing/demo.py:_measured_demo",  # pending, issue 64
-        "tflms/testing/own_model.py:_measure_way",  # pending, issue 64
-    }
-)
 
 _JUSTIFIED = re.compile(r"#.*\blong:")
 
@@ -94,9 +81,9 @@ def _offenders() -> dict[str, tuple[int, int]]:
 
 
 def test_no_function_of_the_package_is_longer_than_the_limit():
-    new = {key: where for key, where in _offenders().items() if key not in PENDING}
-    assert not new, (
-        f"functions over {MAX_LINES} lines (docstring excluded), as path:name -> (line, length): {new}. "
+    found = _offenders()
+    assert not found, (
+        f"functions over {MAX_LINES} lines (docstring excluded), as path:name -> (line, length): {found}. "
         "Split them into named helpers, or put a comment '# long: <reason>' on the line before the def."
     )
 

@@ -1,35 +1,20 @@
 """Pins on the TensorFlow behaviour tflms relies on (TF 2.21). A failure here after a
 TensorFlow upgrade points at tflms/_tf_internal.py."""
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tflms import _tf_internal as tfi
 
+import zoo
+
 pytestmark = pytest.mark.integration
 
 
-def _step():
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    opt = keras.optimizers.SGD(0.1)
-
-    @tf.function
-    def step(x):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(model(x) ** 2)
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
-    return model, step
-
-
 def test_tape_gradients_are_under_gradient_tape_scope():
-    _, step = _step()
-    graph = step.get_concrete_function(tf.TensorSpec((4, 8))).graph
+    _, step = zoo.tiny_step()
+    graph = step.get_concrete_function(tf.TensorSpec((4, 8)), tf.TensorSpec((4, 1))).graph
     types = {op.type: op.name for op in graph.get_operations()}
     assert types["ReluGrad"].startswith("gradient_tape/")
     assert not types["Relu"].startswith("gradient_tape/")
@@ -37,9 +22,9 @@ def test_tape_gradients_are_under_gradient_tape_scope():
 
 
 def test_copy_and_rebuild_give_an_equal_independent_function():
-    model, step = _step()
-    x = tf.ones((4, 8))
-    cf = step.get_concrete_function(x)
+    model, step = zoo.tiny_step()
+    x, y = tf.ones((4, 8)), tf.zeros((4, 1))
+    cf = step.get_concrete_function(x, y)
     copy = tfi.copy_graph(cf)
     assert copy is not cf.graph
     assert sorted(op.name for op in copy.get_operations() if op.type != "Placeholder") == sorted(
@@ -48,17 +33,17 @@ def test_copy_and_rebuild_give_an_equal_independent_function():
     assert len(copy.captures) == len(cf.graph.captures)
     new_cf = tfi.rebuild(cf, copy)
     initial = [v.numpy() for v in model.weights]
-    a = [float(cf(x)) for _ in range(2)]
+    a = [float(cf(x, y)) for _ in range(2)]
     for v, value in zip(model.weights, initial):
         v.assign(value)
-    b = [float(new_cf(x)) for _ in range(2)]
+    b = [float(new_cf(x, y)) for _ in range(2)]
     assert a == b and a[0] != a[1]
 
 
 def test_grappler_removes_unmarked_swap_identities():
     """Why swap ops carry _grappler_do_not_remove: without it Grappler deletes them."""
-    _, step = _step()
-    cf = step.get_concrete_function(tf.ones((4, 8)))
+    _, step = zoo.tiny_step()
+    cf = step.get_concrete_function(tf.ones((4, 8)), tf.zeros((4, 1)))
     graph = tfi.copy_graph(cf)
     relu = next(op for op in graph.get_operations() if op.type == "Relu").outputs[0]
     grad = next(op for op in graph.get_operations() if op.type == "ReluGrad")

@@ -18,6 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import tflms
 from tflms.testing.zoo import make_model, train_step_of
 
 
@@ -56,6 +57,53 @@ def run_steps(setup: Setup, step: Callable, n: int = 3, device: str | None = "/d
             with tf.device(device):
                 losses.append(step(setup.x, setup.y).numpy())
     return np.array(losses), [v.numpy() for v in setup.state()]
+
+
+def tiny_step() -> tuple[keras.Model, Callable]:
+    """The smallest traced training step, for the tests of TensorFlow's graphs: (model, step). The
+    model is 8 -> Dense(16, relu) -> Dense(1) (seed 0); ``step(x, y)`` is the ``tf.function`` of
+    :func:`~tflms.testing.zoo.train_step_of` with the mean squared error and SGD(0.1)."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
+    step = train_step_of(model, lambda y, prediction: tf.reduce_mean((prediction - y) ** 2), keras.optimizers.SGD(0.1))
+    return model, tf.function(step)
+
+
+def plain_step(model: keras.Model, step_fn: Callable, optimizer: keras.optimizers.Optimizer, device: str) -> Callable:
+    """The plain step of ``step_fn`` as a ``tf.function``, ``optimizer`` built beside ``model``'s
+    weights on ``device``: what an offloaded step is compared with."""
+    with tf.device(device):
+        optimizer.build(model.trainable_variables)
+    return tf.function(step_fn)
+
+
+def train_batches(step: Callable, batches: list, model: keras.Model, device: str) -> tuple[list, list]:
+    """(losses of ``step`` over ``batches``, one step each, on ``device``; ``model``'s variables after, as numpy)."""
+    losses = []
+    with tf.device(device):
+        for x, y in batches:
+            losses.append(step(x, y).numpy())
+    return losses, [v.numpy() for v in model.variables]
+
+
+def offload_run(
+    model: keras.Model,
+    step_fn: Callable,
+    optimizer: keras.optimizers.Optimizer,
+    batches: list,
+    offload: str | None,
+    device: str,
+    host: str,
+    **options,
+) -> tuple[list, list, Callable]:
+    """(losses, ``model``'s variables after, the step) of ``batches`` through ``step_fn``: with
+    ``offload``, ``tflms.function(..., offload=offload, **options)`` (``optimizer`` already built
+    on the host); without, :func:`plain_step`."""
+    if offload:
+        step = tflms.function(step_fn, device=device, host=host, offload=offload, **options)
+    else:
+        step = plain_step(model, step_fn, optimizer, device)
+    return (*train_batches(step, batches, model, device), step)
 
 
 @dataclasses.dataclass(eq=False)  # hashed by identity, for plain_run's cache

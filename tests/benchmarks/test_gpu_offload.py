@@ -1,25 +1,20 @@
 """benchmarks/gpu_offload.py's smoke mode: the script a GPU session runs, checked on the CPU."""
 
-import importlib.util
 import json
 
 import pytest
 
-from conftest import REPO
+from conftest import load_benchmark
 
 pytestmark = pytest.mark.integration
 
-SCRIPT = REPO / "benchmarks" / "gpu_offload.py"
 FIELDS = {"mode", "cap_mib", "status", "step_ms", "samples_per_s", "measured_peak_mib", "predicted_peak_mib",
           "host_update_ms", "host_update_span_ms", "losses", "parameters"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("gpu_offload", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_offload")
 
 
 def test_smoke_mode_trains_both_ways_to_the_same_losses(script, tmp_path):

@@ -3,18 +3,15 @@ and the second round of a search (between the largest batch that trained and the
 that did not, or above it when every batch tried trained)."""
 
 import doctest
-import importlib.util
 import re
 
 import pytest
 
-from conftest import REPO
+from conftest import load_benchmark
 
 pytestmark = pytest.mark.unit
 
-_spec = importlib.util.spec_from_file_location("gpu_bench", REPO / "benchmarks" / "gpu.py")
-gpu = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(gpu)
+gpu = load_benchmark("gpu")
 
 
 def test_doctests_of_the_gpu_benchmark():

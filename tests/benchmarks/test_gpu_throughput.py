@@ -1,26 +1,21 @@
 """benchmarks/gpu_throughput.py's smoke mode: the script a GPU session runs, checked on the CPU."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import load_benchmark
 
 pytestmark = pytest.mark.integration
 
-SCRIPT = REPO / "benchmarks" / "gpu_throughput.py"
 FIELDS = {"model", "cap_mib", "mode", "batch", "status", "samples_per_s", "step_ms", "predicted_step_ms",
           "measured_peak_mib", "predicted_peak_mib"}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("gpu_throughput", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_throughput")
 
 
 def test_smoke_mode_writes_the_schema_and_the_profiles(script, tmp_path):

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, load_benchmark
 
 pytestmark = pytest.mark.docs
 
@@ -29,9 +29,7 @@ NO_RUN = "<!-- no-run -->"
 #: Seconds one example may take (a tiny model, a few steps, on CPU).
 EXAMPLE_TIMEOUT = 120
 
-spec = importlib.util.spec_from_file_location("report", ROOT / "benchmarks" / "report.py")
-report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
+report = load_benchmark("report")
 
 
 def code_blocks(text: str) -> list[tuple[str, str, bool]]:

@@ -178,27 +178,13 @@ class Recorder:
 
 
 def rewritten_structure(cb, x, y) -> dict:
-    """Swap and Horovod ops in the rewritten step of ``cb`` for one batch."""
+    """Swap and Horovod ops in the rewritten step of ``cb`` for one batch (:func:`jobkit.graph_structure`),
+    and the devices of the optimizer's state."""
     import tensorflow as tf
 
-    from tflms.rewrite.apply import SWAP_IN_SCOPE, SWAP_OUT_SCOPE
-
     graph = cb.step.get_concrete_function((tf.constant(x[:B]), tf.constant(y[:B]))).graph
-    ops = graph.get_operations()
-    outs = [op for op in ops if op.name.startswith(SWAP_OUT_SCOPE + "/")]
-    ins = [op for op in ops if op.name.startswith(SWAP_IN_SCOPE + "/")]
-    return {
-        "horovod_ops": sorted(op.type for op in ops if op.type.startswith("Horovod")),
-        "horovod_devices": sorted({op.device for op in ops if op.type.startswith("Horovod")}),
-        "optimizer_state_devices": sorted({v.value.device for v in cb.model.optimizer.variables}),
-        "op_devices": sorted({op.device for op in ops}),
-        "n_swap_out": len(outs),
-        "n_swap_in": len(ins),
-        "swap_in_devices": sorted({op.device for op in ins}),
-        "swap_out_devices": sorted({op.device for op in outs}),
-        "swap_out_input_types": sorted(op.inputs[0].op.type for op in outs),
-        "swap_in_trigger_types": sorted(c.type for op in ins for c in op.control_inputs),
-    }
+    optimizer_state = sorted({v.value.device for v in cb.model.optimizer.variables})
+    return jobkit.graph_structure(graph) | {"optimizer_state_devices": optimizer_state}
 
 
 def plan_report(cb) -> dict:

@@ -143,3 +143,24 @@ def lms_step(model: keras.Model, opt: keras.optimizers.Optimizer, tape_kind: str
     else:
         raise ValueError(f"tape_kind must be 'tflms', 'grouped' or 'workaround'. Received: tape_kind={tape_kind!r}")
     return tflms.function(train_step, **options)
+
+
+def graph_structure(graph) -> dict:
+    """What a rewritten step's graph holds: its Horovod ops and their devices, every op's device, and
+    the swap-outs' and swap-ins' counts, devices, inputs (swap-outs) and triggers (swap-ins)."""
+    from tflms.rewrite.apply import SWAP_IN_SCOPE, SWAP_OUT_SCOPE
+
+    ops = graph.get_operations()
+    outs = [op for op in ops if op.name.startswith(SWAP_OUT_SCOPE + "/")]
+    ins = [op for op in ops if op.name.startswith(SWAP_IN_SCOPE + "/")]
+    return {
+        "horovod_ops": sorted(op.type for op in ops if op.type.startswith("Horovod")),
+        "horovod_devices": sorted({op.device for op in ops if op.type.startswith("Horovod")}),
+        "op_devices": sorted({op.device for op in ops}),
+        "n_swap_out": len(outs),
+        "n_swap_in": len(ins),
+        "swap_in_devices": sorted({op.device for op in ins}),
+        "swap_out_devices": sorted({op.device for op in outs}),
+        "swap_out_input_types": sorted(op.inputs[0].op.type for op in outs),
+        "swap_in_trigger_types": sorted(c.type for op in ins for c in op.control_inputs),
+    }

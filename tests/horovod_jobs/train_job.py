@@ -28,25 +28,10 @@ CRASH_MESSAGE = "tflms-test: rank {rank} fails on purpose at step {step}"
 
 
 def rewritten_structure(lms_fn, x, y) -> dict:
-    """What the rewritten graph holds: Horovod ops, swap-out inputs, swap-in triggers."""
-    from tflms.rewrite.apply import SWAP_IN_SCOPE, SWAP_OUT_SCOPE
-
+    """What the rewritten graph holds (:func:`jobkit.graph_structure`), and its control flow ops."""
     graph = lms_fn.get_concrete_function(x, y).graph
-    ops = graph.get_operations()
-    outs = [op for op in ops if op.name.startswith(SWAP_OUT_SCOPE + "/")]
-    ins = [op for op in ops if op.name.startswith(SWAP_IN_SCOPE + "/")]
-    return {
-        "horovod_ops": sorted(op.type for op in ops if op.type.startswith("Horovod")),
-        "horovod_devices": sorted({op.device for op in ops if op.type.startswith("Horovod")}),
-        "op_devices": sorted({op.device for op in ops}),
-        "control_flow_ops": sorted(op.type for op in ops if op.type in ("If", "StatelessIf")),
-        "swap_out_input_types": sorted(op.inputs[0].op.type for op in outs),
-        "swap_in_trigger_types": sorted(c.type for op in ins for c in op.control_inputs),
-        "n_swap_out": len(outs),
-        "n_swap_in": len(ins),
-        "swap_out_devices": sorted({op.device for op in outs}),
-        "swap_in_devices": sorted({op.device for op in ins}),
-    }
+    control_flow = sorted(op.type for op in graph.get_operations() if op.type in ("If", "StatelessIf"))
+    return jobkit.graph_structure(graph) | {"control_flow_ops": control_flow}
 
 
 def collective_report(rank: int) -> dict:

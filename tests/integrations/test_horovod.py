@@ -417,14 +417,20 @@ def test_bad_sparse_as_dense_and_split_cpu(monkeypatch):
     assert lms_hvd.runtime.split_cpu_device() is None and tflms.resolve_device(tflms.LMSConfig()) is None
 
 
+def _python_without_horovod(code: str) -> subprocess.CompletedProcess:
+    """``python -c code`` in a process of its own, the repository importable and no ``HOROVOD_``
+    variable set: a plain process, not a rank."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
 def test_split_cpu_after_tensorflow_started_is_refused():
     code = (
         "import tensorflow as tf; tf.constant(1.0); import tflms.horovod as h\n"
         "try:\n    h.init(split_cpu=True)\nexcept RuntimeError as e:\n    print(e)\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    run = _python_without_horovod(code)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "init(split_cpu=True) must run before TensorFlow initialises its devices" in run.stdout
     assert "Received: split_cpu=True with the devices already initialised (/device:CPU:0)" in run.stdout
@@ -437,9 +443,7 @@ def test_importing_tflms_does_not_import_horovod():
         "assert (h.rank(), h.size(), h.local_rank(), h.is_root(), h.is_initialized()) == (0, 1, 0, True, False); "
         "assert not [m for m in sys.modules if m.split('.')[0] == 'horovod'], 'horovod imported by helpers'"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HOROVOD_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    run = _python_without_horovod(code)
     assert run.returncode == 0, run.stderr[-3000:]
 
 

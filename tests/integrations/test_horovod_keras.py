@@ -124,19 +124,25 @@ def test_ranks_end_identical_and_match_single_process(job, reference):
     assert _max_diff(rank0, rank0_alone["state"]) > 1e-3
 
 
+def _assert_ranks_match_the_one_device_run(out, name: str, together: dict) -> None:
+    """The ranks of the run ``name`` (``<name>_rank<k>.npz``) end identical, equal bit for bit to
+    the one-device Horovod run's rank 0, and within the tolerance to the single process's state."""
+    rank0, rank1 = _load(out / f"{name}_rank0.npz"), _load(out / f"{name}_rank1.npz")
+    on_one = _load(out / "horovod_rank0.npz")
+    assert len(rank0) == len(rank1) == len(together["state"]) == len(on_one)
+    for a, b, c in zip(rank0, rank1, on_one):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, c)
+    for got, want in zip(rank0, together["state"]):
+        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+
+
 def test_offloaded_optimizer_averages_on_the_host_and_ranks_match_single_process(job, reference):
     """``offload="optimizer"`` under Horovod: the allreduce and the update run on the host, every rank ends
     with the same state, the single process's on the concatenated batch, and the device-side run's bits."""
     out, reports, _ = job
     _, together, _ = reference
-    rank0, rank1 = _load(out / "offload_rank0.npz"), _load(out / "offload_rank1.npz")
-    on_device = _load(out / "horovod_rank0.npz")
-    assert len(rank0) == len(rank1) == len(together["state"]) == len(on_device)
-    for a, b, c in zip(rank0, rank1, on_device):
-        np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(a, c)  # the same CPU kernels, on the host instead of the device
-    for got, want in zip(rank0, together["state"]):
-        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    _assert_ranks_match_the_one_device_run(out, "offload", together)  # the host runs the same CPU kernels
     for a, b in zip(_load(out / "offload_initial.npz"), _load(out / "initial.npz")):
         np.testing.assert_array_equal(a, b)
     for r in reports:
@@ -152,14 +158,7 @@ def test_placed_fit_on_every_rank_matches_single_process(job, reference):
     identical, equal to the single process and, bit for bit, to the one-device Horovod run."""
     out, reports, _ = job
     _, together, _ = reference
-    rank0, rank1 = _load(out / "placed_rank0.npz"), _load(out / "placed_rank1.npz")
-    on_one = _load(out / "horovod_rank0.npz")
-    assert len(rank0) == len(rank1) == len(together["state"]) == len(on_one)
-    for a, b, c in zip(rank0, rank1, on_one):
-        np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(a, c)
-    for got, want in zip(rank0, together["state"]):
-        np.testing.assert_allclose(got, want, rtol=RTOL, atol=ATOL)
+    _assert_ranks_match_the_one_device_run(out, "placed", together)
     for r in reports:
         devices = r["placed"]["structure"]["op_devices"]
         assert set(jobkit.PLACED) <= set(devices) and jobkit.HOST not in devices

@@ -105,42 +105,40 @@ def test_no_measured_entry_without_the_bfc_allocator_on_cpu():
     assert "predicted device peak (simulator):" in out and "measured peak" not in out
 
 
-@pytest.mark.measured
-def test_a_device_that_cannot_report_memory_adds_nothing_and_does_not_fail(monkeypatch):
+def _fit_with_allocator(monkeypatch, get_memory_info, reset_memory_stats):
+    """(history, callback) of 2 epochs of ``LMSCallback`` on zoo's MLP, the BFC allocator asked for
+    and TensorFlow's ``get_memory_info`` and ``reset_memory_stats`` replaced by the two given."""
     setup = zoo.mlp()
     setup.model.compile(optimizer=setup.optimizer, loss=setup.loss, jit_compile=False)
     x, y = setup.x.numpy(), setup.y.numpy()
     monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
-
-    def refuse(device):
-        raise ValueError(f"memory info is not supported for {device}")
-
-    monkeypatch.setattr(tf.config.experimental, "get_memory_info", refuse)
-    monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", refuse)
+    monkeypatch.setattr(tf.config.experimental, "get_memory_info", get_memory_info)
+    monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", reset_memory_stats)
     cb = LMSCallback(device=DEVICE, **SMALL)
     with tf.device(DEVICE):
         history = setup.model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False, callbacks=[cb])
+    return history, cb
+
+
+@pytest.mark.measured
+def test_a_device_that_cannot_report_memory_adds_nothing_and_does_not_fail(monkeypatch):
+    def refuse(device):
+        raise ValueError(f"memory info is not supported for {device}")
+
+    history, cb = _fit_with_allocator(monkeypatch, refuse, refuse)
     assert set(history.history) == {"loss"} and len(cb.plan.swaps) >= 1
 
 
 @pytest.mark.measured
 def test_entries_come_from_the_allocator_and_the_plan(monkeypatch):
     """In-process, with the allocator's answers replaced: the logs carry exactly those numbers."""
-    setup = zoo.mlp()
-    setup.model.compile(optimizer=setup.optimizer, loss=setup.loss, jit_compile=False)
-    x, y = setup.x.numpy(), setup.y.numpy()
-    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
     reads, resets = [], []
 
     def memory_info(device):
         reads.append(device)
         return {"current": 1, "peak": 1000 * len(reads)}
 
-    monkeypatch.setattr(tf.config.experimental, "get_memory_info", memory_info)
-    monkeypatch.setattr(tf.config.experimental, "reset_memory_stats", resets.append)
-    cb = LMSCallback(device=DEVICE, **SMALL)
-    with tf.device(DEVICE):
-        history = setup.model.fit(x, y, batch_size=32, epochs=2, verbose=0, shuffle=False, callbacks=[cb])
+    history, cb = _fit_with_allocator(monkeypatch, memory_info, resets.append)
     # A reset at each epoch begin, and one before each call of the step on probation (its first 5
     # calls: all 4 here), which reads the peak before it and after the call; the epoch's entry is the
     # largest answer of the epoch, here (the answers grow) its last read, at epoch end.

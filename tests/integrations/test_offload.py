@@ -78,18 +78,11 @@ class Setup:
         if offload:
             with tf.device(DEVICE):  # the host is where the state goes, whatever the device scope
                 tflms.build_optimizer(optimizer, self.model.trainable_variables, HOST)
-            step = tflms.function(
-                self.step_fn(optimizer), device=DEVICE, host=HOST, offload="optimizer", **(options or ROOMY)
-            )
-        else:
-            with tf.device(DEVICE):
-                optimizer.build(self.model.trainable_variables)
-            step = tf.function(self.step_fn(optimizer))
-        losses = []
-        with tf.device(DEVICE):
-            for x, y in self.batches:
-                losses.append(step(x, y).numpy())
-        return losses, [v.numpy() for v in self.model.variables], step, optimizer
+        way = "optimizer" if offload else None
+        run = zoo.offload_run(
+            self.model, self.step_fn(optimizer), optimizer, self.batches, way, DEVICE, HOST, **(options or ROOMY)
+        )
+        return (*run, optimizer)
 
 
 @pytest.fixture(scope="module")

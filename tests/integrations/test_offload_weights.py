@@ -66,18 +66,10 @@ class Setup:
             place_weights(self.model, HOST)
         if offload:
             tflms.build_optimizer(optimizer, self.model.trainable_variables, HOST)
-            step = tflms.function(
-                self.step_fn(optimizer), device=DEVICE, host=HOST, offload=offload, **(options or ROOMY)
-            )
-        else:
-            with tf.device(DEVICE):
-                optimizer.build(self.model.trainable_variables)
-            step = tf.function(self.step_fn(optimizer))
-        losses = []
-        with tf.device(DEVICE):
-            for x, y in self.batches:
-                losses.append(step(x, y).numpy())
-        return losses, [v.numpy() for v in self.model.variables], step, optimizer
+        run = zoo.offload_run(
+            self.model, self.step_fn(optimizer), optimizer, self.batches, offload, DEVICE, HOST, **(options or ROOMY)
+        )
+        return (*run, optimizer)
 
 
 @pytest.fixture(scope="module")

@@ -1,27 +1,17 @@
 """GraphModel of a traced TensorFlow step (the hand-built graphs are in tests/unit/test_graph.py)."""
 
-import keras
 import pytest
 import tensorflow as tf
 
 from tflms.ir.graph import GraphModel
 
+import zoo
+
 pytestmark = pytest.mark.integration
 
 
 def test_from_tf_graph_tags_phases_and_shapes():
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
-    opt = keras.optimizers.SGD(0.1)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean((model(x) - y) ** 2)
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
-
+    _, step = zoo.tiny_step()
     cf = step.get_concrete_function(tf.TensorSpec((None, 8)), tf.TensorSpec((None, 1)))
     m = GraphModel.from_func_graph(cf.graph, batch_size=32)
     relu = next(n for n in m.dag if n.endswith("Relu"))

@@ -10,7 +10,7 @@ from tflms.emulate.simulator import Simulator
 from tflms.ir.graph import GraphModel
 from tflms.plan.planner import UNFENCED_TYPES, fences_for
 
-from graphs import chain_model, f32, op
+from graphs import chain_model, f32, op, relu_chain
 
 pytestmark = pytest.mark.unit
 
@@ -61,10 +61,7 @@ def test_no_backward_ancestor_means_no_swap():
 
 def test_consumers_grouped_by_swapin_groupby():
     ops = [op("x", "Placeholder", outputs=[f32(32, 32)]), op("a", "Relu", ["x:0"], [f32(32, 32)])]
-    prev = "a:0"
-    for i in range(10):
-        ops.append(op(f"f{i}", "Relu", [prev], [f32(2, 2)]))
-        prev = f"f{i}:0"
+    prev = relu_chain(ops, "a:0", "f", 10, f32(2, 2))
     grad = prev
     for i in range(10):  # each reading a
         ops.append(op(f"gradient_tape/g{i}", "Mul", [grad, "a:0"], [f32(2, 2)]))
@@ -251,10 +248,7 @@ def test_trigger_falls_back_below_an_empty_window():
     # The consumer's only recent input comes from a forward op; the nearest backward
     # ancestor lies below the window and is used rather than no trigger.
     ops = [op("x", "Placeholder", outputs=[f32(64, 64)]), op("a", "Relu", ["x:0"], [f32(64, 64)])]
-    prev = "a:0"
-    for i in range(8):
-        ops.append(op(f"f{i}", "Relu", [prev], [f32(2, 2)]))
-        prev = f"f{i}:0"
+    prev = relu_chain(ops, "a:0", "f", 8, f32(2, 2))
     ops.append(op("gradient_tape/g0", "Mul", [prev], [f32(2, 2)]))  # level 10
     prev = "gradient_tape/g0:0"
     for i in range(6):  # forward-phase side chain f7 -> s0..s5, levels 10..15
@@ -325,10 +319,7 @@ def _shape_graph(dims=(64, 64), use_data=True, late=True):
     for ``gradient_tape/g4`` if ``late``, else only for the last forward op ``f3``."""
     t = ("float32", dims, 4 * 64 * 64, None in dims)
     ops = [op("x", "Placeholder", outputs=[t]), op("a", "Relu", ["x:0"], [t])]
-    prev = "a:0"
-    for i in range(4):
-        ops.append(op(f"f{i}", "Relu", [prev], [f32(2, 2)]))
-        prev = f"f{i}:0"
+    prev = relu_chain(ops, "a:0", "f", 4, f32(2, 2))
     for i in range(6):
         ops.append(op(f"gradient_tape/g{i}", "Relu", [prev], [f32(2, 2)]))
         prev = f"gradient_tape/g{i}:0"

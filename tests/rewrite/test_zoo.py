@@ -220,11 +220,7 @@ def test_memory_aware_schedule_keeps_training_bit_identical():
     assert plan.orders and plan.peak_bytes_after < unordered.peak_bytes_after
     assert all("_bn_" in o.op for o in plan.orders)  # BatchNorm gradients wait
     check_structure(ordered, plan, DEVICE, HOST)
-    shared.setup.reset()
-    with tf.device(DEVICE):
-        ran = {n.name: n for g in tfi.ran_graphs(lambda: ordered(shared.setup.x, shared.setup.y)) for n in g.node}
-    check_orders_hold_when_run(ran, plan)
-    _assert_trains_bit_identically(shared, ordered)
+    _assert_orders_hold_and_it_trains(shared, ordered, plan)
 
 
 def test_updates_wait_for_the_reads_of_their_variable_and_train_within_rounding():
@@ -280,6 +276,12 @@ def _assert_hand_made_plan_holds(shared, plan):
     step = tfi.rebuild(shared.cf, graph)
     check_structure(step, plan, DEVICE, HOST)
     check_survives_grappler(step, DEVICE)
+    _assert_orders_hold_and_it_trains(shared, step, plan)
+
+
+def _assert_orders_hold_and_it_trains(shared, step, plan):
+    """``plan``'s orders hold in the graphs TensorFlow ran for ``step`` (from the initial state), and
+    ``step`` trains to the plain step's numbers."""
     shared.setup.reset()
     with tf.device(DEVICE):
         ran = {n.name: n for g in tfi.ran_graphs(lambda: step(shared.setup.x, shared.setup.y)) for n in g.node}

@@ -135,11 +135,21 @@ class DeviceRates:
 
     def __post_init__(self) -> None:
         for name in ("flops", "bandwidth"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be a positive number. Received: {name}={value!r}")
-        if isinstance(self.overhead, bool) or not isinstance(self.overhead, (int, float)) or not self.overhead >= 0:
-            raise ValueError(f"overhead must be a number of seconds >= 0. Received: overhead={self.overhead!r}")
+            check_number(name, getattr(self, name), "a positive number")
+        check_number("overhead", self.overhead, "a number of seconds >= 0", strict=False)
+
+
+def check_number(name: str, value: Any, what: str, strict: bool = True) -> None:
+    """Raise ``ValueError`` (``'<name> must be <what>. Received: ...'``) unless ``value`` is an int or
+    a float, not a bool, above 0 (with ``strict=False``, 0 or above; NaN is neither).
+
+    >>> check_number("latency", -1.0, "seconds >= 0", strict=False)
+    Traceback (most recent call last):
+    ...
+    ValueError: latency must be seconds >= 0. Received: latency=-1.0
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 if strict else value >= 0):
+        raise ValueError(f"{name} must be {what}. Received: {name}={value!r}")
 
 
 def _elements(model: GraphModel, tensor: str) -> int:

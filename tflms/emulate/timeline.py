@@ -55,6 +55,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..ir.graph import GraphModel
+from .costs import check_number
 
 if TYPE_CHECKING:
     from ..ir.decisions import Fence, Swap
@@ -80,11 +81,8 @@ class Link:
 
     def __post_init__(self) -> None:
         for name in ("to_host", "to_device"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be bytes per second > 0. Received: {name}={value!r}")
-        if isinstance(self.latency, bool) or not isinstance(self.latency, (int, float)) or not self.latency >= 0:
-            raise ValueError(f"latency must be seconds >= 0. Received: latency={self.latency!r}")
+            check_number(name, getattr(self, name), "bytes per second > 0")
+        check_number("latency", self.latency, "seconds >= 0", strict=False)
 
     def seconds(self, nbytes: int, direction: str) -> float:
         """Time of one transfer of ``nbytes`` ``'to_host'`` or ``'to_device'``."""

@@ -94,6 +94,40 @@ def keras_train_step(
     import keras
     import tensorflow as tf
 
+    _check_compiled(model)
+    name = model.name
+    x_struct = keras_structure(model, "inputs")
+    y_struct = keras_structure(model, "outputs")
+    if x_struct is None or y_struct is None:
+        raise ValueError(
+            f"The Keras model {name!r} has no known inputs and outputs (a subclassed model, or a Sequential "
+            "model without keras.Input): tflms reads the input shapes from model.inputs. Start the model with "
+            "keras.Input(shape), or pass a ConcreteFunction of your training step traced with an unknown batch "
+            f"dimension. Received: model={name!r} of class {type(model).__name__}"
+        )
+    outputs = keras.tree.flatten(y_struct)
+    label_shape, label_dtype = _label_options(name, len(outputs), label_shape, label_dtype, batch_size)
+    losses = _output_losses(model.loss, y_struct, getattr(model, "output_names", None))
+
+    def label_spec(output: Any, loss: Any) -> Any:
+        sparse = _is_sparse_loss(loss)
+        shape = label_shape if label_shape is not None else tuple(output.shape[1 : -1 if sparse else None])
+        dtype = label_dtype or ("int32" if sparse else "float32")
+        return tf.TensorSpec((batch_size, *shape), dtype)
+
+    x_spec = keras.tree.map_structure(lambda t: tf.TensorSpec((batch_size, *t.shape[1:]), t.dtype), x_struct)
+    y_spec = keras.tree.pack_sequence_as(y_struct, [label_spec(o, loss) for o, loss in zip(outputs, losses)])
+    optimizer = model.optimizer
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+
+    return _trace_step(model, x_spec, y_spec, label_shape, label_dtype)
+
+
+def _check_compiled(model: Any) -> None:
+    """Raise unless ``model`` is a ``keras.Model`` compiled with an optimizer and a loss (:func:`keras_train_step`)."""
+    import keras
+
     if not isinstance(model, keras.Model):
         raise TypeError(f"model must be a compiled keras.Model. Received: model={model!r}")
     name = model.name
@@ -108,20 +142,23 @@ def keras_train_step(
             f"The Keras model {name!r} was compiled without a loss: compile it with one, e.g. "
             f"model.compile(optimizer='adam', loss='mse'). Received: model={name!r} (loss=None)"
         )
-    x_struct = keras_structure(model, "inputs")
-    y_struct = keras_structure(model, "outputs")
-    if x_struct is None or y_struct is None:
-        raise ValueError(
-            f"The Keras model {name!r} has no known inputs and outputs (a subclassed model, or a Sequential "
-            "model without keras.Input): tflms reads the input shapes from model.inputs. Start the model with "
-            "keras.Input(shape), or pass a ConcreteFunction of your training step traced with an unknown batch "
-            f"dimension. Received: model={name!r} of class {type(model).__name__}"
-        )
-    outputs = keras.tree.flatten(y_struct)
-    if (label_shape is not None or label_dtype is not None) and len(outputs) != 1:
+
+
+def _label_options(
+    name: str,
+    n_outputs: int,
+    label_shape: Sequence[int | None] | None,
+    label_dtype: str | None,
+    batch_size: int | None,
+) -> tuple[tuple[int | None, ...] | None, str | None]:
+    """:func:`keras_train_step`'s ``label_shape`` and ``label_dtype`` checked (for the model ``name``
+    of ``n_outputs`` outputs) and normalised, ``batch_size`` checked."""
+    import tensorflow as tf
+
+    if (label_shape is not None or label_dtype is not None) and n_outputs != 1:
         raise ValueError(
             f"label_shape and label_dtype apply to a model with one output; the model {name!r} has "
-            f"{len(outputs)}, whose labels are derived from each output and its loss. "
+            f"{n_outputs}, whose labels are derived from each output and its loss. "
             f"Received: label_shape={label_shape!r}, label_dtype={label_dtype!r}"
         )
     if label_shape is not None:
@@ -136,19 +173,16 @@ def keras_train_step(
                 f"label_dtype must be a TensorFlow dtype name such as 'int32' or 'float32'. "
                 f"Received: label_dtype={label_dtype!r}"
             ) from None
-    losses = _output_losses(model.loss, y_struct, getattr(model, "output_names", None))
+    return label_shape, label_dtype
 
-    def label_spec(output: Any, loss: Any) -> Any:
-        sparse = _is_sparse_loss(loss)
-        shape = label_shape if label_shape is not None else tuple(output.shape[1 : -1 if sparse else None])
-        dtype = label_dtype or ("int32" if sparse else "float32")
-        return tf.TensorSpec((batch_size, *shape), dtype)
 
-    x_spec = keras.tree.map_structure(lambda t: tf.TensorSpec((batch_size, *t.shape[1:]), t.dtype), x_struct)
-    y_spec = keras.tree.pack_sequence_as(y_struct, [label_spec(o, loss) for o, loss in zip(outputs, losses)])
+def _trace_step(model: Any, x_spec: Any, y_spec: Any, label_shape: Any, label_dtype: str | None) -> Any:
+    """The training step of ``model`` (its optimizer built) traced on ``x_spec`` and ``y_spec``: one
+    train step of :func:`keras_train_step`, its error, if any, told with the specs and label options."""
+    import tensorflow as tf
+
+    name = model.name
     optimizer = model.optimizer
-    if not optimizer.built:
-        optimizer.build(model.trainable_variables)
 
     def train_step(x, y):
         with tf.GradientTape() as tape:

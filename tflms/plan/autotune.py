@@ -141,11 +141,43 @@ def _search(
     lowest = sim.peak()
     if lowest <= budget:
         return config.replace(budget=budget, n_tensors=0), lowest, [], None
-    candidates: set[tuple[tuple[float, int, int, int, int], tuple[int, int, int], int]] = set()
-    deepest: list[tuple[int, tuple[int, int, int], int]] = []  # (fast peak, knobs, n): the lowest prefixes
+    eligible = _eligible(model, config)
+    grid, candidates, deepest = _scan_grid(model, config, sim, budget, eligible, exists_only)
+    best = None
+    for _key, knobs, n in sorted(candidates):
+        if _fits(sim, grid[knobs][:n], budget):
+            best = (knobs, n)
+            break
+    if best is None:
+        return (None, *_lowest_plan(config, sim, budget, grid, deepest, lowest))
+    (threshold, fitted, groupby), n = best
+    if exists_only:
+        return _tuned(config, budget, threshold, fitted, groupby, n), lowest, [], None
+    # Earliest prefetch first; the last one tried is the one that fitted above.
+    for ahead in sorted({a for a in AHEADS if a > fitted} | {fitted}, reverse=True):
+        if _fits(sim, _swaps(model, _knobs(config, threshold, ahead, groupby), eligible)[:n], budget):
+            break
+    return _tuned(config, budget, threshold, ahead, groupby, n), lowest, [], None
+
+
+#: A grid entry's knobs: ``(swapout_threshold, swapin_ahead, swapin_groupby)``.
+_Knobs = tuple[int, int, int]
+
+
+def _scan_grid(
+    model: GraphModel, config: LMSConfig, sim: Simulator, budget: int, eligible: list[TensorInfo], exists_only: bool
+) -> tuple[
+    dict[_Knobs, list[Swap]],
+    set[tuple[tuple[float, int, int, int, int], _Knobs, int]],
+    list[tuple[int, _Knobs, int]],
+]:
+    """The grid's swaps by knobs, the ``(key, knobs, n)`` of the prefixes whose fast peaks fit
+    ``budget`` (the key orders them: predicted step time, then fewer swaps), and the ``(fast peak,
+    knobs, n)`` of each entry's lowest prefixes, for :func:`_search`."""
+    candidates: set[tuple[tuple[float, int, int, int, int], _Knobs, int]] = set()
+    deepest: list[tuple[int, _Knobs, int]] = []  # (fast peak, knobs, n): the lowest prefixes
     grid = {}
     own = _own_knobs(config)
-    eligible = _eligible(model, config)
     timed = None  # the step's timeline model, built for the first fitting plan
     for threshold, ahead, groupby, swaps in _grid(model, config, eligible):
         knobs = (threshold, ahead, groupby)
@@ -167,31 +199,29 @@ def _search(
                         timed = timeline_model(model, config)
                     cost = round(step_seconds(timed, swaps[:n], config), 9)  # to the ns: ties go to fewer swaps
                 candidates.add(((cost, n, -threshold, -groupby, ahead), knobs, n))
-    best = None
-    for _key, knobs, n in sorted(candidates):
-        if _fits(sim, grid[knobs][:n], budget):
-            best = (knobs, n)
+    return grid, candidates, deepest
+
+
+def _lowest_plan(
+    config: LMSConfig,
+    sim: Simulator,
+    budget: int,
+    grid: dict[_Knobs, list[Swap]],
+    deepest: list[tuple[int, _Knobs, int]],
+    lowest: int,
+) -> tuple[int, list[Swap], LMSConfig | None]:
+    """(lowest peak, its swaps, their knobs) when no plan fits: the lowest accurate peak among the
+    deepest prefixes of each grid entry (best fast peaks first), or ``lowest``, ``[]`` and None when
+    none is below ``lowest``; each emulation stops once it is over the lowest so far."""
+    lowest_swaps: list[Swap] = []
+    lowest_knobs = None
+    for fast, knobs, n in sorted(deepest):
+        if fast >= lowest:
             break
-    if best is None:
-        # The lowest accurate peak among the deepest prefixes of each grid entry (best fast peaks
-        # first); each emulation stops once it is over the lowest so far.
-        lowest_swaps: list[Swap] = []
-        lowest_knobs = None
-        for fast, knobs, n in sorted(deepest):
-            if fast >= lowest:
-                break
-            peak = sim.peak(grid[knobs][:n], above=lowest)
-            if peak < lowest:
-                lowest, lowest_swaps, lowest_knobs = peak, grid[knobs][:n], _tuned(config, budget, *knobs, n)
-        return None, lowest, lowest_swaps, lowest_knobs
-    (threshold, fitted, groupby), n = best
-    if exists_only:
-        return _tuned(config, budget, threshold, fitted, groupby, n), lowest, [], None
-    # Earliest prefetch first; the last one tried is the one that fitted above.
-    for ahead in sorted({a for a in AHEADS if a > fitted} | {fitted}, reverse=True):
-        if _fits(sim, _swaps(model, _knobs(config, threshold, ahead, groupby), eligible)[:n], budget):
-            break
-    return _tuned(config, budget, threshold, ahead, groupby, n), lowest, [], None
+        peak = sim.peak(grid[knobs][:n], above=lowest)
+        if peak < lowest:
+            lowest, lowest_swaps, lowest_knobs = peak, grid[knobs][:n], _tuned(config, budget, *knobs, n)
+    return lowest, lowest_swaps, lowest_knobs
 
 
 def _tuned(config: LMSConfig, budget: int, threshold: int, ahead: int, groupby: int, n: int) -> LMSConfig:

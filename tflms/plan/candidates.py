@@ -171,23 +171,32 @@ def _plan_tensor(model: GraphModel, t: TensorInfo, config: LMSConfig, checked: b
         trigger = _find_trigger(model, first_op, first_level - config.knobs.swapin_ahead, t.op, config)
         if trigger is None:
             return None  # nothing would hold the swap-in back: it would come back right after it left
-        swap_ins.append(
-            SwapIn(
-                consumers=tuple((c, i) for _, c, i in group),
-                trigger=trigger,
-                level=first_level,
-                trigger_level=None if trigger is None else nodes[trigger]["level"],
-            )
-        )
+        swap_ins.append(group_swap_in(model, group, trigger))
+    return tensor_swap(model, t, level, swap_ins)
+
+
+def group_swap_in(model: GraphModel, group: Sequence[tuple[int, str, int]], trigger: str | None) -> SwapIn:
+    """The swap-in of ``group`` (its consumers' ``(level, op, input index)``, earliest first), after ``trigger``."""
+    return SwapIn(
+        consumers=tuple((c, i) for _, c, i in group),
+        trigger=trigger,
+        level=group[0][0],
+        trigger_level=None if trigger is None else model.dag.nodes[trigger]["level"],
+    )
+
+
+def tensor_swap(model: GraphModel, t: TensorInfo, level: int, swap_ins: Sequence[SwapIn]) -> Swap:
+    """The swap of ``t`` (produced at ``level``) with ``swap_ins`` (one at least, earliest first):
+    its distance is from ``level`` to the first swap-in's consumers."""
     return Swap(
         tensor=t.name,
         producer=t.op,
-        producer_type=nodes[t.op]["type"],
+        producer_type=model.dag.nodes[t.op]["type"],
         dtype=t.dtype,
         shape=t.shape,
         bytes=t.bytes,
         level=level,
-        distance=far[0][0] - level,
+        distance=swap_ins[0].level - level,
         swap_ins=tuple(swap_ins),
     )
 

@@ -328,6 +328,17 @@ class SwapPlan:
     # ---------------------------------------------------------------- printing
     def summary(self, max_rows: int | None = 50) -> str:
         """A table of the swaps (and recomputes) plus the predicted peaks and time."""
+        lines = [*self._summary_head(), *self._summary_passes(), *self._summary_placement()]
+        if self.budget_text:
+            lines.append(f"budget: {self.budget_text}")
+        if self.reason:
+            lines.append(f"note: {self.reason}")
+        if self.swaps or self.recomputes:
+            lines += self._summary_table(max_rows)
+        return "\n".join(lines)
+
+    def _summary_head(self) -> list[str]:
+        """The summary's first lines: what is swapped and recomputed, the peaks, the link and recompute times."""
         before, after = self.peak_bytes_before, self.peak_bytes_after
         saved = (1 - after / before) * 100 if before else 0.0
         recomputed = (
@@ -354,6 +365,11 @@ class SwapPlan:
                 f"predicted recompute time per step: {self.recompute_seconds * 1e3:.2f} ms at {bandwidth / 1e9:g} GB/s "
                 f"of device memory and {OP_LATENCY * 1e6:g} us per op"
             )
+        return lines
+
+    def _summary_passes(self) -> list[str]:
+        """A line for each of the fences, ordering edges, split sums and left-out tiles the plan has."""
+        lines = []
         if self.fences:
             window = self.options.get("swapout_window")
             lines.append(
@@ -377,27 +393,30 @@ class SwapPlan:
                 f"tiles left out: {len(self.tiles)} Tile/BroadcastTo ops of the backward pass, their values broadcast "
                 "by the ops that read them"
             )
-        if self.placement:
+        return lines
+
+    def _summary_placement(self) -> list[str]:
+        """The placement's lines: one a device, then the predicted step time (none without a placement)."""
+        if not self.placement:
+            return []
+        lines = [
+            f"placement on {len(self.placement)} devices (predicted per device: peak, compute, received per step):"
+        ]
+        for st in self.placement:
             lines.append(
-                f"placement on {len(self.placement)} devices (predicted per device: peak, compute, received per step):"
+                f"  {st.device}: {len(st.ops)} ops, peak {format_bytes(st.peak_bytes)}, "
+                f"{st.compute_seconds * 1e3:.2f} ms, receives {format_bytes(st.received_bytes)}"
             )
-            for st in self.placement:
-                lines.append(
-                    f"  {st.device}: {len(st.ops)} ops, peak {format_bytes(st.peak_bytes)}, "
-                    f"{st.compute_seconds * 1e3:.2f} ms, receives {format_bytes(st.received_bytes)}"
-                )
-            bandwidth, _ = self._link()
-            seconds = self.placement_seconds
-            lines.append(
-                f"  predicted step time {seconds * 1e3:.2f} ms: the stages one after another (no micro-batches), "
-                f"transfers at {bandwidth / 1e9:g} GB/s"
-            )
-        if self.budget_text:
-            lines.append(f"budget: {self.budget_text}")
-        if self.reason:
-            lines.append(f"note: {self.reason}")
-        if not self.swaps and not self.recomputes:
-            return "\n".join(lines)
+        bandwidth, _ = self._link()
+        seconds = self.placement_seconds
+        lines.append(
+            f"  predicted step time {seconds * 1e3:.2f} ms: the stages one after another (no micro-batches), "
+            f"transfers at {bandwidth / 1e9:g} GB/s"
+        )
+        return lines
+
+    def _summary_table(self, max_rows: int | None) -> list[str]:
+        """The table of the swaps and recomputes, a row a swap-in, at most ``max_rows`` decisions."""
         rows = [("tensor", "how", "bytes", "distance", "consumers", "trigger")]
         decisions = [("swap", s.tensor, s.bytes, s.level, s.swap_ins) for s in self.swaps]
         decisions += [(f"recompute {len(r.ops)} ops", r.tensor, r.bytes, r.level, r.groups) for r in self.recomputes]
@@ -415,11 +434,10 @@ class SwapPlan:
                     )
                 )
         widths = [min(max(len(r[i]) for r in rows), 60) for i in range(len(rows[0]))]
-        for r in rows:
-            lines.append("  ".join(_clip(c, w).ljust(w) for c, w in zip(r, widths)).rstrip())
+        lines = ["  ".join(_clip(c, w).ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         if len(shown) < len(decisions):
             lines.append(f"... {len(decisions) - len(shown)} more rows")
-        return "\n".join(lines)
+        return lines
 
     def __str__(self) -> str:
         return self.summary()

@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .measured import MeasuredResult
 
 __all__ = ["run_demo", "CAP_FRACTION", "BUDGET_FRACTION", "DEMO_OPTIONS", "WARMUP"]
 
@@ -78,38 +82,21 @@ def _check_budget(budget: int, cap: int) -> None:
 
 
 def _measured_demo(args: argparse.Namespace, gpu: bool) -> int:
-    import tensorflow as tf
-
-    from .. import __version__
     from ..config import parse_bytes
     from .measure import measure
-    from .measured import MeasuredResult, oom_message
 
     batch = args.batch or 32
     size = args.image_size
     steps = args.steps
     if args.cap and args.budget:  # both given: check before the first measurement
         _check_budget(args.budget, parse_bytes(args.cap, "cap") // 2**20 * 2**20)
-    where = (
-        "on GPU 0 (measured by TensorFlow's GPU allocator; a cap is its memory limit), the host is the CPU"
-        if gpu
-        else "without a GPU: real memory on the two-process test bed (this machine's CPU is the\n"
-        "device, measured by TensorFlow's BFC allocator; a second TensorFlow process is the host)"
-    )
-    print(
-        f"tflms {__version__}, TensorFlow {tf.__version__}, demo {where}.\n"
-        f"ResNet50 {size}x{size}, batch {batch}, Adam; each run trains {_steps(WARMUP)} of warm-up, "
-        f"then measures {_steps(steps)}.\n"
-    )
+    _print_header(size, batch, steps, gpu)
     common = {"size": size, "steps": steps, "warmup": WARMUP, "gpu": gpu}
-
-    def fail(what: str, r: MeasuredResult) -> ValueError:
-        return ValueError(f"{what} failed ({r.status}, exit code {r.returncode}): {r.error.strip()[-800:]}")
 
     t0 = time.perf_counter()
     free = measure("resnet50", batch, modes=["plain"], **common)
     if not free.ok:
-        raise fail("measuring the plain step", free)
+        raise _failed("measuring the plain step", free)
     plain = free.value["plain"]
     print(
         f"1. plain step, no cap:     measured peak {_mib(plain['peak'])}, "
@@ -128,6 +115,47 @@ def _measured_demo(args: argparse.Namespace, gpu: bool) -> int:
 
     t0 = time.perf_counter()
     capped = measure("resnet50", batch, modes=["plain"], cap=cap, **common)
+    _print_capped(capped, t0)
+
+    t0 = time.perf_counter()
+    lms = measure("resnet50", batch, modes=["lms"], cap=cap, options=options, **common)
+    if not lms.ok:
+        raise _failed(f"the tflms step under the {_mib(cap)} cap", lms)
+    swapped = lms.value["lms"]
+    _print_swapped(swapped, plain, t0)
+    saved = 1 - swapped["peak"] / plain["peak"]
+    print(f"\nmeasured: tflms needs {saved:.0%} less device memory than the plain step at the same batch.")
+    return 0
+
+
+def _print_header(size: int, batch: int, steps: int, gpu: bool) -> None:
+    """The demo's first lines: the versions, where it measures, the model and the steps."""
+    import tensorflow as tf
+
+    from .. import __version__
+
+    where = (
+        "on GPU 0 (measured by TensorFlow's GPU allocator; a cap is its memory limit), the host is the CPU"
+        if gpu
+        else "without a GPU: real memory on the two-process test bed (this machine's CPU is the\n"
+        "device, measured by TensorFlow's BFC allocator; a second TensorFlow process is the host)"
+    )
+    print(
+        f"tflms {__version__}, TensorFlow {tf.__version__}, demo {where}.\n"
+        f"ResNet50 {size}x{size}, batch {batch}, Adam; each run trains {_steps(WARMUP)} of warm-up, "
+        f"then measures {_steps(steps)}.\n"
+    )
+
+
+def _failed(what: str, r: MeasuredResult) -> ValueError:
+    return ValueError(f"{what} failed ({r.status}, exit code {r.returncode}): {r.error.strip()[-800:]}")
+
+
+def _print_capped(capped: MeasuredResult, t0: float) -> None:
+    """The line of the capped plain step (out of memory, with what the allocator said, or trained);
+    raise for any other outcome."""
+    from .measured import oom_message
+
     if capped.status == "oom":
         how = "process killed by a signal" if capped.returncode < 0 else "ResourceExhaustedError"
         print(f"2. plain step, capped:     OUT OF MEMORY ({how})  ({time.perf_counter() - t0:.0f} s)")
@@ -145,13 +173,11 @@ def _measured_demo(args: argparse.Namespace, gpu: bool) -> int:
             "the cap is not below the plain step's need; pass a smaller --cap"
         )
     else:
-        raise fail("the capped plain step", capped)
+        raise _failed("the capped plain step", capped)
 
-    t0 = time.perf_counter()
-    lms = measure("resnet50", batch, modes=["lms"], cap=cap, options=options, **common)
-    if not lms.ok:
-        raise fail(f"the tflms step under the {_mib(cap)} cap", lms)
-    swapped = lms.value["lms"]
+
+def _print_swapped(swapped: dict, plain: dict, t0: float) -> None:
+    """The lines of the tflms step under the cap: its peaks, swaps, losses and step time."""
     warm, measured = swapped["losses"][:WARMUP], swapped["losses"][WARMUP:]
     losses = ", ".join(f"{v:.4f}" for v in measured)
     if warm:
@@ -164,6 +190,3 @@ def _measured_demo(args: argparse.Namespace, gpu: bool) -> int:
         f"step time {_seconds(min(swapped['step_seconds'][1:] or swapped['step_seconds']))} "
         f"(plain {_seconds(min(plain['step_seconds'][1:] or plain['step_seconds']))})"
     )
-    saved = 1 - swapped["peak"] / plain["peak"]
-    print(f"\nmeasured: tflms needs {saved:.0%} less device memory than the plain step at the same batch.")
-    return 0

@@ -279,10 +279,6 @@ def _measure_way(
     """One way of :func:`measure_model`, in its measured process: build, train, and write a JSON line
     per step (and one of what the run was) to ``progress`` as it goes."""
     import keras
-    import tensorflow as tf
-
-    from ..integrations.function import function as lms_function
-    from ..integrations.keras import LMSCallback
 
     if seed is not None:
         keras.utils.set_random_seed(seed)
@@ -296,6 +292,25 @@ def _measure_way(
     def write(record: dict[str, Any]) -> None:
         log.write(json.dumps(record) + "\n")
         log.flush()
+
+    built = make(**kwargs)
+    write({"loaded": memory()["current"]})
+    total = warmup + steps
+    if isinstance(built, tuple) and built and isinstance(built[0], keras.Model):
+        plan = _fit_model(built, way, total, warmup, steps, options, batch_size, device, host, write)
+    else:
+        plan = _run_step(built, way, total, options, device, host, write)
+    if plan is not None:
+        write({"predicted": plan.peak_bytes_after, "predicted_plain": plan.peak_bytes_before})
+        write({"n_swaps": len(plan.swaps), "budget_text": plan.budget_text})
+    log.close()
+    return True
+
+
+def _step_meter(write: Callable[[dict[str, Any]], None]) -> Any:
+    """A Keras callback that writes, per training step (``fit`` runs one per epoch), the bytes held
+    as it begins, its peak, its loss and its seconds; its ``done`` counts the steps written."""
+    import keras
 
     class StepMeter(keras.callbacks.Callback):
         """Per training step (``fit`` runs one per epoch): the bytes held as it begins, its peak, its loss."""
@@ -320,56 +335,82 @@ def _measure_way(
                 self.step = {}
                 self.done += 1
 
-    built = make(**kwargs)
-    write({"loaded": memory()["current"]})
-    total = warmup + steps
-    if isinstance(built, tuple) and built and isinstance(built[0], keras.Model):
-        if len(built) not in (2, 3):
-            raise TypeError(
-                "the factory must return (model, x), (model, x, y), a training step or (step, args). "
-                f"Received: a tuple of {len(built)}"
-            )
-        model, x, y = built[0], built[1], built[2] if len(built) == 3 else None
-        if not model.compiled:
-            raise ValueError(f"the factory's model must be compiled (model.compile). Received: model={model.name!r}")
-        meter = StepMeter()
-        callbacks: list[Any] = [meter]
-        lms = None
-        if way == "lms":
-            lms_options = {"batch_size": batch_size, **options} if batch_size else options
-            lms = LMSCallback(device=device, host=host, **lms_options)
-            callbacks.insert(0, lms)
-        fit_kwargs: dict[str, Any] = {"batch_size": batch_size} if batch_size else {}
-        model.fit(x, y, epochs=total, steps_per_epoch=1, shuffle=False, verbose=0, callbacks=callbacks, **fit_kwargs)
-        if meter.done < total:
-            raise TestBedError(
-                f"fit ran {meter.done} of warmup + steps = {total} steps: the factory's data ran out. Keras starts "
-                "data of known size (arrays, most datasets) again, but a generator or a dataset of unknown size "
-                "must yield warmup + steps batches (Dataset.repeat() makes any dataset do). "
-                f"Received: warmup={warmup}, steps={steps}"
-            )
-        plan = None if lms is None else lms.plan
-    else:
-        step, args = built, ()
-        if isinstance(built, tuple) and len(built) == 2 and callable(built[0]) and isinstance(built[1], (tuple, list)):
-            step, args = built[0], tuple(built[1])
-        if not callable(step):
-            raise TypeError(
-                "the factory must return (model, x), (model, x, y) with a compiled keras.Model, a training "
-                f"step or (step, args). Received: {type(built).__name__}"
-            )
-        fn = lms_function(step, device=device, host=host, **options) if way == "lms" else tf.function(step)
-        with tf.device(device):
-            for i in range(total):
-                held = memory()["current"]
-                reset_peak()
-                start = time.perf_counter()
-                loss = _loss_of(fn(*args))  # a float: the step has finished
-                seconds = time.perf_counter() - start
-                write({"step": i, "held": held, "peak": memory()["peak"], "loss": loss, "seconds": seconds})
-        plan = fn.get_plan(*args) if way == "lms" else None
-    if plan is not None:
-        write({"predicted": plan.peak_bytes_after, "predicted_plain": plan.peak_bytes_before})
-        write({"n_swaps": len(plan.swaps), "budget_text": plan.budget_text})
-    log.close()
-    return True
+    return StepMeter()
+
+
+def _fit_model(
+    built: tuple[Any, ...],
+    way: str,
+    total: int,
+    warmup: int,
+    steps: int,
+    options: dict[str, Any],
+    batch_size: int | None,
+    device: str,
+    host: str,
+    write: Callable[[dict[str, Any]], None],
+) -> Any:
+    """:func:`_measure_way` for a factory's ``(model, x[, y])``: ``total`` steps of ``model.fit``, one
+    an epoch, each written by :func:`_step_meter`; the plan (with ``way == "lms"``) or None."""
+    from ..integrations.keras import LMSCallback
+
+    if len(built) not in (2, 3):
+        raise TypeError(
+            "the factory must return (model, x), (model, x, y), a training step or (step, args). "
+            f"Received: a tuple of {len(built)}"
+        )
+    model, x, y = built[0], built[1], built[2] if len(built) == 3 else None
+    if not model.compiled:
+        raise ValueError(f"the factory's model must be compiled (model.compile). Received: model={model.name!r}")
+    meter = _step_meter(write)
+    callbacks: list[Any] = [meter]
+    lms = None
+    if way == "lms":
+        lms_options = {"batch_size": batch_size, **options} if batch_size else options
+        lms = LMSCallback(device=device, host=host, **lms_options)
+        callbacks.insert(0, lms)
+    fit_kwargs: dict[str, Any] = {"batch_size": batch_size} if batch_size else {}
+    model.fit(x, y, epochs=total, steps_per_epoch=1, shuffle=False, verbose=0, callbacks=callbacks, **fit_kwargs)
+    if meter.done < total:
+        raise TestBedError(
+            f"fit ran {meter.done} of warmup + steps = {total} steps: the factory's data ran out. Keras starts "
+            "data of known size (arrays, most datasets) again, but a generator or a dataset of unknown size "
+            "must yield warmup + steps batches (Dataset.repeat() makes any dataset do). "
+            f"Received: warmup={warmup}, steps={steps}"
+        )
+    return None if lms is None else lms.plan
+
+
+def _run_step(
+    built: Any,
+    way: str,
+    total: int,
+    options: dict[str, Any],
+    device: str,
+    host: str,
+    write: Callable[[dict[str, Any]], None],
+) -> Any:
+    """:func:`_measure_way` for a factory's training step or ``(step, args)``: ``total`` calls of the
+    step as a ``tf.function`` (with ``way == "lms"``, tflms's), each written; the plan or None."""
+    import tensorflow as tf
+
+    from ..integrations.function import function as lms_function
+
+    step, args = built, ()
+    if isinstance(built, tuple) and len(built) == 2 and callable(built[0]) and isinstance(built[1], (tuple, list)):
+        step, args = built[0], tuple(built[1])
+    if not callable(step):
+        raise TypeError(
+            "the factory must return (model, x), (model, x, y) with a compiled keras.Model, a training "
+            f"step or (step, args). Received: {type(built).__name__}"
+        )
+    fn = lms_function(step, device=device, host=host, **options) if way == "lms" else tf.function(step)
+    with tf.device(device):
+        for i in range(total):
+            held = memory()["current"]
+            reset_peak()
+            start = time.perf_counter()
+            loss = _loss_of(fn(*args))  # a float: the step has finished
+            seconds = time.perf_counter() - start
+            write({"step": i, "held": held, "peak": memory()["peak"], "loss": loss, "seconds": seconds})
+    return fn.get_plan(*args) if way == "lms" else None

@@ -6,59 +6,55 @@ from tflms.emulate.simulator import Simulator
 from tflms.ir.graph import GraphModel
 from tflms.plan.passes.offload import offload_decisions, recv_name, with_offload
 
+from graphs import MIB, RESOURCE, mib
+
 pytestmark = pytest.mark.unit
 
 HOST = "/device:CPU:0"
-MIB = 1 << 20
-RES = [("resource", (), 0, False)]
-
-
-def f32(n_mib: int) -> list:
-    return [("float32", (n_mib * MIB // 4,), n_mib * MIB, False)]
 
 
 def step(fused: bool = False, flow: bool = False, moving_stat: bool = True) -> GraphModel:
     """A weight ``w`` (8 MiB) and an Adam-like update with two 8 MiB slots ``m`` and ``v``; a
     moving statistic ``s`` (1 MiB) updated from the forward pass, as a BatchNorm's is."""
     ops = [
-        {"name": "x", "type": "Placeholder", "inputs": [], "outputs": f32(4)},
-        {"name": "w", "type": "Placeholder", "inputs": [], "outputs": RES},
-        {"name": "m", "type": "Placeholder", "inputs": [], "outputs": RES},
-        {"name": "v", "type": "Placeholder", "inputs": [], "outputs": RES},
-        {"name": "w_read", "type": "ReadVariableOp", "inputs": ["w:0"], "outputs": f32(8)},
-        {"name": "h", "type": "MatMul", "inputs": ["x:0", "w_read:0"], "outputs": f32(4)},
+        {"name": "x", "type": "Placeholder", "inputs": [], "outputs": mib(4)},
+        {"name": "w", "type": "Placeholder", "inputs": [], "outputs": [RESOURCE]},
+        {"name": "m", "type": "Placeholder", "inputs": [], "outputs": [RESOURCE]},
+        {"name": "v", "type": "Placeholder", "inputs": [], "outputs": [RESOURCE]},
+        {"name": "w_read", "type": "ReadVariableOp", "inputs": ["w:0"], "outputs": mib(8)},
+        {"name": "h", "type": "MatMul", "inputs": ["x:0", "w_read:0"], "outputs": mib(4)},
         {"name": "loss", "type": "Sum", "inputs": ["h:0"], "outputs": [("float32", (), 4, False)]},
-        {"name": "gradient_tape/dh", "type": "OnesLike", "inputs": ["h:0"], "outputs": f32(4)},
-        {"name": "gradient_tape/dw", "type": "MatMul", "inputs": ["x:0", "gradient_tape/dh:0"], "outputs": f32(8)},
-        {"name": "m_read", "type": "ReadVariableOp", "inputs": ["m:0"], "outputs": f32(8)},
-        {"name": "m_new", "type": "Sub", "inputs": ["gradient_tape/dw:0", "m_read:0"], "outputs": f32(8)},
+        {"name": "gradient_tape/dh", "type": "OnesLike", "inputs": ["h:0"], "outputs": mib(4)},
+        {"name": "gradient_tape/dw", "type": "MatMul", "inputs": ["x:0", "gradient_tape/dh:0"], "outputs": mib(8)},
+        {"name": "m_read", "type": "ReadVariableOp", "inputs": ["m:0"], "outputs": mib(8)},
+        {"name": "m_new", "type": "Sub", "inputs": ["gradient_tape/dw:0", "m_read:0"], "outputs": mib(8)},
         {"name": "m_add", "type": "AssignAddVariableOp", "inputs": ["m:0", "m_new:0"], "outputs": []},
-        {"name": "g2", "type": "Square", "inputs": ["gradient_tape/dw:0"], "outputs": f32(8)},
+        {"name": "g2", "type": "Square", "inputs": ["gradient_tape/dw:0"], "outputs": mib(8)},
         {"name": "v_add", "type": "AssignAddVariableOp", "inputs": ["v:0", "g2:0"], "outputs": []},
         {
             "name": "m_again",
             "type": "ReadVariableOp",
             "inputs": ["m:0"],
-            "outputs": f32(8),
+            "outputs": mib(8),
             "control_inputs": ["m_add"],
         },
         {
             "name": "v_again",
             "type": "ReadVariableOp",
             "inputs": ["v:0"],
-            "outputs": f32(8),
+            "outputs": mib(8),
             "control_inputs": ["v_add"],
         },
-        {"name": "delta", "type": "RealDiv", "inputs": ["m_again:0", "v_again:0"], "outputs": f32(8)},
+        {"name": "delta", "type": "RealDiv", "inputs": ["m_again:0", "v_again:0"], "outputs": mib(8)},
         {"name": "w_sub", "type": "AssignSubVariableOp", "inputs": ["w:0", "delta:0"], "outputs": []},
     ]
     variables = [("w:0", 8 * MIB), ("m:0", 8 * MIB), ("v:0", 8 * MIB)]
     if moving_stat:
         ops += [
-            {"name": "s", "type": "Placeholder", "inputs": [], "outputs": RES},
-            {"name": "s_read", "type": "ReadVariableOp", "inputs": ["s:0"], "outputs": f32(1)},
-            {"name": "batch_mean", "type": "Mean", "inputs": ["h:0"], "outputs": f32(1)},
-            {"name": "s_new", "type": "Sub", "inputs": ["s_read:0", "batch_mean:0"], "outputs": f32(1)},
+            {"name": "s", "type": "Placeholder", "inputs": [], "outputs": [RESOURCE]},
+            {"name": "s_read", "type": "ReadVariableOp", "inputs": ["s:0"], "outputs": mib(1)},
+            {"name": "batch_mean", "type": "Mean", "inputs": ["h:0"], "outputs": mib(1)},
+            {"name": "s_new", "type": "Sub", "inputs": ["s_read:0", "batch_mean:0"], "outputs": mib(1)},
             {"name": "s_assign", "type": "AssignVariableOp", "inputs": ["s:0", "s_new:0"], "outputs": []},
         ]
         variables.append(("s:0", MIB))
@@ -72,7 +68,7 @@ def step(fused: bool = False, flow: bool = False, moving_stat: bool = True) -> G
             }  # fmt: skip
         )
     if flow:
-        ops.append({"name": "finite", "type": "StatelessIf", "inputs": ["gradient_tape/dw:0"], "outputs": f32(8)})
+        ops.append({"name": "finite", "type": "StatelessIf", "inputs": ["gradient_tape/dw:0"], "outputs": mib(8)})
     return GraphModel.from_ops(ops, variable_bytes=sum(b for _, b in variables), variables=variables)
 
 
@@ -112,8 +108,8 @@ def test_a_fused_update_or_control_flow_is_refused():
 
 def test_a_step_without_an_update_is_refused():
     ops = [
-        {"name": "x", "type": "Placeholder", "inputs": [], "outputs": f32(1)},
-        {"name": "gradient_tape/y", "type": "Neg", "inputs": ["x:0"], "outputs": f32(1)},
+        {"name": "x", "type": "Placeholder", "inputs": [], "outputs": mib(1)},
+        {"name": "gradient_tape/y", "type": "Neg", "inputs": ["x:0"], "outputs": mib(1)},
     ]
     with pytest.raises(ValueError, match=r"no optimizer update.*Received: offload='optimizer'"):
         offload_decisions(GraphModel.from_ops(ops))

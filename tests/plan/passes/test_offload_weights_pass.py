@@ -8,22 +8,18 @@ from tflms.ir.graph import GraphModel
 from tflms.plan.passes.offload import offload_decisions, weight_landing_name, with_offload
 from tflms.plan.passes.offload_weights import AHEAD, weight_in_name
 
+from graphs import MIB, RESOURCE, mib
+
 pytestmark = pytest.mark.unit
 
 HOST = "/device:CPU:0"
-MIB = 1 << 20
-RES = [("resource", (), 0, False)]
-
-
-def f32(n_mib: int) -> list:
-    return [("float32", (n_mib * MIB // 4,), n_mib * MIB, False)]
 
 
 def chain(n: int, name: str, first: str, kind: str = "Relu") -> list[dict]:
     """``n`` ops of ``kind`` after ``first`` (1 MiB each), to space the layers by levels."""
     ops, last = [], first
     for k in range(n):
-        ops.append({"name": f"{name}{k}", "type": kind, "inputs": [f"{last}:0"], "outputs": f32(1)})
+        ops.append({"name": f"{name}{k}", "type": kind, "inputs": [f"{last}:0"], "outputs": mib(1)})
         last = f"{name}{k}"
     return ops
 
@@ -34,31 +30,34 @@ def two_layers(sum_before_w2: bool = False) -> GraphModel:
     updates. Between the layers a chain of 6 ops, so that ``w2``'s copy has a trigger in the chain;
     ``w2``'s read is used by the forward ``h2`` and the backward ``dh1``."""
     ops = [
-        {"name": "x", "type": "Placeholder", "inputs": [], "outputs": f32(1)},
-        *({"name": v, "type": "Placeholder", "inputs": [], "outputs": RES} for v in ("w1", "w2", "m1", "m2", "s")),
-        {"name": "w1_read", "type": "ReadVariableOp", "inputs": ["w1:0"], "outputs": f32(8)},
-        {"name": "w2_read", "type": "ReadVariableOp", "inputs": ["w2:0"], "outputs": f32(8)},
+        {"name": "x", "type": "Placeholder", "inputs": [], "outputs": mib(1)},
+        *(
+            {"name": v, "type": "Placeholder", "inputs": [], "outputs": [RESOURCE]}
+            for v in ("w1", "w2", "m1", "m2", "s")
+        ),
+        {"name": "w1_read", "type": "ReadVariableOp", "inputs": ["w1:0"], "outputs": mib(8)},
+        {"name": "w2_read", "type": "ReadVariableOp", "inputs": ["w2:0"], "outputs": mib(8)},
         {"name": "shape", "type": "Const", "inputs": [], "outputs": [("int32", (2,), 8, False)]},
-        {"name": "w2_2d", "type": "Reshape", "inputs": ["w2_read:0", "shape:0"], "outputs": f32(8)},
-        {"name": "h1", "type": "MatMul", "inputs": ["x:0", "w1_read:0"], "outputs": f32(1)},
+        {"name": "w2_2d", "type": "Reshape", "inputs": ["w2_read:0", "shape:0"], "outputs": mib(8)},
+        {"name": "h1", "type": "MatMul", "inputs": ["x:0", "w1_read:0"], "outputs": mib(1)},
         *chain(6, "a", "h1", "AddV2" if sum_before_w2 else "Relu"),
-        {"name": "h2", "type": "MatMul", "inputs": ["a5:0", "w2_2d:0"], "outputs": f32(1)},
-        {"name": "s_read", "type": "ReadVariableOp", "inputs": ["s:0"], "outputs": f32(1)},
-        {"name": "s_new", "type": "Sub", "inputs": ["s_read:0", "h2:0"], "outputs": f32(1)},
+        {"name": "h2", "type": "MatMul", "inputs": ["a5:0", "w2_2d:0"], "outputs": mib(1)},
+        {"name": "s_read", "type": "ReadVariableOp", "inputs": ["s:0"], "outputs": mib(1)},
+        {"name": "s_new", "type": "Sub", "inputs": ["s_read:0", "h2:0"], "outputs": mib(1)},
         {"name": "s_assign", "type": "AssignVariableOp", "inputs": ["s:0", "s_new:0"], "outputs": []},
         {"name": "loss", "type": "Sum", "inputs": ["h2:0"], "outputs": [("float32", (), 4, False)]},
-        {"name": "gradient_tape/dh2", "type": "OnesLike", "inputs": ["h2:0"], "outputs": f32(1)},
-        {"name": "gradient_tape/dw2", "type": "MatMul", "inputs": ["a5:0", "gradient_tape/dh2:0"], "outputs": f32(8)},
+        {"name": "gradient_tape/dh2", "type": "OnesLike", "inputs": ["h2:0"], "outputs": mib(1)},
+        {"name": "gradient_tape/dw2", "type": "MatMul", "inputs": ["a5:0", "gradient_tape/dh2:0"], "outputs": mib(8)},
         *chain(6, "gradient_tape/b", "gradient_tape/dh2"),
-        {"name": "gradient_tape/dh1", "type": "MatMul", "inputs": ["gradient_tape/b5:0", "w2_2d:0"], "outputs": f32(1)},
-        {"name": "gradient_tape/dw1", "type": "MatMul", "inputs": ["x:0", "gradient_tape/dh1:0"], "outputs": f32(8)},
+        {"name": "gradient_tape/dh1", "type": "MatMul", "inputs": ["gradient_tape/b5:0", "w2_2d:0"], "outputs": mib(1)},
+        {"name": "gradient_tape/dw1", "type": "MatMul", "inputs": ["x:0", "gradient_tape/dh1:0"], "outputs": mib(8)},
     ]
     for w, g, m in (("w1", "gradient_tape/dw1", "m1"), ("w2", "gradient_tape/dw2", "m2")):
         ops += [
-            {"name": f"{m}_read", "type": "ReadVariableOp", "inputs": [f"{m}:0"], "outputs": f32(8)},
-            {"name": f"{m}_new", "type": "AddV2", "inputs": [f"{m}_read:0", f"{g}:0"], "outputs": f32(8)},
+            {"name": f"{m}_read", "type": "ReadVariableOp", "inputs": [f"{m}:0"], "outputs": mib(8)},
+            {"name": f"{m}_new", "type": "AddV2", "inputs": [f"{m}_read:0", f"{g}:0"], "outputs": mib(8)},
             {"name": f"{m}_set", "type": "AssignVariableOp", "inputs": [f"{m}:0", f"{m}_new:0"], "outputs": []},
-            {"name": f"{w}_step", "type": "Mul", "inputs": [f"{m}_new:0"], "outputs": f32(8)},
+            {"name": f"{w}_step", "type": "Mul", "inputs": [f"{m}_new:0"], "outputs": mib(8)},
             {"name": f"{w}_sub", "type": "AssignSubVariableOp", "inputs": [f"{w}:0", f"{w}_step:0"], "outputs": []},
         ]
     variables = [("w1:0", 8 * MIB), ("w2:0", 8 * MIB), ("s:0", MIB), ("m1:0", 8 * MIB), ("m2:0", 8 * MIB)]
@@ -140,7 +139,7 @@ def test_the_simulator_holds_each_copy_from_its_trigger_to_its_last_reader():
 
 def test_the_errors_name_the_weights_offload():
     model = two_layers()
-    ops = [{"name": "x", "type": "Placeholder", "inputs": [], "outputs": f32(1)}]
+    ops = [{"name": "x", "type": "Placeholder", "inputs": [], "outputs": mib(1)}]
     with pytest.raises(ValueError, match=r"no optimizer update.*Received: offload='weights'"):
         offload_decisions(GraphModel.from_ops(ops), weights=True)
     assert offload_decisions(model, weights=True).transfers  # the same step is fine
@@ -151,23 +150,23 @@ def test_a_trigger_is_never_among_the_nearest_inputs_of_its_copys_readers():
     ``Conv2D`` (one level before it) is not its trigger, as Grappler fuses the two (the fused op would
     wait for its own bias: the step hung)."""
     ops = [
-        {"name": "x", "type": "Placeholder", "inputs": [], "outputs": f32(1)},
-        *({"name": v, "type": "Placeholder", "inputs": [], "outputs": RES} for v in ("k", "b")),
-        {"name": "k_read", "type": "ReadVariableOp", "inputs": ["k:0"], "outputs": f32(1)},
-        {"name": "b_read", "type": "ReadVariableOp", "inputs": ["b:0"], "outputs": f32(1)},
+        {"name": "x", "type": "Placeholder", "inputs": [], "outputs": mib(1)},
+        *({"name": v, "type": "Placeholder", "inputs": [], "outputs": [RESOURCE]} for v in ("k", "b")),
+        {"name": "k_read", "type": "ReadVariableOp", "inputs": ["k:0"], "outputs": mib(1)},
+        {"name": "b_read", "type": "ReadVariableOp", "inputs": ["b:0"], "outputs": mib(1)},
         *chain(2, "a", "x"),
         *chain(2, "s", "a1", "AddV2"),  # sums: never triggers
-        {"name": "conv", "type": "Conv2D", "inputs": ["s1:0", "k_read:0"], "outputs": f32(1)},
-        {"name": "bias", "type": "BiasAdd", "inputs": ["conv:0", "b_read:0"], "outputs": f32(1)},
+        {"name": "conv", "type": "Conv2D", "inputs": ["s1:0", "k_read:0"], "outputs": mib(1)},
+        {"name": "bias", "type": "BiasAdd", "inputs": ["conv:0", "b_read:0"], "outputs": mib(1)},
         {"name": "loss", "type": "Sum", "inputs": ["bias:0"], "outputs": [("float32", (), 4, False)]},
-        {"name": "gradient_tape/d", "type": "OnesLike", "inputs": ["bias:0"], "outputs": f32(1)},
+        {"name": "gradient_tape/d", "type": "OnesLike", "inputs": ["bias:0"], "outputs": mib(1)},
         {
             "name": "gradient_tape/dk",
             "type": "Conv2DBackpropFilter",
             "inputs": ["s1:0", "gradient_tape/d:0"],
-            "outputs": f32(1),
+            "outputs": mib(1),
         },
-        {"name": "gradient_tape/db", "type": "BiasAddGrad", "inputs": ["gradient_tape/d:0"], "outputs": f32(1)},
+        {"name": "gradient_tape/db", "type": "BiasAddGrad", "inputs": ["gradient_tape/d:0"], "outputs": mib(1)},
         {"name": "k_sub", "type": "AssignSubVariableOp", "inputs": ["k:0", "gradient_tape/dk:0"], "outputs": []},
         {"name": "b_sub", "type": "AssignSubVariableOp", "inputs": ["b:0", "gradient_tape/db:0"], "outputs": []},
     ]

@@ -38,8 +38,9 @@ from collections.abc import Collection
 
 import networkx as nx
 
-from ...ir.decisions import Swap, SwapIn
+from ...ir.decisions import Swap
 from ...ir.graph import CONTROL_FLOW_OP_TYPES, SUM_OP_TYPES, GraphModel
+from ..candidates import group_by_level, group_swap_in, tensor_swap
 
 __all__ = ["AHEAD", "GROUPBY", "WEIGHT_IN_SCOPE", "weight_in_name", "weight_side", "weight_transfers"]
 
@@ -110,38 +111,12 @@ def weight_transfers(model: GraphModel, side: Collection[str], host_ops: Collect
             readers = sorted((nodes[c]["level"], c, i) for c, i in t.consumers if c not in on_host)
             if not readers or t.dtype in ("resource", "variant"):
                 continue
-            groups: list[list[tuple[int, str, int]]] = []
-            for item in readers:
-                if groups and item[0] - groups[-1][0][0] <= GROUPBY:
-                    groups[-1].append(item)
-                else:
-                    groups.append([item])
             swap_ins = []
-            for group in groups:
+            for group in group_by_level(readers, GROUPBY):
                 level, first, _ = group[0]
                 near = _near_inputs(model, [c for _, c, _ in group])
-                trigger = _trigger(model, first, level - AHEAD, on_host | near)
-                swap_ins.append(
-                    SwapIn(
-                        consumers=tuple((c, i) for _, c, i in group),
-                        trigger=trigger,
-                        level=level,
-                        trigger_level=None if trigger is None else nodes[trigger]["level"],
-                    )
-                )
-            swaps.append(
-                Swap(
-                    tensor=name,
-                    producer=op,
-                    producer_type=nodes[op]["type"],
-                    dtype=t.dtype,
-                    shape=t.shape,
-                    bytes=t.bytes,
-                    level=nodes[op]["level"],
-                    distance=readers[0][0] - nodes[op]["level"],
-                    swap_ins=tuple(swap_ins),
-                )
-            )
+                swap_ins.append(group_swap_in(model, group, _trigger(model, first, level - AHEAD, on_host | near)))
+            swaps.append(tensor_swap(model, t, nodes[op]["level"], swap_ins))
     return tuple(swaps)
 
 

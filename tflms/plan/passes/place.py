@@ -500,7 +500,6 @@ def place(
     if host is not None and any(same_device(host, d) for d in devices):
         raise ValueError(f"host must not be one of devices. Received: host={host!r}, devices={list(devices)!r}")
     forward = forward_order(model)
-    n = len(forward)
     positions = cut_positions(forward, candidates)
     if len(positions) < k_devices + 1:
         raise ValueError(
@@ -508,6 +507,23 @@ def place(
             f"Received: devices={list(devices)!r}"
         )
     anchor = anchors(model, forward)
+    shortlist = _cut_shortlist(model, len(forward), positions, anchor, k_devices, refine)
+    stages = [stage_of(anchor, [positions[j] for j in c]) for c in shortlist]
+    options = [evaluate(model, devices, st, exact) for st in stages]
+    chosen = min(
+        range(len(options)),
+        key=lambda i: (max(s.peak_bytes for s in options[i]), sum(s.received_bytes for s in options[i])),
+    )
+    if host is None:
+        return options[chosen]
+    return _on_host(model, devices, stages[chosen], options[chosen], host, host_ops, exact)
+
+
+def _cut_shortlist(
+    model: GraphModel, n: int, positions: Sequence[int], anchor: Mapping[str, int], k_devices: int, refine: int
+) -> list[tuple[int, ...]]:
+    """The cuts :func:`place` simulates, as indices into ``positions`` (of ``n`` forward ops): the
+    search's best first, then up to ``refine - 1`` more within :data:`REFINE_SLACK` of its peak."""
     counts = StagePeaks(model)
     last = len(positions) - 1
 
@@ -553,16 +569,7 @@ def place(
 
     if refine > 1:
         walk(0, 0, (), 0)
-    shortlist = [cut_index, *(c for _, _, c in sorted(found) if c != cut_index)][: max(1, refine)]
-    stages = [stage_of(anchor, [positions[j] for j in c]) for c in shortlist]
-    options = [evaluate(model, devices, st, exact) for st in stages]
-    chosen = min(
-        range(len(options)),
-        key=lambda i: (max(s.peak_bytes for s in options[i]), sum(s.received_bytes for s in options[i])),
-    )
-    if host is None:
-        return options[chosen]
-    return _on_host(model, devices, stages[chosen], options[chosen], host, host_ops, exact)
+    return [cut_index, *(c for _, _, c in sorted(found) if c != cut_index)][: max(1, refine)]
 
 
 def step_seconds(
