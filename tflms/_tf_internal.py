@@ -459,10 +459,8 @@ def profile_kernels(fn: Any, allocations: bool = False) -> list[dict[str, Any]]:
     ``kind == 'alloc'``) are in the list too, with ``source`` ``'allocator'``.
     """
     space = _profiled_space(fn)
-    kernels: list[dict[str, Any]] = []
-    if allocations:
-        records, _ = _space_records(space)
-        kernels += [{**r, "source": "allocator"} for r in records if r["kind"] == "alloc"]
+    records = _space_records(space)[0] if allocations else []
+    kernels = [{**r, "source": "allocator"} for r in records if r["kind"] == "alloc"]
     for plane in space.planes:
         names = {k: v.name for k, v in plane.event_metadata.items()}
         stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
