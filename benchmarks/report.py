@@ -1097,6 +1097,35 @@ def margin_testbed(data: dict) -> str:
     return "\n".join(lines + (["", data["notes"]] if data.get("notes") else []))
 
 
+def scratch_testbed(data: dict) -> str:
+    """Measured / predicted peaks without and with the ops' measured scratch (``benchmarks/scratch_testbed.py``)."""
+    lines = [
+        f"_{data['source']}; {data['steps']} steps each; `{data['command']}`_",
+        "",
+        "| model | batch | step | predicted | with scratch | measured peaks | measured / predicted | with scratch |",
+        "|---|---:|---|---:|---:|---|---:|---:|",
+    ]
+    for r in data["rows"]:
+        if r["status"] != "ok":
+            lines.append(f"| {r['model']} | {r['batch']} | - | - | - | {r['status']} | - | - |")
+            continue
+        plain = max(r["measured_peaks"])
+        lines.append(
+            f"| {r['model']} | {r['batch']} | plain | {_mib(r['predicted'])} | {_mib(r['predicted_with_scratch'])} "
+            f"| {', '.join(f'{p / 2**20:,.0f}' for p in r['measured_peaks'])} "
+            f"| {plain / r['predicted']:.2f} | {plain / r['predicted_with_scratch']:.2f} |"
+        )
+        a, b = r["plan"], r["plan_with_scratch"]
+        lines.append(
+            f"| | | plan for {_mib(r['budget'])} | {_mib(a['predicted'])} ({a['swaps']} swaps) "
+            f"| {_mib(b['predicted'])} ({b['swaps']} swaps) "
+            f"| {', '.join(f'{p / 2**20:,.0f}' for p in a['measured_peaks'])}; with scratch "
+            f"{', '.join(f'{p / 2**20:,.0f}' for p in b['measured_peaks'])} "
+            f"| {a['measured_over_predicted']:.2f} | {b['measured_over_predicted']:.2f} |"
+        )
+    return "\n".join(lines + (["", data["notes"]] if data.get("notes") else []))
+
+
 TABLES: dict[str, Callable[[dict], str]] = {
     "pass_speed": pass_speed,
     "capacity": capacity,
@@ -1106,6 +1135,7 @@ TABLES: dict[str, Callable[[dict], str]] = {
     "ecosystem_testbed": ecosystem_testbed,
     "recovery_testbed": recovery_testbed,
     "margin_testbed": margin_testbed,
+    "scratch_testbed": scratch_testbed,
     "simulator_accuracy": simulator_accuracy,
     "testbed_memory": testbed_memory,
     "testbed_capacity": testbed_capacity,
@@ -1305,6 +1335,14 @@ SECTIONS: list[tuple[str, str, str]] = [
         "measured peak, and the re-plans of the closed loop (a learned margin aims the measured peak at 0.95 x "
         "the cap and re-plans only where that moves the budget by more than 5 %) (`benchmarks/margin_testbed.py`). "
         "**Measured (test bed)** against **predicted**.",
+    ),
+    (
+        "scratch_testbed",
+        "Kernel scratch in the prediction (test bed)",
+        "The plain step and a plan for 0.6 x its predicted peak, each predicted without and with an op profile "
+        "(`Knobs(op_profile=path)`), whose per-op temporary buffers (a convolution gradient's column buffer, "
+        "`MaxPoolGrad`'s) the simulator then counts while the op runs (`benchmarks/scratch_testbed.py`). "
+        "**Measured (test bed)** against **predicted**; the machine was loaded by other jobs.",
     ),
     (
         "offload_capacity",

@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         "scratch_testbed",
         rows,
         source="tflms test bed (BFC allocator on the CPU as the device, claimed in one region; a second TF "
-        "process as the host; TensorFlow's own CPU kernels); plain steps, uncapped",
+        "process as the host; TensorFlow's own CPU kernels); a 2 GiB cap, above every step",
         steps=args.steps,
         command=" ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
     )
