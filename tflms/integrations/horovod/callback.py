@@ -100,6 +100,7 @@ class HorovodLMSCallback(LMSCallback):
         import numpy as np
         import tensorflow as tf
 
+        import tflms
         import tflms.integrations.horovod as lms_hvd
 
         lms_hvd.init()  # first, before TensorFlow initialises the GPUs
@@ -124,7 +125,8 @@ class HorovodLMSCallback(LMSCallback):
             metrics=["accuracy"],
             jit_compile=False,  # XLA would drop the swap ops
         )
-        lms = lms_hvd.HorovodLMSCallback(swapout_threshold=40, verbose=True)  # = tflms.LMSCallback(horovod=True, ...)
+        # = tflms.LMSCallback(horovod=True, ...)
+        lms = lms_hvd.HorovodLMSCallback(knobs=tflms.Knobs(swapout_threshold=40), verbose=True)
         history = model.fit(x, y, batch_size=batch, epochs=3, callbacks=[lms])  # the LMS callback first
         # history.history is the same on every rank; only rank 0 printed (and the plan, verbose=True).
         if lms_hvd.is_root():
