@@ -34,7 +34,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import _devices as devices
-from ._checks import check_bandwidth, check_device, check_int, check_seconds, parse_bytes, received
+from ._checks import check_bandwidth as _check_bandwidth
+from ._checks import check_device as _check_device
+from ._checks import check_int, parse_bytes
+from ._checks import check_seconds as _check_seconds
+from ._checks import received as _received
 from ._device_list import check_devices
 from ._devices import KNOWN_DEVICE_TYPES
 
@@ -85,7 +89,7 @@ def _check_names(name: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str):
         value = (value,)
     if not isinstance(value, Iterable) or not all(isinstance(v, str) and v for v in value):
-        raise ValueError(f"{name} must be a sequence of non-empty strings. {received(name, value)}")
+        raise ValueError(f"{name} must be a sequence of non-empty strings. {_received(name, value)}")
     return tuple(sorted(set(value)))
 
 
@@ -98,7 +102,7 @@ def _check_op_types(name: str, value: tuple[str, ...]) -> None:
     if unknown:
         raise ValueError(
             f"{name} names op types TensorFlow does not know: {', '.join(unknown)}. Use op type "
-            f"names as in `op.type`, e.g. 'Conv2D', 'Relu'. {received(name, value)}"
+            f"names as in `op.type`, e.g. 'Conv2D', 'Relu'. {_received(name, value)}"
         )
 
 
@@ -251,29 +255,29 @@ class Knobs:
             and (isinstance(window, bool) or not isinstance(window, int) or window < 1)
         ):
             raise ValueError(
-                f"swapout_window must be 'auto', an integer >= 1 or None. {received('swapout_window', window)}"
+                f"swapout_window must be 'auto', an integer >= 1 or None. {_received('swapout_window', window)}"
             )
-        set_(self, "link_bandwidth", check_bandwidth("link_bandwidth", self.link_bandwidth))
-        set_(self, "link_latency", check_seconds("link_latency", self.link_latency))
-        set_(self, "device_bandwidth", check_bandwidth("device_bandwidth", self.device_bandwidth))
+        set_(self, "link_bandwidth", _check_bandwidth("link_bandwidth", self.link_bandwidth))
+        set_(self, "link_latency", _check_seconds("link_latency", self.link_latency))
+        set_(self, "device_bandwidth", _check_bandwidth("device_bandwidth", self.device_bandwidth))
         flops = self.device_flops
         if isinstance(flops, bool) or not isinstance(flops, (int, float)) or not math.isfinite(flops) or flops <= 0:
             raise ValueError(
-                f"device_flops must be a positive number of FLOP/s, e.g. 50e12. {received('device_flops', flops)}"
+                f"device_flops must be a positive number of FLOP/s, e.g. 50e12. {_received('device_flops', flops)}"
             )
         set_(self, "device_flops", float(flops))
         if self.op_profile is not None and (not isinstance(self.op_profile, str) or not self.op_profile):
             raise ValueError(
                 "op_profile must be the path of an op profile's JSON (tflms.testing.profile.profile_ops), 'auto' "
                 "(profile the first rewritten call of each input signature) or None. "
-                f"{received('op_profile', self.op_profile)}"
+                f"{_received('op_profile', self.op_profile)}"
             )
         if self.triggers not in TRIGGER_RULES:
             raise ValueError(
-                f"triggers must be one of {', '.join(map(repr, TRIGGER_RULES))}. {received('triggers', self.triggers)}"
+                f"triggers must be one of {', '.join(map(repr, TRIGGER_RULES))}. {_received('triggers', self.triggers)}"
             )
         if not isinstance(self.serialize, bool):
-            raise ValueError(f"serialize must be True or False. {received('serialize', self.serialize)}")
+            raise ValueError(f"serialize must be True or False. {_received('serialize', self.serialize)}")
         for name in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):
             set_(self, name, _check_names(name, getattr(self, name)))
         _check_op_types("incl_types", self.incl_types)
@@ -294,7 +298,7 @@ def _check_policy(value: Any) -> frozenset[str]:
     if not isinstance(names, Iterable) or not all(isinstance(n, str) for n in names):
         raise ValueError(
             "policy must be a pass name or a collection of them, e.g. 'default' or ('default', 'recompute'). "
-            f"{received('policy', value)}"
+            f"{_received('policy', value)}"
         )
     chosen: set[str] = set()
     for n in names:
@@ -304,12 +308,12 @@ def _check_policy(value: Any) -> frozenset[str]:
             chosen.add(n)
         elif n != "none":
             known = ", ".join(repr(k) for k in ("default", "none", *POLICIES))
-            raise ValueError(f"policy names an unknown pass {n!r}. Known: {known}. {received('policy', value)}")
+            raise ValueError(f"policy names an unknown pass {n!r}. Known: {known}. {_received('policy', value)}")
     if "drop_tiles" in chosen and "split_sums" not in chosen:
         raise ValueError(
             "policy 'drop_tiles' needs 'split_sums': a BatchNorm's or LayerNorm's input gradient is an AddN "
             "that reads a left-out Tile's per-channel value, and only the AddV2 chains of split_sums broadcast "
-            f"it. Add 'split_sums' to the policy. {received('policy', value)}"
+            f"it. Add 'split_sums' to the policy. {_received('policy', value)}"
         )
     return frozenset(chosen)
 
@@ -320,7 +324,7 @@ def _with_passes(policy: Any, passes: Mapping[str, Any]) -> frozenset[str]:
     chosen = set(_check_policy(policy))
     for name, on in passes.items():
         if not isinstance(on, bool):
-            raise ValueError(f"{name} must be True or False. {received(name, on)}")
+            raise ValueError(f"{name} must be True or False. {_received(name, on)}")
         (chosen.add if on else chosen.discard)(name)
     if "drop_tiles" in chosen and "split_sums" not in chosen and "drop_tiles" not in passes:
         chosen.discard("drop_tiles")
@@ -401,9 +405,9 @@ class LMSConfig:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         if not isinstance(self.offload, (str, type(None))) or self.offload not in OFFLOAD_VALUES:
-            raise ValueError(f"offload must be None, 'optimizer' or 'weights'. {received('offload', self.offload)}")
-        set_(self, "device", check_device("device", self.device, allow_none=True))
-        set_(self, "host", check_device("host", self.host, allow_none=False))
+            raise ValueError(f"offload must be None, 'optimizer' or 'weights'. {_received('offload', self.offload)}")
+        set_(self, "device", _check_device("device", self.device, allow_none=True))
+        set_(self, "host", _check_device("host", self.host, allow_none=False))
         if self.device is not None and devices.same_device(self.device, self.host):
             raise ValueError(
                 "device and host must differ: tensors are swapped from device to host. "
@@ -416,10 +420,10 @@ class LMSConfig:
         if not isinstance(self.on_budget_miss, str) or self.on_budget_miss not in BUDGET_MISS_ACTIONS:
             raise ValueError(
                 "on_budget_miss must be 'raise' (a BudgetError when no plan is predicted to fit the budget) or "
-                f"'best' (a warning, and the lowest plan). {received('on_budget_miss', self.on_budget_miss)}"
+                f"'best' (a warning, and the lowest plan). {_received('on_budget_miss', self.on_budget_miss)}"
             )
         if not isinstance(self.knobs, Knobs):
-            raise TypeError(f"knobs must be a tflms.Knobs. {received('knobs', self.knobs)}")
+            raise TypeError(f"knobs must be a tflms.Knobs. {_received('knobs', self.knobs)}")
 
     def replace(self, **changes: Any) -> LMSConfig:
         """A copy with ``changes``: option names, ``knobs`` among them (a knob's own name raises
