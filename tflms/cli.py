@@ -165,7 +165,7 @@ def _parse_policy(text: str) -> tuple[str, ...]:
 
 
 def _parse_window(text: str) -> int | str:
-    """``--swapout-window``: ``'auto'``, ``'none'`` or an integer (checked by :class:`tflms.LMSConfig`)."""
+    """``--swapout-window``: ``'auto'``, ``'none'`` or an integer (checked by :class:`tflms.Knobs`)."""
     word = text.strip().lower()
     if word in ("auto", "none"):
         return word
@@ -323,9 +323,9 @@ def _plan(args: argparse.Namespace) -> int:
 
     # The options first: a bad one fails before the model is built and traced.
     knobs = {} if args.serialize is None else {"serialize": args.serialize}  # None: the knob's default
-    if args.swapout_window is not None:
-        knobs["swapout_window"] = _window_option(args.swapout_window)
     try:
+        if args.swapout_window is not None:
+            knobs["swapout_window"] = _window_option(args.swapout_window)
         config = tflms.LMSConfig(
             budget=args.budget if args.budget in (None, "auto") else int(args.budget),
             policy=args.policy,
