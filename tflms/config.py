@@ -456,14 +456,7 @@ class LMSConfig:
         base = config if config is not None else cls()
         if not options:
             return base
-        own = {f.name for f in dataclasses.fields(cls)}
         _refuse_misplaced(options, options.get("policy", base.policy))
-        unknown = sorted(set(options) - own)
-        if unknown:
-            raise TypeError(
-                f"Unknown LMS option(s): {', '.join(unknown)}. Options: {', '.join(sorted(own))}; the planner's "
-                f"knobs go in knobs=tflms.Knobs(...). Received: {_given(options, unknown)}"
-            )
         return dataclasses.replace(base, **options)
 
     def to_dict(self) -> dict[str, Any]:
@@ -543,13 +536,21 @@ def keyword_options(flat: Mapping[str, Any]) -> dict[str, Any]:
 
 def _refuse_misplaced(options: Mapping[str, Any], policy: Any) -> None:
     """Raise ``TypeError`` for the names among keyword ``options`` that are not options: pass names
-    as booleans (saying which ``policy`` to write, from ``policy``), knobs and call settings."""
+    as booleans (saying which ``policy`` to write, from ``policy``), knobs, call settings and
+    unknown names (listing the options)."""
     passes = [k for k in POLICIES if k in options]
     if passes:
         raise TypeError(_pass_option_message(policy, options, passes))
     message = misplaced_options(options)
     if message is not None:
         raise TypeError(message)
+    own = [f.name for f in dataclasses.fields(LMSConfig)]
+    unknown = sorted(set(options) - set(own))
+    if unknown:
+        raise TypeError(
+            f"Unknown LMS option(s): {', '.join(unknown)}. Options: {', '.join(sorted(own))}; the planner's "
+            f"knobs go in knobs=tflms.Knobs(...). Received: {_given(options, unknown)}"
+        )
 
 
 def resolve_swapout_window(config: LMSConfig, device: str | None) -> LMSConfig:
