@@ -80,6 +80,8 @@ def test_the_entry_points_refuse_a_knob_given_as_an_option_and_take_call_setting
     assert (fn._manual_memory_optimizer, fn._layout_optimizer) == (False, True)  # noqa: SLF001
     cb = LMSCallback(knobs=Knobs(swapin_ahead=4), layout_optimizer=True)
     assert cb.config.knobs.swapin_ahead == 4 and cb._call_settings["layout_optimizer"] is True  # noqa: SLF001
+    hvd = HorovodLMSCallback(knobs=Knobs(swapin_ahead=4), manual_memory_optimizer=False)
+    assert hvd.config.knobs.swapin_ahead == 4 and hvd._call_settings["manual_memory_optimizer"] is False  # noqa: SLF001
     for make in (lambda: tflms.function(step, layout_optimizer="no"), lambda: LMSCallback(manual_memory_optimizer=1)):
         with pytest.raises(ValueError, match="must be True or False"):
             make()

@@ -549,7 +549,8 @@ def _refuse_misplaced(options: Mapping[str, Any], policy: Any) -> None:
     if unknown:
         raise TypeError(
             f"Unknown LMS option(s): {', '.join(unknown)}. Options: {', '.join(sorted(own))}; the planner's "
-            f"knobs go in knobs=tflms.Knobs(...). Received: {_given(options, unknown)}"
+            f"knobs (tflms.Knobs): {', '.join(KNOB_NAMES)}, given as knobs=tflms.Knobs(...). "
+            f"Received: {_given(options, unknown)}"
         )
 
 

@@ -461,9 +461,10 @@ def test_bad_options():
     with pytest.raises(TypeError, match="train_step="):
         LMSCallback(train_step="mine")
     cfg = LMSConfig(device=DEVICE, knobs=Knobs(swapout_threshold=5))
-    assert LMSCallback(cfg, knobs=Knobs(swapin_ahead=4)).config == LMSConfig(
+    assert LMSCallback(cfg, knobs=cfg.knobs.replace(swapin_ahead=4)).config == LMSConfig(
         device=DEVICE, knobs=Knobs(swapout_threshold=5, swapin_ahead=4)
     )
+    assert LMSCallback(cfg, knobs=Knobs(swapin_ahead=4)).config.knobs == Knobs(swapin_ahead=4)  # knobs as a whole
     assert tflms.LMSCallback is LMSCallback and "LMSCallback" in tflms.__all__
     assert LMSCallback(horovod=False).horovod is False and type(LMSCallback(horovod=False)) is LMSCallback
     assert list(inspect.signature(LMSCallback).parameters) == [
@@ -472,6 +473,8 @@ def test_bad_options():
         "train_step",
         "horovod",
         "xla",
+        "manual_memory_optimizer",
+        "layout_optimizer",
         "options",
     ]
 

@@ -81,7 +81,8 @@ class HorovodLMSCallback(LMSCallback):
             by :func:`averaging_train_step` only: with a ``train_step=`` of yours, pass
             it to your :func:`tflms.horovod.allreduce_gradients` call instead
             (``sparse_as_dense=False`` with ``train_step=`` raises ``ValueError``).
-        config, verbose, train_step, horovod, xla, options: as :class:`tflms.LMSCallback`.
+        config, verbose, train_step, horovod, xla, manual_memory_optimizer, layout_optimizer, options: as
+            :class:`tflms.LMSCallback`.
 
     Raises:
         TypeError, ValueError: as :class:`tflms.LMSCallback`; ``TypeError`` also for a
@@ -143,6 +144,8 @@ class HorovodLMSCallback(LMSCallback):
         train_step: TrainStep | None = None,
         horovod: bool = True,
         xla: str = "disable",
+        manual_memory_optimizer: bool = True,
+        layout_optimizer: bool = False,
         **options: Any,
     ) -> None:
         if horovod is not True:
@@ -158,7 +161,16 @@ class HorovodLMSCallback(LMSCallback):
                 "`tflms.horovod.allreduce_gradients(grads, sparse_as_dense=False)`. "
                 f"Received: sparse_as_dense=False with train_step={train_step!r}"
             )
-        super().__init__(config, verbose=verbose, train_step=train_step, horovod=True, xla=xla, **options)
+        super().__init__(
+            config,
+            verbose=verbose,
+            train_step=train_step,
+            horovod=True,
+            xla=xla,
+            manual_memory_optimizer=manual_memory_optimizer,
+            layout_optimizer=layout_optimizer,
+            **options,
+        )
         self._mode = mode
 
     @property
