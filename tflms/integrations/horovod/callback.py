@@ -161,16 +161,8 @@ class HorovodLMSCallback(LMSCallback):
                 "`tflms.horovod.allreduce_gradients(grads, sparse_as_dense=False)`. "
                 f"Received: sparse_as_dense=False with train_step={train_step!r}"
             )
-        super().__init__(
-            config,
-            verbose=verbose,
-            train_step=train_step,
-            horovod=True,
-            xla=xla,
-            manual_memory_optimizer=manual_memory_optimizer,
-            layout_optimizer=layout_optimizer,
-            **options,
-        )
+        calls = {"manual_memory_optimizer": manual_memory_optimizer, "layout_optimizer": layout_optimizer}
+        super().__init__(config, verbose=verbose, train_step=train_step, horovod=True, xla=xla, **calls, **options)
         self._mode = mode
 
     @property
