@@ -137,7 +137,7 @@ def largest_side(
         policy = policy_of(
             swap_gradients=swap_gradients, split_sums=split_sums, drop_tiles=drop_tiles, order_updates=order_updates
         )
-        config = tflms.LMSConfig(serialize=serialize, policy=policy)
+        config = tflms.LMSConfig(knobs=tflms.Knobs(serialize=serialize), policy=policy)
         if lms:  # the step make_plan plans on
             model, sim, *_ = prepare(model, config, sim)
         return lms and serialized_search(model, config, sim, budget)[0] is not None
@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 what = "batch"
                 result = tflms.max_batch_size(
-                    step, budget, rel_tol=args.rel_tol, limit=1 << 15, serialize=args.serialize, bound=True,
+                    step, budget, rel_tol=args.rel_tol, limit=1 << 15, bound=True,
+                    knobs=tflms.Knobs(serialize=args.serialize),
                     policy=policy_of(
                         swap_gradients=args.swap_gradients, split_sums=args.split_sums, drop_tiles=args.drop_tiles,
                         order_updates=args.order_updates,

@@ -178,6 +178,7 @@ def probe(
     import tensorflow as tf
 
     import tflms
+    from tflms.config import keyword_options
     from tflms.testing.measure import timed_steps
     from tflms.testing.zoo import train_step_of
 
@@ -204,7 +205,7 @@ def probe(
         options = {"budget": budget} if mode == "budget" else {}
         options |= {"swapout_window": window or None} if window >= 0 else {}  # -1: the default
         options |= {OPTION_FLAGS[f]: True for f in flags}
-        fn = tflms.function(step, **options)
+        fn = tflms.function(step, **keyword_options(options))  # swapout_window into knobs=tflms.Knobs(...)
         plan = fn.get_plan(x, y)
         predicted = plan.peak_bytes_after
     plan_s = time.perf_counter() - t0

@@ -89,7 +89,7 @@ def measure_run(
         plan, step_graph, swaps, fences = None, graph, (), ()
         predicted_peak = tflms.Simulator(graph, tflms.LMSConfig().host).peak()
     else:
-        fn = tflms.function(train_step, op_profile=op_profile)  # no budget option: budget="auto"
+        fn = tflms.function(train_step, knobs=tflms.Knobs(op_profile=op_profile))  # no budget option: budget="auto"
         plan = fn.get_plan(x, y)
     plan_s = time.perf_counter() - t0
     scope = tf.device(device) if device else tf.device("/device:CPU:0")

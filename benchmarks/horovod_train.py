@@ -142,6 +142,7 @@ def main(argv: list[str] | None = None) -> dict:
     import tensorflow as tf
 
     import tflms
+    from tflms.config import keyword_options
     from tflms.testing.zoo import train_step_of
 
     rank, size = lms_hvd.rank(), lms_hvd.size()
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict:
         "incl_types": args.incl_types,
         "excl_types": args.excl_types,
     }
-    config = tflms.LMSConfig(**options)
+    config = tflms.LMSConfig(**keyword_options(options))  # the knobs into knobs=tflms.Knobs(...)
     with _on(device):
         model = build_model(args)
         opt = keras.optimizers.SGD(learning_rate=args.lr, momentum=0.9)

@@ -78,7 +78,7 @@ def predicted(
         )
 
     r = tflms.max_batch_size(
-        at, cap, limit=limit, rel_tol=0.05, serialize=serialize, bound=True,
+        at, cap, limit=limit, rel_tol=0.05, knobs=tflms.Knobs(serialize=serialize), bound=True,
         policy=policy_of(
             swap_gradients=swap_gradients, split_sums=split_sums, order_updates=order_updates, drop_tiles=drop_tiles
         ),

@@ -46,6 +46,7 @@ def measure_time(
     import tensorflow as tf
 
     import tflms
+    from tflms.config import keyword_options
     from tflms.emulate.costs import coverage, op_seconds
     from tflms.emulate.timeline import TimelineModel
     from tflms.plan.registry import replay
@@ -80,7 +81,7 @@ def measure_time(
     plain_threads = TimelineModel(graph, times, streams=threads).run()
     peak = tflms.Simulator(graph, host).peak()
     knobs = dict(probe.knobs(), op_profile=str(path), **(options or {}))
-    lms = tflms.function(train_step, device=device, host=host, budget=int(fraction * peak), **knobs)
+    lms = tflms.function(train_step, device=device, host=host, budget=int(fraction * peak), **keyword_options(knobs))
     plan = lms.get_plan(x, y)
     with tf.device(device):
         lms(x, y)

@@ -46,7 +46,10 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 DEVICE = "/device:CPU:1"
 # The test models are small: many of their activations are under the default min_bytes
 # (256 KiB), so the tests that need swaps lower it to the former default, 4 KiB.
-SMALL = {"min_bytes": 4096}
+from tflms.config import Knobs  # noqa: E402 (imports no TensorFlow: after the environment above)
+
+SMALL_KNOBS = Knobs(min_bytes=4096)
+SMALL = {"knobs": SMALL_KNOBS}
 HOST = "/device:CPU:0"
 
 

@@ -2,7 +2,8 @@
 
 import pytest
 
-from tflms import LMSConfig
+from tflms import Knobs, LMSConfig
+from tflms.config import keyword_options
 
 pytestmark = pytest.mark.unit
 
@@ -46,15 +47,15 @@ def test_defaults_and_canonical_devices():
 )
 def test_invalid_options_name_argument_and_value(kwargs, name):
     with pytest.raises(ValueError) as err:
-        LMSConfig(**kwargs)
+        LMSConfig(**keyword_options(kwargs))  # a knob given in knobs=Knobs(...)
     msg = str(err.value)
     assert f"{name}=" in msg and "Received" in msg
 
 
 @pytest.mark.parametrize("value", [16 * 10**9, 16e9, "16GB", "16 GB/s", "16GB/s"])
 def test_link_bandwidth_is_bytes_per_second(value):
-    assert LMSConfig(link_bandwidth=value).knobs.link_bandwidth == 16 * 10**9
-    assert LMSConfig(link_latency=0).knobs.link_latency == 0.0
+    assert LMSConfig(knobs=Knobs(link_bandwidth=value)).knobs.link_bandwidth == 16 * 10**9
+    assert LMSConfig(knobs=Knobs(link_latency=0)).knobs.link_latency == 0.0
 
 
 def test_from_options_rejects_unknown_names():
@@ -63,15 +64,16 @@ def test_from_options_rejects_unknown_names():
 
 
 def test_from_options_overrides_base_and_roundtrips():
-    base = LMSConfig(swapout_threshold=7, incl_scopes=("conv1/",))
-    cfg = LMSConfig.from_options(base, swapin_ahead=4)
+    base = LMSConfig(knobs=Knobs(swapout_threshold=7, incl_scopes=("conv1/",)))
+    cfg = LMSConfig.from_options(base, budget="1GiB").with_knobs(swapin_ahead=4)
     assert (cfg.knobs.swapout_threshold, cfg.knobs.swapin_ahead, cfg.knobs.incl_scopes) == (7, 4, ("conv1/",))
+    assert cfg.budget == 1 << 30 and cfg.replace(knobs=Knobs()).knobs == Knobs()
     assert LMSConfig.from_dict(cfg.to_dict()) == cfg
     assert hash(cfg) == hash(LMSConfig.from_dict(cfg.to_dict()))
 
 
 def test_names_are_sorted_and_deduplicated():
-    cfg = LMSConfig(excl_scopes=["b/", "a/", "b/"])
+    cfg = LMSConfig(knobs=Knobs(excl_scopes=["b/", "a/", "b/"]))
     assert cfg.knobs.excl_scopes == ("a/", "b/")
 
 
@@ -84,3 +86,49 @@ def test_on_budget_miss_is_raise_or_best_and_recorded_only_when_not_raise():
     assert LMSConfig.from_dict(LMSConfig().to_dict()) == LMSConfig()
     with pytest.raises(ValueError, match=r"'raise'.*'best'.*Received: on_budget_miss='Best'"):
         LMSConfig(on_budget_miss="Best")
+
+
+FLAT_KNOB = r"^swapout_threshold=40 is a knob, not an option: write knobs=tflms.Knobs\(swapout_threshold=40\)\.$"
+
+
+def test_a_knob_given_as_an_option_raises_one_type_error_saying_what_to_write():
+    with pytest.raises(TypeError, match=FLAT_KNOB):
+        LMSConfig(swapout_threshold=40)
+    with pytest.raises(TypeError, match=FLAT_KNOB):
+        LMSConfig("1GiB", swapout_threshold=40)
+    for make in (
+        lambda: LMSConfig().replace(swapout_threshold=40),
+        lambda: LMSConfig.from_options(LMSConfig(), swapout_threshold=40),
+    ):
+        with pytest.raises(TypeError, match=FLAT_KNOB):
+            make()
+    two = r"^min_bytes=0, serialize=False are knobs, not options: write knobs=tflms.Knobs\(min_bytes=0, serialize=Fa"
+    with pytest.raises(TypeError, match=two):
+        LMSConfig(budget="1GiB", min_bytes=0, serialize=False)
+    assert LMSConfig(knobs=Knobs(swapout_threshold=40)).knobs.swapout_threshold == 40
+
+
+@pytest.mark.parametrize("name, value", [("manual_memory_optimizer", False), ("layout_optimizer", True)])
+def test_a_call_setting_is_not_an_option_of_a_plan(name, value):
+    with pytest.raises(
+        TypeError, match=rf"^{name}={value} is a setting of how a rewritten step is called.*tflms.function"
+    ):
+        LMSConfig(**{name: value})
+    with pytest.raises(TypeError, match=rf"^{name}={value} is a setting"):
+        LMSConfig().replace(**{name: value})
+    with pytest.raises(TypeError):
+        Knobs(**{name: value})
+
+
+def test_flat_options_of_saved_plans_still_load():
+    """A plan's options are flat (user options and knobs side by side); those of older plans may
+    also hold the call settings, which are left out, or the passes as booleans."""
+    cfg = LMSConfig(budget="1GiB", knobs=Knobs(swapout_threshold=7, min_bytes=0, incl_scopes=("a/",)))
+    flat = cfg.to_dict()
+    assert flat["swapout_threshold"] == 7 and flat["incl_scopes"] == ["a/"] and "knobs" not in flat
+    assert "manual_memory_optimizer" not in flat and "layout_optimizer" not in flat
+    assert LMSConfig.from_dict(flat) == cfg
+    old = {**flat, "manual_memory_optimizer": True, "layout_optimizer": False}
+    assert LMSConfig.from_dict(old) == cfg
+    with pytest.raises(TypeError, match="Unknown LMS option"):
+        LMSConfig.from_dict({**flat, "swapout_treshold": 3})

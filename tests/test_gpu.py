@@ -23,7 +23,7 @@ def _train(lms: bool, steps: int = 3):
     """Losses and the real peak (bytes above what was allocated before) of ``steps`` steps.
 
     The plain step runs with Grappler's layout optimizer off, as ``tflms.function`` runs the
-    rewritten one (``LMSConfig.layout_optimizer``): with it on, the GPU's convolutions run in
+    rewritten one (its argument ``layout_optimizer``): with it on, the GPU's convolutions run in
     another layout, with other kernels, and the losses compared could differ for that reason
     (on a CPU asked to convert, the two layouts gave other losses in a probe of 2026-11-27;
     tests/test_behaviour.py compares each way with its own plain step)."""

@@ -34,7 +34,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tflms"
 STAGES = ("ir", "emulate", "plan", "rewrite", "report", "integrations", "testing", "tools")
 #: The top-level modules below every stage.
 BASE = frozenset(
-    {"tflms.config", "tflms.errors", "tflms._tf_internal", "tflms._util", "tflms._devices", "tflms._device_list"}
+    {
+        "tflms.config",
+        "tflms.errors",
+        "tflms._tf_internal",
+        "tflms._util",
+        "tflms._devices",
+        "tflms._device_list",
+        "tflms._checks",
+    }
 )
 #: The top-level modules above every stage.
 ENTRY = frozenset({"tflms", "tflms.__main__", "tflms.cli", "tflms.testbed", "tflms.horovod"})

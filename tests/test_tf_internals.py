@@ -112,7 +112,7 @@ def test_grappler_pushes_constants_down_as_the_simulator_assumes():
             assert softmax[0] in plain[child] and traced.phase(softmax[0]) == "forward"
     assert attention == 2
 
-    new_cf, plan = tflms.optimize(cf, device=DEVICE, host=HOST, min_bytes=1024)
+    new_cf, plan = tflms.optimize(cf, device=DEVICE, host=HOST, knobs=tflms.Knobs(min_bytes=1024))
     fed = {c for s in plan.swaps for si in s.swap_ins for c, _ in si.consumers}
     swapped = [(p, c) for p, c in pairs if c in fed and any("Softmax" in t for t in traced.inputs_of[c])]
     assert swapped

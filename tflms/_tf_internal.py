@@ -216,7 +216,7 @@ def memory_optimization(
     ``RewriterConfig.MemOptType`` name (``'MANUAL'``: why, :func:`tflms.integrations.function.manual_memory_optimizer`),
     and with ``layout_off=True`` with Grappler's layout optimizer off where it would convert
     layouts on ``device``, the device the function is called on (:func:`layout_converts`; why:
-    ``Knobs.layout_optimizer``); ``device=None`` is the device scope in effect when the
+    the argument ``layout_optimizer`` of :func:`tflms.function`); ``device=None`` is the device scope in effect when the
     context is entered. Where it would convert nothing (a CPU device, no ``cpu_layout_conversion``)
     the layout setting is left as it is, so that the step runs with the same ``ConfigProto`` as a
     plain call. The rest of the current ``ConfigProto`` is kept. ``level=None`` and

@@ -165,7 +165,7 @@ def _parse_policy(text: str) -> tuple[str, ...]:
 
 
 def _parse_window(text: str) -> int | str:
-    """``--swapout-window``: ``'auto'``, ``'none'`` or an integer (checked by :class:`tflms.LMSConfig`)."""
+    """``--swapout-window``: ``'auto'``, ``'none'`` or an integer (checked by :class:`tflms.Knobs`)."""
     word = text.strip().lower()
     if word in ("auto", "none"):
         return word
@@ -322,15 +322,16 @@ def _plan(args: argparse.Namespace) -> int:
     from tflms.ir.trace import keras_step_source, keras_train_step, specs_text
 
     # The options first: a bad one fails before the model is built and traced.
-    schedule = {} if args.serialize is None else {"serialize": args.serialize}  # None: the knob's default
+    knobs = {} if args.serialize is None else {"serialize": args.serialize}  # None: the knob's default
     try:
+        if args.swapout_window is not None:
+            knobs["swapout_window"] = _window_option(args.swapout_window)
         config = tflms.LMSConfig(
             budget=args.budget if args.budget in (None, "auto") else int(args.budget),
             policy=args.policy,
             on_budget_miss=args.on_budget_miss,
             offload=args.offload,
-            **schedule,
-            **({} if args.swapout_window is None else {"swapout_window": _window_option(args.swapout_window)}),
+            knobs=tflms.Knobs(**knobs),
         )
     except ValueError as err:
         raise CLIError(str(err)) from None

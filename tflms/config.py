@@ -16,6 +16,10 @@ Example:
     ['recompute', 'swap_gradients']
     >>> LMSConfig(knobs=Knobs(swapout_threshold=40)).knobs.swapout_threshold
     40
+    >>> LMSConfig(swapout_threshold=40)
+    Traceback (most recent call last):
+    ...
+    TypeError: swapout_threshold=40 is a knob, not an option: write knobs=tflms.Knobs(swapout_threshold=40).
     >>> LMSConfig(policy="fast")
     Traceback (most recent call last):
     ...
@@ -30,11 +34,17 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from . import _devices as devices
+from ._checks import check_bandwidth as _check_bandwidth
+from ._checks import check_device as _check_device
+from ._checks import check_int, parse_bytes
+from ._checks import check_seconds as _check_seconds
+from ._checks import received as _received
 from ._device_list import check_devices
 from ._devices import KNOWN_DEVICE_TYPES
 
 __all__ = [
     "AUTO_MARGIN",
+    "CALL_SETTINGS",
     "DEFAULT_POLICY",
     "Knobs",
     "LMSConfig",
@@ -68,105 +78,11 @@ MIN_BYTES = 256 * 1024
 #: FLOPs, because only memory-bound element-wise ops are recomputed.
 DEVICE_BANDWIDTH = 10**12
 #: What ``swapout_window='auto'`` (the default) means where the device is a GPU: two swap-outs in
-#: flight. Measured on an NVIDIA H200 (docs, benchmarks, "Fences on the GPU"): without fences the
-#: forward pass runs ahead of the link and ResNet50 224² at batch 44 held 2.6 times the predicted
-#: peak; with a window of 1, 2 and 4 it held 1.07-1.17 times it, at about the same step time
-#: (window 2, alone on the GPU: 246 ms against 240 and 258 ms without fences).
+#: flight. A GPU's executor only enqueues kernels, so without fences the forward pass runs ahead of
+#: the link and holds several swapped-out buffers at once, above the predicted peak; a window of 1
+#: to 4 keeps the measured peak near the prediction at about the plain step's time, and 2 is the
+#: fastest of those (the numbers: docs, benchmarks, "Fences on the GPU").
 GPU_SWAPOUT_WINDOW = 2
-
-
-def _received(name: str, value: Any) -> str:
-    return f"Received: {name}={value!r}"
-
-
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
-}  # fmt: skip
-
-
-def parse_bytes(value: Any, name: str = "size") -> int:
-    """Bytes from an int or a size string: ``parse_bytes("16GiB") == 16 * 2**30``.
-
-    Units: B, KB/MB/GB/TB (powers of 10), KiB/MiB/GiB/TiB and K/M/G/T (powers of 2);
-    case and spaces do not matter; fractions are allowed (``"1.5GiB"``).
-
-    >>> parse_bytes("1.5 GiB"), parse_bytes("500MB"), parse_bytes(4096)
-    (1610612736, 500000000, 4096)
-    """
-    hint = "Use a positive number of bytes or a size such as '16GiB' or '500MB'."
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a size. {hint} {_received(name, value)}")
-    if isinstance(value, int):
-        if value <= 0:
-            raise ValueError(f"{name} must be positive. {hint} {_received(name, value)}")
-        return value
-    if isinstance(value, str):
-        import re
-
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
-        if m and m.group(2).lower() in _UNITS:
-            n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-            if n > 0:
-                return n
-    raise ValueError(f"{name} is not a valid size. {hint} {_received(name, value)}")
-
-
-def check_int(name: str, value: Any, minimum: int, allow_none: bool = False) -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``value`` is an int >= ``minimum`` (or allowed None)."""
-    if value is None and allow_none:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        none = " or None" if allow_none else ""
-        raise ValueError(f"{name} must be an integer >= {minimum}{none}. {_received(name, value)}")
-
-
-def _check_bandwidth(name: str, value: Any) -> int:
-    """Bytes per second from a positive number or a size string (``"25GB"``, ``"25GB/s"``)."""
-    if isinstance(value, float) and math.isfinite(value) and value >= 1:
-        return int(value)
-    per_second = isinstance(value, str) and value.rstrip().lower().endswith("/s")
-    try:
-        return parse_bytes(value.rstrip()[:-2] if per_second else value, name)
-    except ValueError:
-        raise ValueError(
-            f"{name} must be bytes per second: a positive number (25e9) or a size string ('25GB/s'). "
-            f"{_received(name, value)}"
-        ) from None
-
-
-def _check_seconds(name: str, value: Any) -> float:
-    """``value`` as a float number of seconds >= 0, or ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a number of seconds >= 0, e.g. 10e-6. {_received(name, value)}")
-    return float(value)
-
-
-def _check_device(name: str, value: Any, allow_none: bool) -> str | None:
-    """Return the canonical form of a device string (:func:`tflms._devices.canonical`), or raise.
-
-    Job, replica and task are kept: ``/job:worker/replica:0/task:0/device:CPU:0`` names a
-    CPU in another process and is never taken for this process's ``/device:CPU:0``.
-    """
-    if value is None and allow_none:
-        return None
-    hint = "Use a string such as '/device:GPU:0', '/device:CPU:1' or '/job:worker/replica:0/task:0/device:CPU:0'."
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{name} must be a device string. {hint} {_received(name, value)}")
-    try:
-        spec = devices.parse(value)
-    except ValueError:
-        raise ValueError(f"{name} is not a device string. {hint} {_received(name, value)}") from None
-    if spec.type is None or spec.type not in KNOWN_DEVICE_TYPES:
-        raise ValueError(
-            f"{name} names an unknown device type {spec.type!r}; known types are "
-            f"{', '.join(KNOWN_DEVICE_TYPES)}. {hint} {_received(name, value)}"
-        )
-    if spec.index is None:
-        raise ValueError(f"{name} must name one device, with an index. {hint} {_received(name, value)}")
-    return spec.to_string()
 
 
 def _check_names(name: str, value: Any) -> tuple[str, ...]:
@@ -207,9 +123,9 @@ POLICIES = ("drop_tiles", "order_updates", "recompute", "split_sums", "swap_grad
 #: optimizer may answer with another association; ``recompute`` runs element-wise ops twice.
 #: With a budget, the autotuner still swaps only what the budget needs.
 DEFAULT_POLICY = frozenset({"swap_gradients"})
-#: ``budget="auto"``: this fraction of the device's memory limit. Measured peaks of tflms's
-#: plans were up to 1.10 times their predictions on the test bed (benchmarks/results/
-#: testbed_capacity.json), so a plan predicted at 0.9 of the limit stays under it.
+#: ``budget="auto"``: this fraction of the device's memory limit. A plan's measured peak can
+#: exceed its prediction by up to about 10 % (benchmarks/results/testbed_capacity.json), so a plan
+#: predicted at 0.9 of the limit stays under it.
 AUTO_MARGIN = 0.9
 #: Default ``device_flops``: the FLOP rate of the op-time estimate (:mod:`tflms.emulate.costs`), of
 #: the order of a data-centre GPU's dense float32 rate (A100: 19.5 TFLOP/s without TF32; H100 SXM: 67).
@@ -220,8 +136,10 @@ TRIGGER_RULES = ("levels", "timeline")
 BUDGET_MISS_ACTIONS = ("raise", "best")
 #: Values of ``offload``: what lives on the host besides swapped tensors.
 OFFLOAD_VALUES = (None, "optimizer", "weights")
-#: Knobs that change how a rewritten step is called, not the plan: not in a plan's options.
-CALL_KNOBS = ("manual_memory_optimizer", "layout_optimizer")
+#: Settings of how ``tflms.function`` and ``tflms.LMSCallback`` call a rewritten step: keyword
+#: arguments of those two, not options of a plan (plans made before they moved may record them;
+#: :meth:`LMSConfig.from_dict` leaves them out).
+CALL_SETTINGS = ("manual_memory_optimizer", "layout_optimizer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,8 +148,9 @@ class Knobs:
 
     With a ``budget`` (the default, ``"auto"``), the autotuner chooses ``swapout_threshold``,
     ``swapin_ahead``, ``swapin_groupby`` and ``n_tensors`` itself; set them for a plan made
-    without a budget (``budget=None``). Every knob may also be passed by name wherever
-    options are taken (``tflms.function(step, swapout_threshold=40)``).
+    without a budget (``budget=None``). Knobs are given only as a whole:
+    ``tflms.function(step, knobs=tflms.Knobs(swapout_threshold=40))``; a knob's name as an
+    option of its own (``LMSConfig(swapout_threshold=40)``) raises ``TypeError``.
 
     Attributes:
         swapout_threshold: a tensor is swapped only for backward consumers more than
@@ -284,35 +203,14 @@ class Knobs:
             how Grappler associates the sum; :data:`tflms.plan.planner.UNFENCED_TYPES`).
             ``'auto'`` (default): :data:`GPU_SWAPOUT_WINDOW` where the device is a GPU
             (there the executor only enqueues kernels, and without fences the forward
-            pass ran far ahead of the link: measured, docs, benchmarks, "Fences on the GPU"), no
+            pass runs ahead of the link: docs, benchmarks, "Fences on the GPU"), no
             fences elsewhere (a CPU's executor waits for each op); the plan's options
             record the value used. ``None``: no fences.
         serialize: when ``True``, a memory-aware schedule: ordering edges
             (:class:`tflms.Order`) that make one branch of the backward pass wait for
             another where the simulator predicts a lower peak (:mod:`tflms.plan.passes.schedule`).
-            Default ``True`` (measured lower peaks on the test bed: docs, benchmarks,
-            "Memory-aware schedule"); ``False``: the swaps alone, and faster planning.
-        manual_memory_optimizer: when ``True`` (default), ``tflms.function`` and
-            ``tflms.LMSCallback`` call the step within :func:`tflms.manual_memory_optimizer`
-            (Grappler's memory optimizer at ``MANUAL``): Grappler's default level may rewrite
-            a large ``AddN`` into an accumulation whose constant of zeros stays in device
-            memory, which the plan's predicted peak does not count. A level set by the
-            caller's own ``function_call_options`` is kept. It changes no plan; steps from
-            :func:`tflms.optimize` are called by the caller, who can wrap the calls.
-        layout_optimizer: when ``False`` (default), ``tflms.function`` calls a step it
-            rewrote, and ``tflms.LMSCallback`` its train function, with Grappler's layout
-            optimizer off where it would convert layouts on the step's device: on a GPU, where
-            it converts convolutions to NCHW and adds ``Transpose`` ops at the edges of what it
-            converted, activation-sized buffers that the plan does not count (measured on an
-            H200: two plans ran out of memory allocating one; docs, "TensorFlow interactions");
-            on a CPU device only where the call options ask it to convert
-            (``cpu_layout_conversion``). On a CPU device without that, the layout optimizer
-            converts nothing, and tflms leaves the setting as it is: the rewritten step runs
-            with the ``ConfigProto`` of a plain ``tf.function`` call. ``True``: TensorFlow's
-            setting (on by default) everywhere. A layout optimizer the caller turned on
-            explicitly is kept. It changes no plan; steps from :func:`tflms.optimize` are called
-            by the caller (on a GPU: ``tf.config.optimizer.set_experimental_options(
-            {"layout_optimizer": False})``).
+            Default ``True``: it lowers the measured peak (docs, benchmarks, "Memory-aware
+            schedule"); ``False``: the swaps alone, and faster planning.
 
     Example:
         >>> Knobs(swapout_threshold=40).swapin_groupby
@@ -341,8 +239,6 @@ class Knobs:
     triggers: str = "levels"
     swapout_window: int | str | None = "auto"
     serialize: bool = True
-    manual_memory_optimizer: bool = True
-    layout_optimizer: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -380,13 +276,16 @@ class Knobs:
             raise ValueError(
                 f"triggers must be one of {', '.join(map(repr, TRIGGER_RULES))}. {_received('triggers', self.triggers)}"
             )
-        for name in ("serialize", *CALL_KNOBS):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be True or False. {_received(name, getattr(self, name))}")
+        if not isinstance(self.serialize, bool):
+            raise ValueError(f"serialize must be True or False. {_received('serialize', self.serialize)}")
         for name in ("incl_scopes", "excl_scopes", "incl_types", "excl_types"):
             set_(self, name, _check_names(name, getattr(self, name)))
         _check_op_types("incl_types", self.incl_types)
         _check_op_types("excl_types", self.excl_types)
+
+    def replace(self, **changes: Any) -> Knobs:
+        """A copy with ``changes`` (knob names): ``Knobs(min_bytes=0).replace(swapout_threshold=5)``."""
+        return dataclasses.replace(self, **changes)
 
 
 KNOB_NAMES = tuple(f.name for f in dataclasses.fields(Knobs))
@@ -480,9 +379,11 @@ class LMSConfig:
             placed on them in stages (:mod:`tflms.plan.passes.place`), ``devices[0]`` holding the
             variables and the step's arguments; then nothing is swapped.
 
-    The keyword names of :class:`Knobs` are accepted too (``LMSConfig(swapout_threshold=40)``
-    sets ``knobs.swapout_threshold``). A pass is named in ``policy`` only: a pass name as a
-    boolean option (``split_sums=False``) raises ``TypeError`` saying which policy to write.
+    A knob is set in ``knobs`` only: ``LMSConfig(knobs=Knobs(swapout_threshold=40))``; a knob's
+    name given as an option (``LMSConfig(swapout_threshold=40)``) raises ``TypeError`` saying so,
+    and so does a call setting of ``tflms.function`` (``layout_optimizer=True``). A pass is named
+    in ``policy`` only: a pass name as a boolean option (``split_sums=False``) raises
+    ``TypeError`` saying which policy to write.
     """
 
     budget: int | str | None = "auto"
@@ -493,6 +394,13 @@ class LMSConfig:
     knobs: Knobs = Knobs()
     offload: str | None = None
     devices: tuple[str, ...] | None = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> LMSConfig:
+        # Only screens the keyword names: a knob, a call setting or a pass name gets a message saying
+        # where it belongs instead of the dataclass's "unexpected keyword argument". __init__ is the
+        # dataclass's.
+        _refuse_misplaced(kwargs, kwargs.get("policy", DEFAULT_POLICY))
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -518,44 +426,41 @@ class LMSConfig:
             raise TypeError(f"knobs must be a tflms.Knobs. {_received('knobs', self.knobs)}")
 
     def replace(self, **changes: Any) -> LMSConfig:
-        """A copy with ``changes``: option names or knob names.
+        """A copy with ``changes``: option names, ``knobs`` among them (a knob's own name raises
+        ``TypeError``; :meth:`with_knobs` changes knobs one by one).
 
-        >>> LMSConfig().replace(budget="1GiB", swapout_threshold=5).knobs.swapout_threshold
+        >>> LMSConfig().replace(budget="1GiB", knobs=Knobs(swapout_threshold=5)).knobs.swapout_threshold
         5
         """
         return LMSConfig.from_options(self, **changes)
 
+    def with_knobs(self, **changes: Any) -> LMSConfig:
+        """A copy whose knobs have ``changes`` (knob names); the other knobs are kept.
+
+        >>> cfg = LMSConfig(knobs=Knobs(min_bytes=0)).with_knobs(swapout_threshold=5)
+        >>> cfg.knobs.swapout_threshold, cfg.knobs.min_bytes
+        (5, 0)
+        """
+        return dataclasses.replace(self, knobs=self.knobs.replace(**changes))
+
     @classmethod
     def from_options(cls, config: LMSConfig | None = None, **options: Any) -> LMSConfig:
-        """Build a config from an optional base ``config`` and keyword overrides (option
-        names, knob names). Unknown names raise ``TypeError``, and so do the pass names as
-        booleans (options of older versions), saying which ``policy`` to write instead:
-        ``recompute=True`` is ``policy=('recompute', 'swap_gradients')`` from the default."""
+        """Build a config from an optional base ``config`` and keyword overrides (option names;
+        ``knobs`` replaces the base's knobs as a whole). Unknown names raise ``TypeError``, and so
+        do a knob's name (write ``knobs=tflms.Knobs(name=value)``), a call setting of
+        ``tflms.function`` and the pass names as booleans (options of older versions), saying which
+        ``policy`` to write instead: ``recompute=True`` is ``policy=('recompute', 'swap_gradients')``
+        from the default."""
         if config is not None and not isinstance(config, LMSConfig):
             raise TypeError(f"config must be a tflms.LMSConfig. Received: config={config!r}")
         base = config if config is not None else cls()
         if not options:
             return base
-        own = {f.name for f in dataclasses.fields(cls)}
-        passes = [k for k in POLICIES if k in options]
-        if passes:
-            raise TypeError(_pass_option_message(options.get("policy", base.policy), options, passes))
-        unknown = sorted(set(options) - own - set(KNOB_NAMES))
-        if unknown:
-            raise TypeError(
-                f"Unknown LMS option(s): {', '.join(unknown)}. Options: {', '.join(sorted(own))}; the planner's "
-                f"knobs (tflms.Knobs): {', '.join(KNOB_NAMES)}. "
-                f"Received: {', '.join(f'{k}={options[k]!r}' for k in unknown)}"
-            )
-        fields = {k: v for k, v in options.items() if k in own}
-        knobs = {k: v for k, v in options.items() if k in KNOB_NAMES}
-        if knobs:
-            fields["knobs"] = dataclasses.replace(fields.get("knobs", base.knobs), **knobs)
-        return dataclasses.replace(base, **fields)
+        _refuse_misplaced(options, options.get("policy", base.policy))
+        return dataclasses.replace(base, **options)
 
     def to_dict(self) -> dict[str, Any]:
-        """The options that make a plan, JSON-safe and flat: the user options, then the knobs
-        (not the call-time ones, :data:`CALL_KNOBS`)."""
+        """The options that make a plan, JSON-safe and flat: the user options, then the knobs."""
         data: dict[str, Any] = {
             "budget": self.budget,
             "device": self.device,
@@ -566,18 +471,87 @@ class LMSConfig:
             **({"devices": list(self.devices)} if self.devices else {}),
         }
         for k, v in dataclasses.asdict(self.knobs).items():
-            if k not in CALL_KNOBS:
-                data[k] = list(v) if isinstance(v, tuple) else v
+            data[k] = list(v) if isinstance(v, tuple) else v
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LMSConfig:
-        """Inverse of :meth:`to_dict`; also reads the flat options of older plans (the passes as
-        booleans, without ``policy``: no pass unless its boolean says so)."""
-        options = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k not in POLICIES}
+        """Inverse of :meth:`to_dict`; also reads the flat options of older plans: the passes as
+        booleans, without ``policy`` (no pass unless its boolean says so), and the call settings
+        (:data:`CALL_SETTINGS`), which are left out."""
+        options = {
+            k: tuple(v) if isinstance(v, list) else v
+            for k, v in data.items()
+            if k not in POLICIES and k not in CALL_SETTINGS
+        }
         passes = {k: v for k, v in data.items() if k in POLICIES}
         options["policy"] = _with_passes(options.get("policy", ()), passes)
-        return cls.from_options(**options)
+        return cls.from_options(**keyword_options(options))
+
+
+def _given(options: Mapping[str, Any], names: Iterable[str]) -> str:
+    return ", ".join(f"{k}={options[k]!r}" for k in names)
+
+
+def misplaced_options(options: Mapping[str, Any]) -> str | None:
+    """The error message for knob names and call settings among keyword ``options`` (each belongs
+    elsewhere: a knob in ``knobs=tflms.Knobs(...)``, a call setting in the call of
+    ``tflms.function`` or ``tflms.LMSCallback``), or ``None`` where there are none.
+
+    >>> print(misplaced_options({"budget": "1GiB", "swapout_threshold": 40}))
+    swapout_threshold=40 is a knob, not an option: write knobs=tflms.Knobs(swapout_threshold=40).
+    """
+    knobs = [k for k in options if k in KNOB_NAMES]
+    calls = [k for k in options if k in CALL_SETTINGS]
+    parts = []
+    if knobs:
+        given = _given(options, knobs)
+        what = "is a knob, not an option" if len(knobs) == 1 else "are knobs, not options"
+        parts.append(f"{given} {what}: write knobs=tflms.Knobs({given}).")
+    if calls:
+        given = _given(options, calls)
+        what = "is a setting" if len(calls) == 1 else "are settings"
+        parts.append(
+            f"{given} {what} of how a rewritten step is called, not an option of its plan: pass it to "
+            f"tflms.function(step, {given}) or tflms.LMSCallback({given})."
+        )
+    return " ".join(parts) or None
+
+
+def keyword_options(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments of ``tflms.function`` or ``tflms.LMSCallback`` from a flat mapping (a
+    JSON-safe form, as the measuring jobs pass options between processes): option names and call
+    settings are kept, knob names are gathered into ``knobs=Knobs(...)``.
+
+    >>> kwargs = keyword_options({"budget": 1024, "min_bytes": 0, "layout_optimizer": True})
+    >>> sorted(kwargs), kwargs["knobs"].min_bytes
+    (['budget', 'knobs', 'layout_optimizer'], 0)
+    """
+    out = {k: v for k, v in flat.items() if k not in KNOB_NAMES}
+    knobs = {k: tuple(v) if isinstance(v, list) else v for k, v in flat.items() if k in KNOB_NAMES}
+    if knobs:
+        out["knobs"] = out.get("knobs", Knobs()).replace(**knobs)
+    return out
+
+
+def _refuse_misplaced(options: Mapping[str, Any], policy: Any) -> None:
+    """Raise ``TypeError`` for the names among keyword ``options`` that are not options: pass names
+    as booleans (saying which ``policy`` to write, from ``policy``), knobs, call settings and
+    unknown names (listing the options)."""
+    passes = [k for k in POLICIES if k in options]
+    if passes:
+        raise TypeError(_pass_option_message(policy, options, passes))
+    message = misplaced_options(options)
+    if message is not None:
+        raise TypeError(message)
+    own = [f.name for f in dataclasses.fields(LMSConfig)]
+    unknown = sorted(set(options) - set(own))
+    if unknown:
+        raise TypeError(
+            f"Unknown LMS option(s): {', '.join(unknown)}. Options: {', '.join(sorted(own))}; the planner's "
+            f"knobs (tflms.Knobs): {', '.join(KNOB_NAMES)}, given as knobs=tflms.Knobs(...). "
+            f"Received: {_given(options, unknown)}"
+        )
 
 
 def resolve_swapout_window(config: LMSConfig, device: str | None) -> LMSConfig:
@@ -593,7 +567,7 @@ def resolve_swapout_window(config: LMSConfig, device: str | None) -> LMSConfig:
     if config.knobs.swapout_window != "auto":
         return config
     gpu = device is not None and devices.parse(device).type == "GPU"
-    return config.replace(swapout_window=GPU_SWAPOUT_WINDOW if gpu else None)
+    return config.with_knobs(swapout_window=GPU_SWAPOUT_WINDOW if gpu else None)
 
 
 def resolve_budget(config: LMSConfig, limit: int | None, source: str) -> tuple[LMSConfig, str]:
@@ -617,27 +591,3 @@ def resolve_budget(config: LMSConfig, limit: int | None, source: str) -> tuple[L
     budget = int(limit * AUTO_MARGIN)
     why = f"budget {format_sizes(budget)}: {AUTO_MARGIN} x {format_sizes(limit)} ({source})"
     return config.replace(budget=budget), why
-
-
-def _init_taking_knobs(init: Any) -> Any:
-    """Wrap the dataclass ``__init__`` so that knob names are taken as in
-    :meth:`LMSConfig.from_options`, and an unknown keyword lists the valid ones."""
-    import functools
-
-    own = {f.name for f in dataclasses.fields(LMSConfig)}
-
-    @functools.wraps(init)
-    def __init__(self: LMSConfig, *args: Any, **kwargs: Any) -> None:
-        if set(kwargs) <= own:
-            init(self, *args, **kwargs)
-            return
-        built = LMSConfig.from_options(
-            LMSConfig(*args, **{k: v for k, v in kwargs.items() if k in own}),
-            **{k: v for k, v in kwargs.items() if k not in own},
-        )
-        init(self, **{f.name: getattr(built, f.name) for f in dataclasses.fields(LMSConfig)})
-
-    return __init__
-
-
-LMSConfig.__init__ = _init_taking_knobs(LMSConfig.__init__)  # type: ignore[method-assign]

@@ -12,7 +12,7 @@ import random
 import networkx as nx
 import pytest
 
-from tflms import LMSConfig
+from tflms import Knobs, LMSConfig
 from tflms.emulate import fusion, order
 from tflms.emulate.fusion import _fused_reach, _reach_masks, _successors_with, joins_fused
 from tflms.emulate.grappler import _has_nested_family, with_constant_pushdown
@@ -272,7 +272,7 @@ def test_the_capacity_searchs_answer_is_the_autotuners(budget_kib):
     """``serialized_search(..., exists_only=True)`` (what ``max_batch_size`` asks) finds a plan
     exactly where the full search does, on budgets from none fitting to the plain step fitting."""
     model = chain_model(n_fwd=8, variable_bytes=4096)
-    config = LMSConfig(min_bytes=1, policy="default")
+    config = LMSConfig(knobs=Knobs(min_bytes=1), policy="default")
     budget = budget_kib * 1024
     full = serialized_search(model, config, Simulator(model), budget)
     fast = serialized_search(model, config, Simulator(model), budget, exists_only=True)

@@ -69,7 +69,7 @@ def test_a_plan_made_with_a_profile_counts_its_scratch(tmp_path):
         tmp_path / "p.json"
     )
     plain = make_plan(model, LMSConfig(budget=None))
-    measured = make_plan(model, LMSConfig(budget=None).replace(op_profile=str(path)))
+    measured = make_plan(model, LMSConfig(budget=None).with_knobs(op_profile=str(path)))
     assert plain.peak_bytes_before == simulate(model).peak_bytes
     assert measured.peak_bytes_before == simulate(with_scratch(model, {"b": 1 << 20})).peak_bytes
     assert measured.peak_bytes_before >= plain.peak_bytes_before + (1 << 20)

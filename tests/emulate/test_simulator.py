@@ -2,7 +2,7 @@
 
 import pytest
 
-from tflms import LMSConfig, make_plan
+from tflms import Knobs, LMSConfig, make_plan
 from tflms.emulate.order import ready_order
 from tflms.emulate.simulator import Simulator, simulate
 from tflms.ir.decisions import Swap, SwapIn
@@ -178,7 +178,7 @@ def test_swap_in_without_trigger_counts_from_the_producer():
 
 def test_planned_chain_lowers_the_predicted_peak():
     m = chain_model(n_fwd=8, variable_bytes=100)
-    plan = make_plan(m, LMSConfig(swapout_threshold=3, swapin_ahead=1, swapin_groupby=0, min_bytes=0))
+    plan = make_plan(m, LMSConfig(knobs=Knobs(swapout_threshold=3, swapin_ahead=1, swapin_groupby=0, min_bytes=0)))
     assert plan.peak_bytes_after < plan.peak_bytes_before
     assert plan.peak_bytes_before == simulate(m).peak_bytes
     assert plan.peak_bytes_after == simulate(m, plan.swaps).peak_bytes
@@ -191,7 +191,9 @@ def test_floor_is_one_ops_working_set_and_no_plan_goes_below_it():
     # does each b_i (f_i and the gradient it writes into). The first such op sets the floor.
     assert sim.floor() == (2 * KB4 + 100, "f0")
     peaks = [
-        make_plan(m, LMSConfig(swapout_threshold=t, swapin_ahead=a, swapin_groupby=g, min_bytes=0)).peak_bytes_after
+        make_plan(
+            m, LMSConfig(knobs=Knobs(swapout_threshold=t, swapin_ahead=a, swapin_groupby=g, min_bytes=0))
+        ).peak_bytes_after
         for t in range(1, 8)
         for a in (1, 2, 3)
         for g in (0, 1)

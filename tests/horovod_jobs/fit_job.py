@@ -295,7 +295,7 @@ def run_subclassed(out: str, rank: int, size: int, report: dict) -> None:
     model = compile_model(subclassed_mlp(rank_seed(rank)))
     assert not model.built and not model.variables
     x, y = shard(features(STEPS * size * B, seed=13), rank, size)
-    lms = lms_hvd.HorovodLMSCallback(batch_size=B, **jobkit.LMS_OPTIONS)
+    lms = lms_hvd.HorovodLMSCallback(**{**jobkit.LMS_OPTIONS, "knobs": jobkit.KNOBS.replace(batch_size=B)})
     history = model.fit(x, y, batch_size=B, epochs=EPOCHS, shuffle=False, callbacks=[lms], verbose=0).history
     save(out, f"subclassed_rank{rank}.npz", [v.numpy() for v in state(model)])
     report["subclassed"] = {"history": history, "plan": plan_report(lms), "n_state": len(state(model))}

@@ -23,7 +23,8 @@ PER_RANK_BATCH = 8
 IMAGE = (16, 16, 3)
 CLASSES = 10
 # Small thresholds so that the tiny model has several swaps.
-LMS_OPTIONS = {"device": DEVICE, "swapout_threshold": 3, "swapin_ahead": 2, "min_bytes": 1024}
+KNOBS = tflms.Knobs(swapout_threshold=3, swapin_ahead=2, min_bytes=1024)
+LMS_OPTIONS = {"device": DEVICE, "knobs": KNOBS}
 
 
 def split_cpu() -> None:

@@ -78,7 +78,7 @@ def collective_report(rank: int) -> dict:
         opt.apply_gradients(zip(grads, variables))
         return value
 
-    options = {**jobkit.LMS_OPTIONS, "swapin_ahead": 1}
+    options = {**jobkit.LMS_OPTIONS, "knobs": jobkit.KNOBS.replace(swapin_ahead=1)}
     step = tflms.function(train_step, **options)
     plan = step.get_plan(x, y)
     losses = [float(step(x, y)) for _ in range(2)]
@@ -187,7 +187,7 @@ def main() -> None:
 
     if not args.no_extras:
         # A plan that differs on purpose (rank-dependent option): every rank must raise.
-        other = jobkit.lms_step(model, opt, "tflms", swapout_threshold=3 + rank)
+        other = jobkit.lms_step(model, opt, "tflms", knobs=jobkit.KNOBS.replace(swapout_threshold=3 + rank))
         try:
             lms_hvd.assert_same_plan(other.get_plan(x0, y0))
             report["mismatch_error"] = None

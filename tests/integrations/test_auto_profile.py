@@ -11,7 +11,7 @@ from tflms import _tf_internal as tfi
 from tflms.emulate.costs import OpProfile
 
 import zoo
-from conftest import DEVICE, SMALL
+from conftest import DEVICE, SMALL_KNOBS
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +45,7 @@ def test_function_profiles_the_first_call_once_and_trains_bit_identically(profil
     shared = zoo.shared("cnn")
     setup = shared.setup
     plain_losses, plain_vars = shared.plain_run(3)
-    lms = tflms.function(setup.step_fn(), device=DEVICE, op_profile="auto", **SMALL)
+    lms = tflms.function(setup.step_fn(), device=DEVICE, knobs=SMALL_KNOBS.replace(op_profile="auto"))
     before = lms.get_plan(setup.x, setup.y)
     assert len(before.swaps) >= 1
     losses, variables = zoo.run_steps(setup, lms, n=3)
@@ -59,7 +59,7 @@ def test_function_profiles_the_first_call_once_and_trains_bit_identically(profil
     _check_profile_of(plan)
     # The rewritten step the later calls ran is the new plan's.
     assert (
-        tflms.function(setup.step_fn(), device=DEVICE, op_profile=plan.options["op_profile"], **SMALL)
+        tflms.function(setup.step_fn(), device=DEVICE, knobs=SMALL_KNOBS.replace(op_profile=plan.options["op_profile"]))
         .get_plan(setup.x, setup.y)
         .to_json()
         == plan.to_json()
@@ -68,7 +68,7 @@ def test_function_profiles_the_first_call_once_and_trains_bit_identically(profil
 
 def test_a_step_that_needs_no_rewrite_is_not_profiled(profiled_calls):
     setup = zoo.shared("cnn").setup
-    lms = tflms.function(setup.step_fn(), device=DEVICE, op_profile="auto", budget="64GiB")
+    lms = tflms.function(setup.step_fn(), device=DEVICE, knobs=tflms.Knobs(op_profile="auto"), budget="64GiB")
     zoo.run_steps(setup, lms, n=2)
     assert not profiled_calls
     assert lms.get_plan(setup.x, setup.y).options["op_profile"] == "auto" and not lms.get_plan(setup.x, setup.y).swaps
@@ -79,7 +79,7 @@ def test_fit_profiles_the_first_step_and_trains_bit_identically(profiled_calls):
 
     setup = _compile(zoo.cnn())
     plain = _fit(setup, epochs=2)
-    cb = tflms.LMSCallback(device=DEVICE, op_profile="auto", **SMALL)
+    cb = tflms.LMSCallback(device=DEVICE, knobs=SMALL_KNOBS.replace(op_profile="auto"))
     lms = _fit(setup, [cb], epochs=2)
     assert lms[0] == plain[0]
     for a, b in zip(lms[1], plain[1]):
@@ -91,10 +91,10 @@ def test_fit_profiles_the_first_step_and_trains_bit_identically(profiled_calls):
 
 def test_bad_op_profile_is_one_clear_error():
     with pytest.raises(ValueError, match=r"op_profile must be .*'auto'.*Received: op_profile=3"):
-        tflms.LMSConfig(op_profile=3)
+        tflms.LMSConfig(knobs=tflms.Knobs(op_profile=3))
 
 
 def test_auto_profile_with_horovod_is_refused():
     """Each rank would plan again from its own times: the ranks' plans could differ."""
     with pytest.raises(ValueError, match=r"op_profile='auto' is not available with horovod=True.*Received: op_"):
-        tflms.LMSCallback(op_profile="auto", horovod=True)
+        tflms.LMSCallback(knobs=tflms.Knobs(op_profile="auto"), horovod=True)

@@ -8,11 +8,11 @@ import pytest
 import tensorflow as tf
 
 import tflms
-from tflms import LMSConfig, LMSWarning
+from tflms import Knobs, LMSConfig, LMSWarning
 from tflms.emulate.order import ready_order
 
 import zoo
-from conftest import DEVICE, HOST, SMALL
+from conftest import DEVICE, HOST, SMALL, SMALL_KNOBS
 from helpers import check_structure, check_survives_grappler, swap_ops
 
 pytestmark = pytest.mark.integration
@@ -33,11 +33,11 @@ def test_decorator_forms_give_the_same_plan(mlp):
     bare = tflms.function(fn)
     assert isinstance(bare, tflms.LMSFunction) and bare.config == LMSConfig()
 
-    @tflms.function(device=DEVICE, swapout_threshold=5)
+    @tflms.function(device=DEVICE, knobs=tflms.Knobs(swapout_threshold=5))
     def step(x, y):
         return fn(x, y)
 
-    cfg = LMSConfig(device=DEVICE, swapout_threshold=5)
+    cfg = LMSConfig(device=DEVICE, knobs=Knobs(swapout_threshold=5))
     a = tflms.function(fn, config=cfg)
     b = tflms.function(tf.function(fn), config=cfg)
     c = tflms.function(config=cfg)(fn)
@@ -93,7 +93,7 @@ def test_a_plan_of_orders_only_is_applied_and_recognised(mlp):
     backward = [op for op in ready_order(model) if model.phase(op) == "backward" and model.dag.in_degree(op)]
     # The last backward op that the schedule runs before another one it does not lead to.
     op, after = next((a, b) for a, b in zip(backward[::-1][1:], backward[::-1]) if not nx.has_path(model.dag, a, b))
-    empty = tflms.make_plan(model, LMSConfig(n_tensors=0))
+    empty = tflms.make_plan(model, LMSConfig(knobs=Knobs(n_tensors=0)))
     plan = dataclasses.replace(empty, orders=(tflms.Order(op=op, after=after),), reason="")
     graph = tfi.copy_graph(cf)
     assert apply_plan(graph, plan, DEVICE, HOST)["order"] == 1
@@ -147,7 +147,9 @@ def test_a_trace_of_unknown_sizes_is_sized_from_the_call_or_batch_size(mlp):
     with warnings.catch_warnings():
         warnings.simplefilter("error", LMSWarning)
         called = tflms.function(fn, input_signature=spec, device=DEVICE, **SMALL).get_plan(mlp.x, mlp.y)
-        given = tflms.function(fn, input_signature=spec, device=DEVICE, batch_size=64, **SMALL).get_plan(*spec)
+        given = tflms.function(
+            fn, input_signature=spec, device=DEVICE, knobs=SMALL_KNOBS.replace(batch_size=64)
+        ).get_plan(*spec)
     small = tflms.function(fn, input_signature=spec, device=DEVICE, **SMALL)
     with pytest.warns(LMSWarning, match=r"unknown size \(x: float32\[\?, 64\]; y: int32\[\?\]\).*batch_size=1"):
         p_small = small.get_plan(*spec)
@@ -201,7 +203,7 @@ def test_control_flow_bodies_are_not_rewritten():
         return losses, [v.numpy() for v in variables]
 
     plain = tf.function(fn)
-    lms = tflms.function(fn, device=DEVICE, swapout_threshold=5, **SMALL)
+    lms = tflms.function(fn, device=DEVICE, knobs=SMALL_KNOBS.replace(swapout_threshold=5))
     ref = run(plain)
     got = run(lms)
     np.testing.assert_array_equal(got[0], ref[0])
@@ -212,7 +214,7 @@ def test_control_flow_bodies_are_not_rewritten():
     check_structure(lms.get_concrete_function(x, flag), plan, DEVICE, HOST)
     # Rewrite the plain trace itself, to compare bodies with the very functions it had.
     original = plain.get_concrete_function(x, flag)
-    cf, plan = tflms.optimize(original, device=DEVICE, swapout_threshold=5, **SMALL)
+    cf, plan = tflms.optimize(original, device=DEVICE, knobs=SMALL_KNOBS.replace(swapout_threshold=5))
     check_structure(cf, plan, DEVICE, HOST)
     check_survives_grappler(cf, DEVICE)
     cf_types = ("While", "StatelessWhile", "If", "StatelessIf")
@@ -232,11 +234,11 @@ def test_control_flow_bodies_are_not_rewritten():
 
 def test_invalid_options_raise_at_decoration():
     with pytest.raises(ValueError, match=r"swapout_threshold=-1"):
-        tflms.function(lambda x: x, swapout_threshold=-1)
+        tflms.function(lambda x: x, knobs=tflms.Knobs(swapout_threshold=-1))
     with pytest.raises(ValueError, match=r"device='/device:FOO:0'"):
         tflms.function(lambda x: x, device="/device:FOO:0")
     with pytest.raises(ValueError, match=r"incl_types=.*NoSuchOp"):
-        tflms.function(lambda x: x, incl_types=["NoSuchOp"])
+        tflms.function(lambda x: x, knobs=tflms.Knobs(incl_types=["NoSuchOp"]))
     with pytest.raises(TypeError, match="Unknown LMS option"):
         tflms.function(lambda x: x, swap_threshold=3)
 
@@ -278,7 +280,7 @@ def test_method_decoration_binds_per_instance():
             )
             self.opt = keras.optimizers.SGD(0.01)
 
-        @tflms.function(device=DEVICE, swapout_threshold=3, **SMALL)
+        @tflms.function(device=DEVICE, knobs=SMALL_KNOBS.replace(swapout_threshold=3))
         def step(self, x):
             with tf.GradientTape() as tape:
                 loss = tf.reduce_mean(self.model(x) ** 2)
@@ -407,7 +409,9 @@ def test_steps_are_called_with_a_manual_memory_optimizer_unless_configured_other
     assert ACCUMULATION <= default
     assert ACCUMULATION <= kept
     with pytest.raises(ValueError, match="manual_memory_optimizer must be True or False. Received: .*='yes'"):
-        LMSConfig(manual_memory_optimizer="yes")
+        tflms.function(total, manual_memory_optimizer="yes")
+    with pytest.raises(TypeError, match="manual_memory_optimizer=False is a setting of how a rewritten step is called"):
+        LMSConfig(manual_memory_optimizer=False)  # a setting of the call, not of the plan
 
 
 def test_steps_are_called_with_the_layout_optimizer_off_unless_configured_otherwise():
@@ -442,9 +446,9 @@ def test_steps_are_called_with_the_layout_optimizer_off_unless_configured_otherw
                 w.assign_sub(1e-3 * g)
             return loss
 
-        knobs = {"min_bytes": 0, "swapout_threshold": 1, "swapin_ahead": 1}
+        knobs = tflms.Knobs(min_bytes=0, swapout_threshold=1, swapin_ahead=1)
         fn = forward if forward_only else train
-        step = tf.function(fn) if plain else tflms.function(fn, device=DEVICE, **knobs, **options)
+        step = tf.function(fn) if plain else tflms.function(fn, device=DEVICE, knobs=knobs, **options)
         out = []
         with tf.device(DEVICE), rewrite_options(cpu_layout_conversion=nchw_to_nhwc, **caller):
             ops = ran_op_types(lambda: out.extend(float(step(x)) for _ in range(3)))
@@ -468,4 +472,5 @@ def test_steps_are_called_with_the_layout_optimizer_off_unless_configured_otherw
     assert losses == plain_off_losses and tf_losses == plain_on_losses
     assert losses[2] < losses[0]
     with pytest.raises(ValueError, match="layout_optimizer must be True or False. Received: .*='no'"):
-        LMSConfig(layout_optimizer="no")
+        tflms.function(lambda x: x, layout_optimizer="no")
+    assert "layout_optimizer" not in plan.options and "manual_memory_optimizer" not in plan.options

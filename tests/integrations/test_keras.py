@@ -19,7 +19,7 @@ import tensorflow as tf
 
 import tflms
 import tflms.integrations.function
-from tflms import LMSConfig, LMSWarning
+from tflms import Knobs, LMSConfig, LMSWarning
 from tflms import _tf_internal as tfi
 from tflms.integrations.keras import LMSCallback, short_summary
 from tflms.plan.records import format_bytes
@@ -451,7 +451,7 @@ def test_bad_options():
     with pytest.raises(TypeError, match="swapout_treshold.*knobs \\(tflms.Knobs\\): swapout_threshold"):
         LMSCallback(swapout_treshold=3)
     with pytest.raises(ValueError, match="swapin_ahead=0"):
-        LMSCallback(swapin_ahead=0)
+        LMSCallback(knobs=Knobs(swapin_ahead=0))
     with pytest.raises(TypeError, match="config must be a tflms.LMSConfig"):
         LMSCallback({"device": DEVICE})
     with pytest.raises(ValueError, match="verbose=-1"):
@@ -460,8 +460,11 @@ def test_bad_options():
         LMSCallback(xla="off")
     with pytest.raises(TypeError, match="train_step="):
         LMSCallback(train_step="mine")
-    cfg = LMSConfig(device=DEVICE, swapout_threshold=5)
-    assert LMSCallback(cfg, swapin_ahead=4).config == LMSConfig(device=DEVICE, swapout_threshold=5, swapin_ahead=4)
+    cfg = LMSConfig(device=DEVICE, knobs=Knobs(swapout_threshold=5))
+    assert LMSCallback(cfg, knobs=cfg.knobs.replace(swapin_ahead=4)).config == LMSConfig(
+        device=DEVICE, knobs=Knobs(swapout_threshold=5, swapin_ahead=4)
+    )
+    assert LMSCallback(cfg, knobs=Knobs(swapin_ahead=4)).config.knobs == Knobs(swapin_ahead=4)  # knobs as a whole
     assert tflms.LMSCallback is LMSCallback and "LMSCallback" in tflms.__all__
     assert LMSCallback(horovod=False).horovod is False and type(LMSCallback(horovod=False)) is LMSCallback
     assert list(inspect.signature(LMSCallback).parameters) == [
@@ -470,6 +473,8 @@ def test_bad_options():
         "train_step",
         "horovod",
         "xla",
+        "manual_memory_optimizer",
+        "layout_optimizer",
         "options",
     ]
 
@@ -479,7 +484,7 @@ def test_the_plain_callback_imports_nothing_of_horovod():
     code = (
         "import sys, tflms, tflms.integrations.keras\n"
         "cb = tflms.LMSCallback(device='/device:CPU:1', horovod=False)\n"
-        "cb = tflms.integrations.keras.LMSCallback(swapout_threshold=3)\n"
+        "cb = tflms.integrations.keras.LMSCallback(knobs=tflms.Knobs(swapout_threshold=3))\n"
         "loaded = sorted(m for m in sys.modules if m.startswith(('tflms.integrations.horovod', 'horovod')))\n"
         "assert not loaded and type(cb) is tflms.integrations.keras.LMSCallback and not cb.horovod, loaded\n"
     )
@@ -640,7 +645,7 @@ def test_fit_calls_the_step_with_a_manual_memory_optimizer_unless_configured_oth
 
     def ran(**options):
         m = model()
-        cb = LMSCallback(device=DEVICE, batch_size=batch, swapout_threshold=1, policy="none", **options)
+        cb = LMSCallback(device=DEVICE, knobs=Knobs(batch_size=batch, swapout_threshold=1), policy="none", **options)
         history = []
 
         def fit():
@@ -681,7 +686,11 @@ def test_fit_calls_the_step_with_the_layout_optimizer_off_unless_configured_othe
         h = keras.layers.Conv2D(8, 3, padding="same", data_format="channels_first", activation="relu")(h)
         m = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.Flatten()(h)))
         m.compile(optimizer="sgd", loss="mse", jit_compile=False)
-        cb = LMSCallback(device=DEVICE, batch_size=16, swapout_threshold=1, min_bytes=0, **options) if lms else None
+        cb = (
+            LMSCallback(device=DEVICE, knobs=Knobs(batch_size=16, swapout_threshold=1, min_bytes=0), **options)
+            if lms
+            else None
+        )
         history = []
 
         def fit():

@@ -85,7 +85,7 @@ def test_a_conv3d_unet_trains_bit_identically_with_the_layout_optimizer_as_tenso
 
         step = train_step_of(model, loss_fn, opt)
 
-        fn = tflms.function(step, device=DEVICE, min_bytes=1 << 20) if lms else tf.function(step)
+        fn = tflms.function(step, device=DEVICE, knobs=tflms.Knobs(min_bytes=1 << 20)) if lms else tf.function(step)
         losses, variables = [], []
         for _ in range(STEPS):
             losses.append(float(fn(x, y)))
@@ -193,7 +193,7 @@ def test_fit_with_the_callback_on_a_cpu_device_runs_as_plain_fit_with_tensorflow
         keras.utils.set_random_seed(0)
         model = _unet3d(size=16)
         model.compile(optimizer="adam", loss="binary_crossentropy", jit_compile=False)
-        cb = tflms.LMSCallback(device=DEVICE, batch_size=2, min_bytes=1 << 14) if lms else None
+        cb = tflms.LMSCallback(device=DEVICE, knobs=tflms.Knobs(batch_size=2, min_bytes=1 << 14)) if lms else None
         history = model.fit(x, y, batch_size=2, epochs=2, verbose=0, shuffle=False, callbacks=[cb] if cb else [])
         return cb, history.history["loss"], model.get_weights()
 

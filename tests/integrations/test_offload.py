@@ -145,7 +145,7 @@ def test_sgd_is_bit_identical_with_the_arithmetic_optimizer_off(setup, name):
 def test_offload_composes_with_swaps(setup):
     """With every candidate swapped (``budget=None``) as well, still bit-identical."""
     plain = setup.run("adam", offload=False)
-    off = setup.run("adam", offload=True, budget=None, min_bytes=4096)
+    off = setup.run("adam", offload=True, budget=None, knobs=tflms.Knobs(min_bytes=4096))
     x, y = setup.batches[0]
     assert off[2].get_plan(x, y).swaps
     _assert_same(plain, off)
@@ -174,7 +174,7 @@ def test_gpt_offload_composes_with_swaps_and_a_swapout_window():
     optimizer offloaded, every activation of 4 kB or more swapped, at most 2 swap-outs in flight;
     bit-identical to the plain step, losses and every weight."""
     plain = _gpt_run(False)
-    off = _gpt_run(True, budget=None, min_bytes=4096, serialize=False, swapout_window=2)
+    off = _gpt_run(True, budget=None, knobs=tflms.Knobs(min_bytes=4096, serialize=False, swapout_window=2))
     plan = off[2]
     assert plan.options["offload"] == "optimizer" and plan.options["swapout_window"] == 2
     assert len(plan.swaps) > 20 and plan.fences

@@ -272,7 +272,7 @@ LEGACY_SCRIPT = textwrap.dedent(
             loss = model.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0, callbacks=callbacks).history
         return loss, model.get_weights() + [v.numpy() for v in model.optimizer.variables]
     plain = fit([])
-    cb = tflms.LMSCallback(device="/device:CPU:1", min_bytes=4096)
+    cb = tflms.LMSCallback(device="/device:CPU:1", knobs=tflms.Knobs(min_bytes=4096))
     lms = fit([cb])
     assert lms[0] == plain[0], (lms[0], plain[0])
     assert all(np.array_equal(a, b) for a, b in zip(lms[1], plain[1]))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tflms
-from tflms import BudgetError, LMSConfig, Simulator, make_plan
+from tflms import BudgetError, Knobs, LMSConfig, Simulator, make_plan
 from tflms.config import parse_bytes
 from tflms.plan.planner import candidate_swaps
 
@@ -34,7 +34,7 @@ def test_bad_budget_names_the_argument(bad):
 
 def test_prefix_peaks_match_fresh_simulations():
     model = chain_model(n_fwd=10, variable_bytes=64)
-    swaps = candidate_swaps(model, LMSConfig(swapout_threshold=2, swapin_ahead=2, min_bytes=0))
+    swaps = candidate_swaps(model, LMSConfig(knobs=Knobs(swapout_threshold=2, swapin_ahead=2, min_bytes=0)))
     assert len(swaps) >= 5
     sim = Simulator(model)
     expected = [tflms.simulate(model, swaps[:n]).peak_bytes for n in range(len(swaps) + 1)]
@@ -45,7 +45,7 @@ def _budgets(model):
     sim = Simulator(model, HOST)
     plain = sim.peak()
     with pytest.raises(BudgetError) as err:
-        make_plan(model, LMSConfig(budget=1, min_bytes=0))
+        make_plan(model, LMSConfig(budget=1, knobs=Knobs(min_bytes=0)))
     best = err.value.best_peak_bytes
     assert best < plain
     return plain, best
@@ -55,15 +55,15 @@ def test_budgets_on_a_hand_built_chain():
     model = chain_model(n_fwd=12, variable_bytes=1000)
     plain, best = _budgets(model)
     for budget in (plain + 1, plain, (plain + best) // 2, best):
-        plan = make_plan(model, LMSConfig(budget=budget, min_bytes=0))
+        plan = make_plan(model, LMSConfig(budget=budget, knobs=Knobs(min_bytes=0)))
         assert plan.peak_bytes_after <= budget
         assert plan.options["budget"] == budget
         # The chosen knobs are recorded and reproduce the plan without a budget.
         again = make_plan(model, LMSConfig.from_dict({**plan.options, "budget": None}))
         assert again.swaps == plan.swaps
-    assert make_plan(model, LMSConfig(budget=plain, min_bytes=0)).swaps == ()
+    assert make_plan(model, LMSConfig(budget=plain, knobs=Knobs(min_bytes=0))).swaps == ()
     with pytest.raises(BudgetError) as err:
-        make_plan(model, LMSConfig(budget=best - 1, min_bytes=0))
+        make_plan(model, LMSConfig(budget=best - 1, knobs=Knobs(min_bytes=0)))
     assert err.value.best_peak_bytes == best and err.value.plain_peak_bytes == plain
     assert f"budget={best - 1}" in str(err.value)
     assert isinstance(err.value, ValueError)
@@ -74,7 +74,7 @@ def test_tighter_budgets_move_more_bytes():
     plain, best = _budgets(model)
     moved = []
     for budget in np.linspace(plain - 1, best, 5).astype(int):
-        plan = make_plan(model, LMSConfig(budget=int(budget), min_bytes=0))
+        plan = make_plan(model, LMSConfig(budget=int(budget), knobs=Knobs(min_bytes=0)))
         moved.append(sum(s.bytes * (1 + len(s.swap_ins)) for s in plan.swaps))
     assert moved == sorted(moved) and moved[0] < moved[-1]
 
@@ -128,17 +128,17 @@ def test_on_budget_miss_best_warns_and_plans_with_the_lowest_plan():
     model = chain_model(n_fwd=12, variable_bytes=1000)
     plain, best = _budgets(model)
     with pytest.raises(BudgetError):
-        make_plan(model, LMSConfig(budget=best - 1, min_bytes=0))
+        make_plan(model, LMSConfig(budget=best - 1, knobs=Knobs(min_bytes=0)))
     with pytest.warns(tflms.LMSWarning, match=r"best plan's predicted peak is .*on_budget_miss='best'") as caught:
-        plan = make_plan(model, LMSConfig(budget=best - 1, min_bytes=0, on_budget_miss="best"))
+        plan = make_plan(model, LMSConfig(budget=best - 1, knobs=Knobs(min_bytes=0), on_budget_miss="best"))
     assert len(caught) == 1
     # The lowest plan of the search, as a budget it meets would give it, recorded as used.
     assert plan.peak_bytes_after == best < plain
-    lowest = make_plan(model, LMSConfig(budget=best, min_bytes=0))
+    lowest = make_plan(model, LMSConfig(budget=best, knobs=Knobs(min_bytes=0)))
     assert plan.swaps == lowest.swaps and plan.orders == lowest.orders
     assert plan.options["on_budget_miss"] == "best" and plan.options["budget"] == best - 1
     # Where a plan fits, on_budget_miss changes nothing, not even the plan's options or fingerprint.
-    assert make_plan(model, LMSConfig(budget=best, min_bytes=0, on_budget_miss="best")) == lowest
-    assert make_plan(model, LMSConfig(budget=plain, min_bytes=0, on_budget_miss="best")).options == (
-        make_plan(model, LMSConfig(budget=plain, min_bytes=0)).options
+    assert make_plan(model, LMSConfig(budget=best, knobs=Knobs(min_bytes=0), on_budget_miss="best")) == lowest
+    assert make_plan(model, LMSConfig(budget=plain, knobs=Knobs(min_bytes=0), on_budget_miss="best")).options == (
+        make_plan(model, LMSConfig(budget=plain, knobs=Knobs(min_bytes=0))).options
     )

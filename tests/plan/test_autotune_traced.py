@@ -10,7 +10,7 @@ import tflms
 import tflms.ir.trace
 import tflms.plan.autotune
 import tflms.plan.capacity
-from tflms import BudgetError, LMSConfig, Simulator, make_plan
+from tflms import BudgetError, Knobs, LMSConfig, Simulator, make_plan
 
 import zoo
 from conftest import DEVICE, HOST
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 # The swap search alone: ordering edges (serialize=True, the default) have tests of their own
 # (tests/unit/test_schedule.py, test_zoo.py), and each search with them plans the schedule again.
-UNORDERED = {"serialize": False}
+UNORDERED = {"knobs": Knobs(serialize=False)}
 
 
 def _budgets(model):
@@ -64,7 +64,7 @@ def test_the_plan_of_the_configs_own_knobs_is_a_candidate(resnet_model, monkeypa
     budget = own.peak_bytes_after
     monkeypatch.setattr(tflms.plan.autotune, "THRESHOLDS", (10**6,))  # above every distance: no grid plan
     with pytest.raises(BudgetError):
-        make_plan(model, LMSConfig(budget=budget, swapout_threshold=10**6, **UNORDERED))
+        make_plan(model, LMSConfig(budget=budget, **UNORDERED).with_knobs(swapout_threshold=10**6))
     plan = make_plan(model, LMSConfig(budget=budget, **UNORDERED))
     assert plan.peak_bytes_after <= budget
     assert (plan.options["swapout_threshold"], plan.options["swapin_groupby"]) == (10, 5)
@@ -152,8 +152,8 @@ def test_max_batch_size_traces_a_transformer_per_batch():
     budget = 8 * 2**20
     # serialize=False: the per-batch tracing is what is tested here; with the schedule search
     # the test took 76 s instead of 57 s alone on 2 CPUs (2026-11-26).
-    config = LMSConfig(budget=budget, serialize=False)
-    result = tflms.max_batch_size(model, budget, limit=64, serialize=False)
+    config = LMSConfig(budget=budget, knobs=Knobs(serialize=False))
+    result = tflms.max_batch_size(model, budget, limit=64, knobs=tflms.Knobs(serialize=False))
 
     def plan_at(batch):
         return make_plan(tflms.GraphModel.from_func_graph(source(batch).graph), config)

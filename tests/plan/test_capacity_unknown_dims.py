@@ -93,21 +93,25 @@ def test_with_concrete_shapes_the_answer_is_the_largest_batch_whose_peak_fits(op
     model = sequence_model(SEQ)
     graph_of = graph_source(model)
     budget = Simulator(graph_of(8)).peak() + 1000
-    result = tflms.max_batch_size(model, budget, limit=32, policy="none", serialize=False)
+    result = tflms.max_batch_size(model, budget, limit=32, policy="none", knobs=tflms.Knobs(serialize=False))
     _check_largest(graph_of, budget, result.without_lms)
     assert result.without_lms >= 8 and result.with_lms >= result.without_lms
     # What the error says to do: the model of unknown length, wrapped on inputs of a concrete length.
     tokens = keras.Input((SEQ,), dtype="int32", name="tokens")
     wrapped = keras.Model(tokens, open_length(tokens))
     wrapped.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
-    answer = tflms.max_batch_size(wrapped, budget, limit=32, policy="none", serialize=False).without_lms
+    answer = tflms.max_batch_size(
+        wrapped, budget, limit=32, policy="none", knobs=tflms.Knobs(serialize=False)
+    ).without_lms
     _check_largest(graph_source(wrapped), budget, answer)
     # A ConcreteFunction with the batch alone unknown: sized per batch, no retracing (as before), with a
     # warning here (its Dense reshapes sized as batch x 1 rows).
     traced = keras_train_step(model)
     assert capacity.unknown_dims(traced, model) == []
     with pytest.warns(UserWarning, match="does not tell the size"):
-        answer = tflms.max_batch_size(traced, budget, limit=32, policy="none", serialize=False).without_lms
+        answer = tflms.max_batch_size(
+            traced, budget, limit=32, policy="none", knobs=tflms.Knobs(serialize=False)
+        ).without_lms
     _check_largest(graph_source(traced), budget, answer)
 
 

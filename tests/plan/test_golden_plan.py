@@ -20,7 +20,7 @@ import pytest
 import tensorflow as tf
 
 import tflms
-from tflms import LMSConfig, SwapPlan, make_plan
+from tflms import Knobs, LMSConfig, SwapPlan, make_plan
 from tflms.testing.zoo import train_step_of
 
 from conftest import TESTS
@@ -28,7 +28,7 @@ from conftest import TESTS
 pytestmark = pytest.mark.integration
 
 GOLDEN = TESTS / "data" / "golden_plan_cnn.json"
-OPTIONS = {"swapout_threshold": 20, "swapin_ahead": 4, "swapin_groupby": 2, "min_bytes": 1024, "policy": "none"}
+OPTIONS = {"knobs": Knobs(swapout_threshold=20, swapin_ahead=4, swapin_groupby=2, min_bytes=1024), "policy": "none"}
 BATCH = 8
 
 

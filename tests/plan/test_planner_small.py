@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tflms import LMSConfig, SwapPlan, make_plan
+from tflms import Knobs, LMSConfig, SwapPlan, make_plan
 from tflms.emulate.simulator import Simulator
 from tflms.ir.graph import GraphModel
 from tflms.plan.planner import UNFENCED_TYPES, fences_for
@@ -14,12 +14,12 @@ from graphs import chain_model, f32, op, relu_chain
 
 pytestmark = pytest.mark.unit
 
-NOFILTER = {"min_bytes": 0, "swapin_groupby": 0}
+NOFILTER = Knobs(min_bytes=0, swapin_groupby=0)
 
 
 def test_candidates_respect_threshold_and_distance():
     m = chain_model(n_fwd=6)  # f_i at level i+1; b_i at level 8 + (5 - i)
-    plan = make_plan(m, LMSConfig(swapout_threshold=6, swapin_ahead=1, **NOFILTER))
+    plan = make_plan(m, LMSConfig(knobs=NOFILTER.replace(swapout_threshold=6, swapin_ahead=1)))
     # distance(f_i -> b_i) = 8 + 5 - i - (i + 1) = 12 - 2i > 6  <=>  i < 3
     assert [s.tensor for s in plan.swaps] == ["f0:0", "f1:0", "f2:0"]
     assert [s.distance for s in plan.swaps] == [12, 10, 8]
@@ -29,13 +29,13 @@ def test_candidates_respect_threshold_and_distance():
 
 def test_swapin_ahead_picks_a_backward_ancestor_deterministically():
     m = chain_model(n_fwd=6)
-    plan = make_plan(m, LMSConfig(swapout_threshold=6, swapin_ahead=2, **NOFILTER))
+    plan = make_plan(m, LMSConfig(knobs=NOFILTER.replace(swapout_threshold=6, swapin_ahead=2)))
     f0 = plan.swaps[0]
     (si,) = f0.swap_ins
     assert si.consumers == (("gradient_tape/b0", 1),)
     assert si.level == 13 and si.trigger == "gradient_tape/b2" and si.trigger_level == 11
     # Too far ahead would reach the forward pass: the earliest backward ancestor is used instead.
-    plan = make_plan(m, LMSConfig(swapout_threshold=6, swapin_ahead=50, **NOFILTER))
+    plan = make_plan(m, LMSConfig(knobs=NOFILTER.replace(swapout_threshold=6, swapin_ahead=50)))
     assert plan.swaps[0].swap_ins[0].trigger == "gradient_tape/b5"
 
 
@@ -48,14 +48,14 @@ def test_no_backward_ancestor_means_no_swap():
         op("f2", "Relu", ["f1:0"], [f32(2, 2)]),
         op("gradient_tape/g", "Mul", ["f2:0", "a:0"], [f32(64, 64)]),
     ]
-    plan = make_plan(GraphModel.from_ops(ops), LMSConfig(swapout_threshold=1, **NOFILTER))
+    plan = make_plan(GraphModel.from_ops(ops), LMSConfig(knobs=NOFILTER.replace(swapout_threshold=1)))
     assert plan.swaps == ()
     # The same tensor with a backward op before its consumer is swapped, with that trigger.
     ops[3:] = [
         op("gradient_tape/g0", "Relu", ["f2:0"], [f32(2, 2)]),
         op("gradient_tape/g", "Mul", ["gradient_tape/g0:0", "a:0"], [f32(64, 64)]),
     ]
-    plan = make_plan(GraphModel.from_ops(ops), LMSConfig(swapout_threshold=1, **NOFILTER))
+    plan = make_plan(GraphModel.from_ops(ops), LMSConfig(knobs=NOFILTER.replace(swapout_threshold=1)))
     assert [s.tensor for s in plan.swaps] == ["a:0"] and plan.swaps[0].swap_ins[0].trigger == "gradient_tape/g0"
 
 
@@ -67,7 +67,7 @@ def test_consumers_grouped_by_swapin_groupby():
         ops.append(op(f"gradient_tape/g{i}", "Mul", [grad, "a:0"], [f32(2, 2)]))
         grad = f"gradient_tape/g{i}:0"
     m = GraphModel.from_ops(ops)
-    plan = make_plan(m, LMSConfig(swapout_threshold=11, swapin_groupby=3, swapin_ahead=1, min_bytes=0))
+    plan = make_plan(m, LMSConfig(knobs=Knobs(swapout_threshold=11, swapin_groupby=3, swapin_ahead=1, min_bytes=0)))
     (swap,) = [s for s in plan.swaps if s.tensor == "a:0"]
     # Far consumers: g1..g9 (levels 13..21); g0 (distance 12) keeps the device tensor.
     groups = [[c for c, _ in si.consumers] for si in swap.swap_ins]
@@ -92,7 +92,7 @@ def test_consumers_grouped_by_swapin_groupby():
 def test_filters(options, expected):
     # The op-type filters (validated against TensorFlow's op registry) are in tests/test_planner.py.
     m = chain_model(n_fwd=6)
-    cfg = LMSConfig.from_options(LMSConfig(swapout_threshold=6, swapin_groupby=0, min_bytes=0), **options)
+    cfg = LMSConfig(knobs=Knobs(swapout_threshold=6, swapin_groupby=0, min_bytes=0)).with_knobs(**options)
     assert [s.tensor for s in make_plan(m, cfg).swaps] == expected
 
 
@@ -105,7 +105,7 @@ def test_excluded_dtypes_ranks_and_host_tensors():
         op("f2", "Relu", ["f:0"], [f32(2, 2)]),
         op("gradient_tape/g", "Mul", ["f2:0", "a:0", "v:0", "i:0"], [f32(2, 2)]),
     ]
-    plan = make_plan(GraphModel.from_ops(ops), LMSConfig(swapout_threshold=1, min_bytes=0))
+    plan = make_plan(GraphModel.from_ops(ops), LMSConfig(knobs=Knobs(swapout_threshold=1, min_bytes=0)))
     assert plan.swaps == ()
     assert "no tensor qualifies" in plan.reason
 
@@ -124,7 +124,7 @@ def test_tensors_with_an_unknown_inner_dimension_are_not_swapped():
         op("gradient_tape/g1", "Relu", ["gradient_tape/g0:0"], [sized]),
         op("gradient_tape/g2", "Mul", ["gradient_tape/g1:0", "a:0", "r:0"], [sized]),
     ]
-    plan = make_plan(GraphModel.from_ops(ops), LMSConfig(swapout_threshold=1, min_bytes=0))
+    plan = make_plan(GraphModel.from_ops(ops), LMSConfig(knobs=Knobs(swapout_threshold=1, min_bytes=0)))
     assert [s.tensor for s in plan.swaps] == ["a:0"]
 
 
@@ -136,7 +136,7 @@ def test_no_backward_ops_gives_an_empty_plan_with_a_reason():
 
 
 def test_plan_json_is_deterministic_and_roundtrips():
-    cfg = LMSConfig(swapout_threshold=4, swapin_ahead=2, min_bytes=0)
+    cfg = LMSConfig(knobs=Knobs(swapout_threshold=4, swapin_ahead=2, min_bytes=0))
     p1 = make_plan(chain_model(n_fwd=6), cfg)
     p2 = make_plan(chain_model(n_fwd=6), cfg)
     assert p1.to_json() == p2.to_json() and p1.fingerprint() == p2.fingerprint()
@@ -158,10 +158,12 @@ def test_plan_json_is_deterministic_and_roundtrips():
 
 def test_swapout_window_fences_each_swap_on_the_one_window_before_it():
     model = chain_model(n_fwd=8)
-    plain = make_plan(model, LMSConfig(swapout_threshold=2, swapin_ahead=1, min_bytes=0))
+    plain = make_plan(model, LMSConfig(knobs=Knobs(swapout_threshold=2, swapin_ahead=1, min_bytes=0)))
     assert plain.fences == () and len(plain.swaps) >= 4
     for window in (1, 2):
-        plan = make_plan(model, LMSConfig(swapout_threshold=2, swapin_ahead=1, min_bytes=0, swapout_window=window))
+        plan = make_plan(
+            model, LMSConfig(knobs=Knobs(swapout_threshold=2, swapin_ahead=1, min_bytes=0, swapout_window=window))
+        )
         assert plan.swaps == plain.swaps and plan.peak_bytes_after == plain.peak_bytes_after
         pos = Simulator(model).pos  # the simulator's execution order
         ordered = sorted(plan.swaps, key=lambda s: pos[s.producer])
@@ -174,7 +176,7 @@ def test_swapout_window_fences_each_swap_on_the_one_window_before_it():
         assert data["fences"][0] == {"tensor": ordered[0].tensor, "op": ordered[window].producer}
         assert SwapPlan.from_json(plan.to_json()) == plan
     with pytest.raises(ValueError, match=r"swapout_window must be.*Received: swapout_window=0"):
-        LMSConfig(swapout_window=0)
+        LMSConfig(knobs=Knobs(swapout_window=0))
 
 
 def test_swapout_window_auto_fences_on_a_gpu_only():
@@ -184,9 +186,9 @@ def test_swapout_window_auto_fences_on_a_gpu_only():
     from tflms.config import GPU_SWAPOUT_WINDOW
 
     model = chain_model(n_fwd=8)
-    knobs = {"swapout_threshold": 2, "swapin_ahead": 1, "min_bytes": 0}
+    knobs = Knobs(swapout_threshold=2, swapin_ahead=1, min_bytes=0)
     assert LMSConfig().knobs.swapout_window == "auto"
-    two = make_plan(model, LMSConfig(**knobs, swapout_window=GPU_SWAPOUT_WINDOW))
+    two = make_plan(model, LMSConfig(knobs=knobs.replace(swapout_window=GPU_SWAPOUT_WINDOW)))
     assert two.fences
     for device, window, fences in [
         ("/device:GPU:0", GPU_SWAPOUT_WINDOW, two.fences),
@@ -194,18 +196,18 @@ def test_swapout_window_auto_fences_on_a_gpu_only():
         ("/device:CPU:1", None, ()),
         (None, None, ()),
     ]:
-        plan = make_plan(model, LMSConfig(**knobs, device=device))
+        plan = make_plan(model, LMSConfig(knobs=knobs, device=device))
         assert (plan.options["swapout_window"], plan.fences) == (window, fences), device
         assert plan.swaps == two.swaps
-    explicit = make_plan(model, LMSConfig(**knobs, device="/device:GPU:0", swapout_window=None))
+    explicit = make_plan(model, LMSConfig(knobs=knobs.replace(swapout_window=None), device="/device:GPU:0"))
     assert explicit.fences == () and explicit.options["swapout_window"] is None
-    assert make_plan(model, LMSConfig(**knobs, device="/device:CPU:1", swapout_window=1)).fences
+    assert make_plan(model, LMSConfig(knobs=knobs.replace(swapout_window=1), device="/device:CPU:1")).fences
 
 
 def test_no_fence_on_a_sum_that_grappler_may_fold():
     """A fence is a control input, and Grappler's AddOpsRewrite leaves out sums with one: the
     producer of a swapped tensor that is an Add, AddV2 or AddN gets no fence."""
-    plan = make_plan(chain_model(n_fwd=8), LMSConfig(swapout_threshold=2, swapin_ahead=1, min_bytes=0))
+    plan = make_plan(chain_model(n_fwd=8), LMSConfig(knobs=Knobs(swapout_threshold=2, swapin_ahead=1, min_bytes=0)))
     pos = {s.producer: i for i, s in enumerate(plan.swaps)}
     fenced = fences_for(pos, list(plan.swaps), 1)
     assert [f.op for f in fenced] == [s.producer for s in plan.swaps[1:]]
@@ -217,7 +219,7 @@ def test_no_fence_on_a_sum_that_grappler_may_fold():
 
 
 def test_summary_lists_every_swap_and_the_peaks():
-    plan = make_plan(chain_model(n_fwd=6), LMSConfig(swapout_threshold=4, swapin_ahead=2, min_bytes=0))
+    plan = make_plan(chain_model(n_fwd=6), LMSConfig(knobs=Knobs(swapout_threshold=4, swapin_ahead=2, min_bytes=0)))
     text = plan.summary()
     assert "predicted device peak (simulator)" in text
     for s in plan.swaps:
@@ -227,14 +229,14 @@ def test_summary_lists_every_swap_and_the_peaks():
 
 def test_plan_predicts_its_link_time_from_the_link_options():
     model = chain_model(n_fwd=8, size=(256, 256))
-    base = {"swapout_threshold": 2, "swapin_groupby": 0}
-    plan = make_plan(model, LMSConfig(**base))
+    base = Knobs(swapout_threshold=2, swapin_groupby=0)
+    plan = make_plan(model, LMSConfig(knobs=base))
     transfers = len(plan.swaps) + plan.n_swap_ins
     assert transfers > len(plan.swaps) > 0
     # Defaults: 25 GB/s and 10 us per transfer; every transfer here moves 256 KiB.
     assert plan.link_seconds == pytest.approx(transfers * (10e-6 + 256 * 1024 / 25e9))
     assert f"predicted link time per step: {plan.link_seconds * 1e3:.2f} ms at 25 GB/s and 10 us" in plan.summary()
-    slow = make_plan(model, LMSConfig(**base, link_bandwidth="1GB/s", link_latency=1e-3))
+    slow = make_plan(model, LMSConfig(knobs=base.replace(link_bandwidth="1GB/s", link_latency=1e-3)))
     assert slow.swaps == plan.swaps  # the link options change predictions, not the plan
     assert slow.link_seconds == pytest.approx(transfers * (1e-3 + 256 * 1024 / 1e9))
     assert SwapPlan.from_json(slow.to_json()).link_seconds == slow.link_seconds
@@ -255,7 +257,7 @@ def test_trigger_falls_back_below_an_empty_window():
         ops.append(op(f"s{i}", "Relu", ["f7:0" if i == 0 else f"s{i - 1}:0"], [f32(2, 2)]))
     ops.append(op("gradient_tape/g1", "Mul", ["s5:0", "a:0", prev], [f32(2, 2)]))  # level 16
     m = GraphModel.from_ops(ops)
-    plan = make_plan(m, LMSConfig(swapout_threshold=5, swapin_ahead=2, min_bytes=0))
+    plan = make_plan(m, LMSConfig(knobs=Knobs(swapout_threshold=5, swapin_ahead=2, min_bytes=0)))
     (swap,) = [s for s in plan.swaps if s.tensor == "a:0"]
     assert swap.swap_ins[0].consumers == (("gradient_tape/g1", 1),)
     assert swap.swap_ins[0].trigger == "gradient_tape/g0"
@@ -264,7 +266,7 @@ def test_trigger_falls_back_below_an_empty_window():
 def test_plan_is_really_frozen_hashable_and_round_trips():
     import pickle
 
-    plan = make_plan(chain_model(n_fwd=6), LMSConfig(swapout_threshold=6, swapin_ahead=1, **NOFILTER))
+    plan = make_plan(chain_model(n_fwd=6), LMSConfig(knobs=NOFILTER.replace(swapout_threshold=6, swapin_ahead=1)))
     assert plan.swaps
     with pytest.raises(TypeError):
         plan.options["budget"] = 1  # read-only view
@@ -295,14 +297,19 @@ def test_views_of_weights_inputs_and_constants_are_never_swapped():
             op("view", "Reshape", ["w:0"], [f32(64, 64)]),
             op("f", "Relu", ["view:0"], [f32(2, 2)]),
         ]
-        assert make_plan(_with_far_reader(ops, "view:0"), LMSConfig(swapout_threshold=2, **NOFILTER)).swaps == ()
+        assert (
+            make_plan(_with_far_reader(ops, "view:0"), LMSConfig(knobs=NOFILTER.replace(swapout_threshold=2))).swaps
+            == ()
+        )
     ops = [
         op("w", "Placeholder", outputs=[("resource", (), 0, False)]),
         op("read", "ReadVariableOp", ["w:0"], [f32(64, 64)]),
         op("kernel", "Reshape", ["read:0"], [f32(64, 64)]),
         op("f", "Relu", ["kernel:0"], [f32(2, 2)]),
     ]
-    assert make_plan(_with_far_reader(ops, "kernel:0"), LMSConfig(swapout_threshold=2, **NOFILTER)).swaps == ()
+    assert (
+        make_plan(_with_far_reader(ops, "kernel:0"), LMSConfig(knobs=NOFILTER.replace(swapout_threshold=2))).swaps == ()
+    )
     # A view of an activation is swapped as before.
     ops = [
         op("x", "Placeholder", outputs=[f32(64, 64)]),
@@ -310,7 +317,7 @@ def test_views_of_weights_inputs_and_constants_are_never_swapped():
         op("view", "Reshape", ["a:0"], [f32(64, 64)]),
         op("f", "Relu", ["view:0"], [f32(2, 2)]),
     ]
-    plan = make_plan(_with_far_reader(ops, "view:0"), LMSConfig(swapout_threshold=2, **NOFILTER))
+    plan = make_plan(_with_far_reader(ops, "view:0"), LMSConfig(knobs=NOFILTER.replace(swapout_threshold=2)))
     assert [s.tensor for s in plan.swaps] == ["view:0"]
 
 
@@ -332,7 +339,7 @@ def _shape_graph(dims=(64, 64), use_data=True, late=True):
 
 
 def test_shape_readers_need_no_swap_in():
-    cfg = LMSConfig(swapout_threshold=2, **NOFILTER)
+    cfg = LMSConfig(knobs=NOFILTER.replace(swapout_threshold=2))
     data_readers = lambda plan: [c for s in plan.swaps for si in s.swap_ins for c, _ in si.consumers]  # noqa: E731
     # Shape readers keep reading the device copy; only the data reader gets a swap-in.
     # (A static shape is folded into a constant by Grappler.)
@@ -358,10 +365,10 @@ def test_min_bytes_leaves_out_tensors_too_small_for_a_transfer():
     below = chain_model(n_fwd=8, size=(256, 255))  # 1 KiB under 256 KiB
     large = chain_model(n_fwd=8, size=(256, 256))  # 256 KiB activations
     for model in (small, bn_like, below):
-        assert make_plan(model, LMSConfig(swapout_threshold=2)).swaps == ()
-    assert len(make_plan(large, LMSConfig(swapout_threshold=2)).swaps) > 0
-    assert make_plan(large, LMSConfig(swapout_threshold=2, min_bytes=256 * 1024 + 1)).swaps == ()
-    assert len(make_plan(small, LMSConfig(swapout_threshold=2, min_bytes=0)).swaps) > 0
+        assert make_plan(model, LMSConfig(knobs=Knobs(swapout_threshold=2))).swaps == ()
+    assert len(make_plan(large, LMSConfig(knobs=Knobs(swapout_threshold=2))).swaps) > 0
+    assert make_plan(large, LMSConfig(knobs=Knobs(swapout_threshold=2, min_bytes=256 * 1024 + 1))).swaps == ()
+    assert len(make_plan(small, LMSConfig(knobs=Knobs(swapout_threshold=2, min_bytes=0))).swaps) > 0
 
 
 def test_swap_gradients_adds_backward_tensors_that_wait_across_a_branch():
@@ -379,7 +386,7 @@ def test_swap_gradients_adds_backward_tensors_that_wait_across_a_branch():
     ops.append(op("gradient_tape/addn", "AddN", [prev, "gradient_tape/g:0"], [big]))
     ops.append(op("update", "AssignSubVariableOp", ["gradient_tape/addn:0"], []))
     m = GraphModel.from_ops(ops, name="residual_backward")
-    options = {"swapout_threshold": 4, "swapin_ahead": 1, "serialize": False, "policy": "none", **NOFILTER}
+    options = {"policy": "none", "knobs": NOFILTER.replace(swapout_threshold=4, swapin_ahead=1, serialize=False)}
     assert make_plan(m, LMSConfig(**options)).swaps == ()
     plan = make_plan(m, LMSConfig(**{**options, "policy": "swap_gradients"}))
     (swap,) = plan.swaps

@@ -3,7 +3,7 @@ registry, so these cases need TensorFlow (the rest of the planner is in tests/un
 
 import pytest
 
-from tflms import LMSConfig, make_plan
+from tflms import Knobs, LMSConfig, make_plan
 
 from graphs import chain_model
 
@@ -20,5 +20,5 @@ pytestmark = pytest.mark.integration
 )
 def test_type_filters(options, expected):
     m = chain_model(n_fwd=6)
-    cfg = LMSConfig.from_options(LMSConfig(swapout_threshold=6, swapin_groupby=0, min_bytes=0), **options)
+    cfg = LMSConfig(knobs=Knobs(swapout_threshold=6, swapin_groupby=0, min_bytes=0)).with_knobs(**options)
     assert [s.tensor for s in make_plan(m, cfg).swaps] == expected

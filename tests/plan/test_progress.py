@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from tflms import LMSConfig, make_plan
+from tflms import Knobs, LMSConfig, make_plan
 
 from graphs import chain_model
 
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.unit
 def test_make_plan_logs_each_stage_with_its_seconds(caplog):
     model = chain_model(n_fwd=8, variable_bytes=4096)
     with caplog.at_level(logging.INFO, logger="tflms"):
-        plan = make_plan(model, LMSConfig(budget=24 << 10, min_bytes=1, policy="default"))
+        plan = make_plan(model, LMSConfig(budget=24 << 10, knobs=Knobs(min_bytes=1), policy="default"))
     messages = [r.getMessage() for r in caplog.records if r.name == "tflms"]
     assert plan.swaps and messages[0] == f"make_plan {model.name}: {model.dag.number_of_nodes()} ops"
     stages = ("passes before the swaps (", "swap knobs tuned to the budget 24.0 KiB", "memory-aware schedule (")
@@ -26,5 +26,5 @@ def test_make_plan_logs_each_stage_with_its_seconds(caplog):
 
 def test_make_plan_logs_nothing_below_info(caplog):
     with caplog.at_level(logging.WARNING, logger="tflms"):
-        make_plan(chain_model(), LMSConfig(min_bytes=1))
+        make_plan(chain_model(), LMSConfig(knobs=Knobs(min_bytes=1)))
     assert not [r for r in caplog.records if r.name == "tflms"]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tflms import LMSConfig, make_plan
+from tflms import Knobs, LMSConfig, make_plan
 from tflms.emulate.costs import DeviceRates, OpProfile, estimate_seconds, flops, op_seconds
 from tflms.emulate.timeline import Link, timeline
 from tflms.ir.decisions import Fence, Swap, SwapIn
@@ -195,8 +195,8 @@ def test_profile_from_kernel_records_takes_the_median_over_steps():
 
 def test_timed_triggers_bring_a_swap_in_back_just_in_time():
     model = chain_model(n_fwd=10)
-    config = LMSConfig(min_bytes=0, swapout_threshold=4, swapin_ahead=1, serialize=False,
-                       link_bandwidth=4096 * 1000, link_latency=0.0)  # fmt: skip
+    knobs = Knobs(min_bytes=0, swapout_threshold=4, swapin_ahead=1, serialize=False, link_bandwidth=4096 * 1000)
+    config = LMSConfig(knobs=knobs.replace(link_latency=0.0))
     times = {n: 1e-4 for n in model.dag}
     profile = OpProfile({n: (model.dag.nodes[n]["type"], s) for n, s in times.items()})
     from tflms.emulate.timeline import TimelineModel
@@ -251,7 +251,7 @@ def test_the_budget_search_minimises_predicted_step_time_not_bytes_moved(tmp_pat
     slow = {f"f{i}" for i in range(9)} | {f"gradient_tape/b{i}" for i in range(9)}
     times = {n: 1e-3 if n in slow else 1e-4 if kinds[n]["type"] in ("Relu", "Sum") else 0.0 for n in model.dag}
     path = OpProfile({n: (kinds[n]["type"], s) for n, s in times.items()}).save(tmp_path / "p.json")
-    base = dict(min_bytes=0, serialize=False, op_profile=str(path), link_bandwidth=10**9, link_latency=0.0)
+    base = dict(knobs=Knobs(min_bytes=0, serialize=False, op_profile=str(path), link_bandwidth=10**9, link_latency=0.0))
     from tflms import Simulator
     from tflms.plan.candidates import candidate_swaps
     from tflms.plan.records import link_seconds
@@ -259,9 +259,11 @@ def test_the_budget_search_minimises_predicted_step_time_not_bytes_moved(tmp_pat
 
     sim = Simulator(model)
     plain = sim.peak()
-    everything = candidate_swaps(model, LMSConfig(swapout_threshold=0, swapin_ahead=1, swapin_groupby=0, **base))
+    everything = candidate_swaps(
+        model, LMSConfig(**base).with_knobs(swapout_threshold=0, swapin_ahead=1, swapin_groupby=0)
+    )
     assert everything[0].tensor == "f8:0"
-    early = candidate_swaps(model, LMSConfig(swapout_threshold=10, swapin_ahead=1, swapin_groupby=0, **base))
+    early = candidate_swaps(model, LMSConfig(**base).with_knobs(swapout_threshold=10, swapin_ahead=1, swapin_groupby=0))
     assert [s.tensor for s in early[:3]] == ["f0:0", "f1:0", "f2:0"]
     budget = sim.peak(early[:3])  # what swapping f0, f1 and f2 gives
     assert sim.peak(everything[:1]) <= budget < plain  # swapping f8 alone fits too
@@ -292,7 +294,7 @@ def test_a_plan_gives_its_timeline_and_a_loaded_one_needs_the_model():
     from tflms import SwapPlan
 
     model = chain_model(n_fwd=8)
-    plan = make_plan(model, LMSConfig(min_bytes=0, swapout_threshold=2, serialize=False))
+    plan = make_plan(model, LMSConfig(knobs=Knobs(min_bytes=0, swapout_threshold=2, serialize=False)))
     assert plan.swaps
     tl = plan_timeline(plan)
     assert tl.step_seconds >= tl.compute_seconds > 0

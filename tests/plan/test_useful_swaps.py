@@ -117,7 +117,7 @@ def test_a_swapped_gradient_comes_back_only_after_a_trigger_that_follows_its_pro
     """
     cf, batch_size = CASES[name]()
     model = tflms.GraphModel.from_func_graph(cf.graph, batch_size=batch_size)
-    config = tflms.LMSConfig(device=DEVICE, host=HOST, policy="swap_gradients", swapout_threshold=1)
+    config = tflms.LMSConfig(device=DEVICE, host=HOST, policy="swap_gradients", knobs=tflms.Knobs(swapout_threshold=1))
     plan = tflms.make_plan(model, config)
     nodes, dag = model.dag.nodes, model.dag
     backward = [s for s in plan.swaps if nodes[s.producer]["phase"] == "backward"]

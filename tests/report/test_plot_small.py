@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 from matplotlib.image import imread
 
 import tflms
-from tflms import LMSConfig, SwapPlan, make_plan, simulate
+from tflms import Knobs, LMSConfig, SwapPlan, make_plan, simulate
 from tflms.emulate.order import ready_order
 from tflms.report.plot import MemoryPlotData, draw_memory, memory_plot_data, plot_plan
 
@@ -20,7 +20,7 @@ from graphs import bn_relu_model, chain_model
 pytestmark = pytest.mark.unit
 
 KB4 = 8 * 128 * 4  # one activation of chain_model
-CONFIG = {"swapout_threshold": 6, "swapin_ahead": 1, "min_bytes": 0, "swapin_groupby": 0}
+CONFIG = {"knobs": Knobs(swapout_threshold=6, swapin_ahead=1, min_bytes=0, swapin_groupby=0)}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -62,7 +62,7 @@ def test_plot_of_a_plan_with_recomputes_maps_the_clones_onto_the_plain_schedule(
     # x, the scale and the offset made in the step, not arguments (held for the whole step): their
     # last reads are clones, so the step's memory drops after the clones ran.
     model = bn_relu_model(scale_type="Const", x_type="RandomStandardNormal", offset_type="Const")
-    plan = make_plan(model, LMSConfig(policy=("default", "recompute"), swapout_threshold=2, min_bytes=0))
+    plan = make_plan(model, LMSConfig(policy=("default", "recompute"), knobs=Knobs(swapout_threshold=2, min_bytes=0)))
     assert plan.recomputes
     data = memory_plot_data(model, plan)
     planned = simulate(with_recomputes(model, plan.recomputes), plan.swaps, plan.options["host"])
@@ -198,7 +198,7 @@ def test_a_model_that_does_not_match_the_plan_is_refused(tmp_path):
 
 def test_empty_plan_plots_the_plain_step(tmp_path):
     model = chain_model(n_fwd=3)
-    plan = make_plan(model, LMSConfig(swapout_threshold=1000))
+    plan = make_plan(model, LMSConfig(knobs=Knobs(swapout_threshold=1000)))
     assert not plan.swaps
     data = memory_plot_data(model, plan)
     np.testing.assert_array_equal(data.before, data.after)

@@ -11,7 +11,7 @@ import tflms
 from tflms import _tf_internal as tfi
 
 import zoo
-from conftest import DEVICE, HOST, SMALL
+from conftest import DEVICE, HOST, SMALL, SMALL_KNOBS
 from helpers import (
     check_clones_survive_grappler,
     check_orders_hold_when_run,
@@ -158,7 +158,7 @@ def test_swapout_fences_keep_training_bit_identical(name):
     shared = zoo.shared(name)
     setup, plain = shared.setup, shared.plain
     fn = setup.step_fn()
-    fenced = tflms.function(fn, device=DEVICE, swapout_window=2, **SWAPS)
+    fenced = tflms.function(fn, device=DEVICE, **{**SWAPS, "knobs": SMALL_KNOBS.replace(swapout_window=2)})
     _assert_trains_bit_identically(shared, fenced)
     plan = fenced.get_plan(setup.x, setup.y)
     unfenced = tflms.function(fn, device=DEVICE, **SWAPS).get_plan(setup.x, setup.y)
@@ -215,7 +215,7 @@ def test_memory_aware_schedule_keeps_training_bit_identical():
     shared = zoo.shared("resnet50", batch=16, size=128)
     ordered, plan = tflms.optimize(shared.cf, device=DEVICE, **SWAPS)
     assert plan.options["serialize"] is True
-    _, unordered = tflms.optimize(shared.cf, device=DEVICE, serialize=False, **SWAPS)
+    _, unordered = tflms.optimize(shared.cf, device=DEVICE, **{**SWAPS, "knobs": SMALL_KNOBS.replace(serialize=False)})
     assert plan.swaps == unordered.swaps and unordered.orders == ()
     assert plan.orders and plan.peak_bytes_after < unordered.peak_bytes_after
     assert all("_bn_" in o.op for o in plan.orders)  # BatchNorm gradients wait
@@ -506,10 +506,10 @@ def test_the_measured_transformer_trains_bit_identically_with_swaps_recompute_an
 
     losses_plain, vars_plain = run(cf)
     assert vars_plain[0].shape == initial[0].shape and not np.array_equal(vars_plain[0], initial[0])
-    for options in ({}, {"policy": ("default", "recompute")}, {"swapout_window": 4}):
+    for options in ({}, {"policy": ("default", "recompute")}, {"knobs": tflms.Knobs(swapout_window=4)}):
         new_cf, plan = tflms.optimize(cf, device=DEVICE, host=HOST, **options)
         assert plan.swaps and bool(plan.recomputes) == ("policy" in options)
-        assert bool(plan.fences) == ("swapout_window" in options)
+        assert bool(plan.fences) == ("knobs" in options)
         losses, variables = run(new_cf)
         np.testing.assert_array_equal(losses, losses_plain, err_msg=str(options))
         for a, b in zip(variables, vars_plain, strict=True):
@@ -662,7 +662,9 @@ def test_dropped_broadcasts_of_a_step_traced_with_an_unknown_batch_train_within_
     setup = shared.setup
     spec = [tf.TensorSpec((None, *t.shape[1:]), t.dtype) for t in (setup.x, setup.y)]
     cf = tf.function(setup.step_fn()).get_concrete_function(*spec)
-    lms, plan = tflms.optimize(cf, device=DEVICE, batch_size=16, **{**SWAPS, "policy": ("split_sums", "drop_tiles")})
+    lms, plan = tflms.optimize(
+        cf, device=DEVICE, policy=("split_sums", "drop_tiles"), knobs=SMALL_KNOBS.replace(batch_size=16)
+    )
     types = {cf.graph.get_operation_by_name(t).type for t in plan.tiles}
     assert len(plan.tiles) == 8 and types == {"BroadcastTo"}, plan.summary()
     _assert_trains_within_rounding(shared, lms)

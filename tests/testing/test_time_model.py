@@ -15,7 +15,7 @@ from tflms.testing.link import probe_link
 from tflms.testing.profile import profile_once, profile_ops
 
 import zoo
-from conftest import DEVICE, HOST, SMALL
+from conftest import DEVICE, HOST, SMALL_KNOBS
 from helpers import check_structure
 
 pytestmark = pytest.mark.integration
@@ -56,7 +56,7 @@ def test_the_link_probe_measures_both_directions_and_is_cached(tmp_path):
     assert (tmp_path / "link.json").is_file()
     assert probe_link(DEVICE, HOST, cache_dir=tmp_path) is probe  # this process's copy
     knobs = probe.knobs()
-    assert tflms.LMSConfig(**knobs).knobs.link_latency == probe.latency
+    assert tflms.LMSConfig(knobs=tflms.Knobs(**knobs)).knobs.link_latency == probe.latency
 
 
 def test_timeline_triggers_train_the_cnn_as_plain_does_and_fit_the_budget(tmp_path):
@@ -73,9 +73,11 @@ def test_timeline_triggers_train_the_cnn_as_plain_does_and_fit_the_budget(tmp_pa
     # The case was made with split sums and dropped tiles (the default policy before they became
     # opt-in); with swap_gradients alone the timeline's triggers stall 15 ms where the levels' do not.
     policy = ("default", "split_sums", "drop_tiles")
-    options = dict(budget=budget, link_bandwidth="100MB/s", op_profile=str(path), policy=policy, **SMALL)
+    options = dict(
+        budget=budget, policy=policy, knobs=SMALL_KNOBS.replace(link_bandwidth="100MB/s", op_profile=str(path))
+    )
     by_levels = tflms.make_plan(model, tflms.LMSConfig(device=DEVICE, **options))
-    lms = tflms.function(fn, device=DEVICE, triggers="timeline", **options)
+    lms = tflms.function(fn, device=DEVICE, **{**options, "knobs": options["knobs"].replace(triggers="timeline")})
     plan = lms.get_plan(setup.x, setup.y)
     assert plan.options["triggers"] == "timeline"
     assert plan.peak_bytes_after <= budget and plan.swaps

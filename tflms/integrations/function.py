@@ -73,7 +73,7 @@ def manual_memory_optimizer() -> contextlib.AbstractContextManager[None]:
     The setting is read when a function is instantiated: call a step always within it, or
     never (outside it, the same function is instantiated a second time, with the default).
     ``tflms.function`` and ``tflms.LMSCallback`` call their steps within it already
-    (``Knobs.manual_memory_optimizer``, default ``True``); wrap the calls of a step from
+    (their argument ``manual_memory_optimizer``, default ``True``); wrap the calls of a step from
     :func:`tflms.optimize` yourself.
 
     Example:
@@ -109,7 +109,7 @@ def optimize(
         >>> from tflms.testing.zoo import build
         >>> model, x, y, train_step = build("cnn", batch=8, size=32)
         >>> cf = tf.function(train_step).get_concrete_function(x, y)
-        >>> new_cf, plan = tflms.optimize(cf, swapout_threshold=20)
+        >>> new_cf, plan = tflms.optimize(cf, knobs=tflms.Knobs(swapout_threshold=20))
         >>> len(plan.swaps) > 0 and plan.peak_bytes_after < plan.peak_bytes_before
         True
         >>> loss = new_cf(x, y)
@@ -265,8 +265,14 @@ class LMSFunction(Recovering):
         input_signature: Any = None,
         reduce_retracing: bool = False,
         _owns_traces: bool | None = None,
+        *,
+        manual_memory_optimizer: bool = True,
+        layout_optimizer: bool = False,
     ) -> None:
         self._config = config
+        check_call_settings(manual_memory_optimizer=manual_memory_optimizer, layout_optimizer=layout_optimizer)
+        self._manual_memory_optimizer = manual_memory_optimizer
+        self._layout_optimizer = layout_optimizer
         if isinstance(python_function, tf.types.experimental.PolymorphicFunction):
             if config.devices:
                 from .placement import refuse_xla
@@ -395,9 +401,9 @@ class LMSFunction(Recovering):
         return tf.function(self.python_function).get_concrete_function(*args, **kwargs)
 
     def _run(self, new_cf: Any, device: str | None, args: tuple, kwargs: dict) -> Any:
-        level = "MANUAL" if self._config.knobs.manual_memory_optimizer else None
+        level = "MANUAL" if self._manual_memory_optimizer else None
         # Only for a rewritten step, and only where the layout optimizer would convert on its device.
-        layout_off = device is not None and not self._config.knobs.layout_optimizer
+        layout_off = device is not None and not self._layout_optimizer
         with tfi.memory_optimization(level, keep_explicit=True, layout_off=layout_off, device=device):
             if device is None:
                 return new_cf(*args, **kwargs)
@@ -430,7 +436,7 @@ class LMSFunction(Recovering):
                 path = auto_profile_path(plan.function, signature_text(cf), device)
                 profile.save(path)
                 # The config of the plan that runs (the recovery may have planned it for less memory).
-                config = self._trace_configs.get(cf, self._config).replace(op_profile=path)
+                config = self._trace_configs.get(cf, self._config).with_knobs(op_profile=path)
                 fresh = self._fresh_trace(cf)
                 with paused_gc():
                     entry = _optimize(
@@ -500,7 +506,11 @@ class LMSFunction(Recovering):
         bound = self._bound.get(instance)
         if bound is None:
             bound = LMSFunction(
-                self._tf_function.__get__(instance, owner), self._config, _owns_traces=self._owns_traces
+                self._tf_function.__get__(instance, owner),
+                self._config,
+                _owns_traces=self._owns_traces,
+                manual_memory_optimizer=self._manual_memory_optimizer,
+                layout_optimizer=self._layout_optimizer,
             )
             self._bound[instance] = bound
         return bound
@@ -509,11 +519,35 @@ class LMSFunction(Recovering):
         return f"<tflms.LMSFunction {getattr(self.python_function, '__name__', '?')} {self._config}>"
 
 
-@overload
-def function(fn: Callable[..., Any], *, config: LMSConfig | None = None, **options: Any) -> LMSFunction: ...
+def check_call_settings(**settings: Any) -> None:
+    """Raise ``ValueError`` naming a call setting (``manual_memory_optimizer``, ``layout_optimizer``)
+    that is not a bool."""
+    for name, value in settings.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False. Received: {name}={value!r}")
+
+
 @overload
 def function(
-    fn: None = None, *, config: LMSConfig | None = None, **options: Any
+    fn: Callable[..., Any],
+    *,
+    config: LMSConfig | None = None,
+    input_signature: Any = None,
+    reduce_retracing: bool = False,
+    manual_memory_optimizer: bool = True,
+    layout_optimizer: bool = False,
+    **options: Any,
+) -> LMSFunction: ...
+@overload
+def function(
+    fn: None = None,
+    *,
+    config: LMSConfig | None = None,
+    input_signature: Any = None,
+    reduce_retracing: bool = False,
+    manual_memory_optimizer: bool = True,
+    layout_optimizer: bool = False,
+    **options: Any,
 ) -> Callable[[Callable[..., Any]], LMSFunction]: ...
 
 
@@ -523,20 +557,46 @@ def function(
     config: LMSConfig | None = None,
     input_signature: Any = None,
     reduce_retracing: bool = False,
+    manual_memory_optimizer: bool = True,
+    layout_optimizer: bool = False,
     **options: Any,
 ) -> Any:
     """``tf.function`` with large model support.
 
-    Use as ``@tflms.function``, ``@tflms.function(swapout_threshold=40)`` or
+    Use as ``@tflms.function``, ``@tflms.function(budget="6GiB")``,
+    ``@tflms.function(knobs=tflms.Knobs(swapout_threshold=40))`` or
     ``tflms.function(fn, config=cfg)``. Keyword options are those of
-    :class:`tflms.LMSConfig`; ``input_signature`` and ``reduce_retracing`` go to
-    ``tf.function``. ``fn`` may itself be a ``tf.function``.
+    :class:`tflms.LMSConfig` (a knob goes in ``knobs=tflms.Knobs(...)``; its name alone raises
+    ``TypeError``); ``input_signature`` and ``reduce_retracing`` go to ``tf.function``. ``fn`` may
+    itself be a ``tf.function``.
+
+    Two settings say how the rewritten step is called; they change no plan, and are not among a
+    plan's options (:data:`tflms.config.CALL_SETTINGS`):
+
+    * ``manual_memory_optimizer``: when ``True`` (default), the step is called within
+      :func:`tflms.manual_memory_optimizer` (Grappler's memory optimizer at ``MANUAL``):
+      Grappler's default level may rewrite a large ``AddN`` into an accumulation whose constant
+      of zeros stays in device memory, which the plan's predicted peak does not count. A level
+      set by the caller's own ``function_call_options`` is kept.
+    * ``layout_optimizer``: when ``False`` (default), a step tflms rewrote is called with
+      Grappler's layout optimizer off where it would convert layouts on the step's device: on a
+      GPU, where it converts convolutions to NCHW and adds ``Transpose`` ops at the edges of what
+      it converted, activation-sized buffers that the plan does not count and that can exhaust
+      the device's memory (docs, "TensorFlow interactions"); on a CPU device only where the call
+      options ask it to convert (``cpu_layout_conversion``). On a CPU device without that, the
+      layout optimizer converts nothing, and the setting is left as it is: the rewritten step runs
+      with the ``ConfigProto`` of a plain ``tf.function`` call. ``True``: TensorFlow's setting
+      (on by default) everywhere. A layout optimizer the caller turned on explicitly is kept.
+
+    :class:`tflms.LMSCallback` takes both too. Steps from :func:`tflms.optimize` are called by the
+    caller, who can do the same: ``with tflms.manual_memory_optimizer():`` around the calls, and on
+    a GPU ``tf.config.optimizer.set_experimental_options({"layout_optimizer": False})``.
 
     Example (``build`` makes a small CNN, Adam and data; the decorator works on any step):
         >>> import tflms
         >>> from tflms.testing.zoo import build
         >>> model, x, y, plain_step = build("cnn", batch=8, size=32)
-        >>> @tflms.function(swapout_threshold=20, swapin_ahead=4)
+        >>> @tflms.function(knobs=tflms.Knobs(swapout_threshold=20, swapin_ahead=4))
         ... def train_step(x, y):
         ...     return plain_step(x, y)
         >>> loss = train_step(x, y)
@@ -544,10 +604,18 @@ def function(
         tflms plan for ...: ... tensors swapped (... out, ... swap-ins), ... ops
     """
     cfg = LMSConfig.from_options(config, **options)
+    check_call_settings(manual_memory_optimizer=manual_memory_optimizer, layout_optimizer=layout_optimizer)
 
     def wrap(f: Callable[..., Any]) -> LMSFunction:
         if not callable(f):
             raise TypeError(f"tflms.function expects a callable. Received: fn={f!r}")
-        return LMSFunction(f, cfg, input_signature=input_signature, reduce_retracing=reduce_retracing)
+        return LMSFunction(
+            f,
+            cfg,
+            input_signature=input_signature,
+            reduce_retracing=reduce_retracing,
+            manual_memory_optimizer=manual_memory_optimizer,
+            layout_optimizer=layout_optimizer,
+        )
 
     return wrap if fn is None else wrap(fn)

@@ -51,7 +51,7 @@ the plan is made all the same)::
     >>> model = keras.Sequential([keras.Input((64,)), L.Dense(1024, activation="relu"),
     ...                           L.Dense(1024, activation="relu"), L.Dense(1)])
     >>> model.compile(optimizer="adam", loss="mse", jit_compile=False)
-    >>> cb = tflms.LMSCallback(swapout_threshold=2)
+    >>> cb = tflms.LMSCallback(knobs=tflms.Knobs(swapout_threshold=2))
     >>> history = model.fit(np.ones((128, 64)), np.zeros((128, 1)), batch_size=64, epochs=2,
     ...                     callbacks=[cb], verbose=0)
     >>> print(cb.plan.summary().splitlines()[0])  # doctest: +ELLIPSIS
@@ -75,7 +75,7 @@ from ..config import LMSConfig
 from ..errors import LMSWarning
 from ..plan.records import SwapPlan
 from ..report.summary import short_summary
-from .function import LMSFunction, device_memory, resolve_device
+from .function import LMSFunction, check_call_settings, device_memory, resolve_device
 from .one_process import OneProcess, TrainStep
 
 __all__ = ["LMSCallback", "XLA_MODES"]
@@ -139,9 +139,11 @@ class LMSCallback(keras.callbacks.Callback):
             :class:`tflms.horovod.HorovodLMSCallback` documents it (which is this callback
             with ``horovod=True`` and Horovod's own options); also for a subclass of this
             class. ``False`` (default): one process.
+        manual_memory_optimizer, layout_optimizer: how the rewritten train function is
+            called, as :func:`tflms.function` documents them (defaults ``True`` and ``False``).
         **options: :class:`tflms.LMSConfig` fields, e.g. ``device='/device:GPU:0'`` or
             ``devices=['/device:GPU:0', '/device:GPU:1']`` (the step placed across them),
-            ``swapout_threshold=40``. No batch size is needed: the callback plans for the
+            ``knobs=tflms.Knobs(swapout_threshold=40)``. No batch size is needed: the callback plans for the
             shapes ``fit`` feeds (one plan per concrete shape, a last partial batch
             included). With ``offload="optimizer"`` the
             callback builds the model's optimizer with its state on the host at train begin
@@ -177,7 +179,8 @@ class LMSCallback(keras.callbacks.Callback):
             checked to share; always ``None`` here.
 
     Raises:
-        TypeError: unknown option (the message lists the valid ones), a
+        TypeError: unknown option (the message lists the valid ones), a knob's name given
+            as an option (the message says to write ``knobs=tflms.Knobs(...)``), a
             ``train_step`` that is not callable, or a ``horovod`` that is not a bool.
         ValueError: an invalid option value; at train begin, a model compiled with
             ``jit_compile=True`` where that cannot be Keras's ``"auto"``, or with
@@ -197,7 +200,7 @@ class LMSCallback(keras.callbacks.Callback):
         >>> model, x, y, _ = build("cnn", batch=32, size=32)
         >>> model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
         >>> ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)
-        >>> cb = tflms.LMSCallback(swapout_threshold=20)
+        >>> cb = tflms.LMSCallback(knobs=tflms.Knobs(swapout_threshold=20))
         >>> history = model.fit(ds, epochs=2, callbacks=[cb], verbose=0)
         >>> cb.plan.swaps[0].tensor  # doctest: +ELLIPSIS
         '...:0'
@@ -211,10 +214,14 @@ class LMSCallback(keras.callbacks.Callback):
         train_step: TrainStep | None = None,
         horovod: bool = False,
         xla: str = "disable",
+        manual_memory_optimizer: bool = True,
+        layout_optimizer: bool = False,
         **options: Any,
     ) -> None:
         super().__init__()
         self.config = LMSConfig.from_options(config, **options)
+        check_call_settings(manual_memory_optimizer=manual_memory_optimizer, layout_optimizer=layout_optimizer)
+        self._call_settings = {"manual_memory_optimizer": manual_memory_optimizer, "layout_optimizer": layout_optimizer}
         if isinstance(verbose, bool):
             verbose = int(verbose)
         if not isinstance(verbose, int) or verbose < 0:
@@ -482,7 +489,9 @@ class LMSCallback(keras.callbacks.Callback):
             model = model_ref()
             self._mode.before_run(model_ref, iterator)
             if lms_step is None:
-                lms_step = LMSFunction(step, self.config, input_signature=_fit_signature(iterator))
+                lms_step = LMSFunction(
+                    step, self.config, input_signature=_fit_signature(iterator), **self._call_settings
+                )
                 installation.step = lms_step
             logs = None
             for _ in range(steps_per_execution(model)):

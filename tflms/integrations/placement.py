@@ -143,8 +143,7 @@ def placed_swap_plan(model: GraphModel, config: LMSConfig, host_ops: Sequence[st
         host=ELSEWHERE,
         on_budget_miss="best",
         policy=config.policy & {"swap_gradients"} or "none",
-        swapout_window=None,
-    )
+    ).with_knobs(swapout_window=None)
     swaps, fences, orders, peaks = [], [], [], []
     for k in range(len(device_stages(placed.placement, config.host))):
         with warnings.catch_warnings():

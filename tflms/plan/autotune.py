@@ -78,8 +78,8 @@ AHEADS = (64, 32, 16, 8, 4, 2, 1)
 
 
 def _knobs(config: LMSConfig, threshold: int, ahead: int, groupby: int) -> LMSConfig:
-    return config.replace(
-        budget=None, n_tensors=None, swapout_threshold=threshold, swapin_ahead=ahead, swapin_groupby=groupby
+    return config.replace(budget=None).with_knobs(
+        n_tensors=None, swapout_threshold=threshold, swapin_ahead=ahead, swapin_groupby=groupby
     )
 
 
@@ -140,7 +140,7 @@ def _search(
     """
     lowest = sim.peak()
     if lowest <= budget:
-        return config.replace(budget=budget, n_tensors=0), lowest, [], None
+        return config.replace(budget=budget).with_knobs(n_tensors=0), lowest, [], None
     eligible = _eligible(model, config)
     grid, candidates, deepest = _scan_grid(model, config, sim, budget, eligible, exists_only)
     best = None
@@ -225,8 +225,8 @@ def _lowest_plan(
 
 
 def _tuned(config: LMSConfig, budget: int, threshold: int, ahead: int, groupby: int, n: int) -> LMSConfig:
-    return config.replace(
-        budget=budget, swapout_threshold=threshold, swapin_ahead=ahead, swapin_groupby=groupby, n_tensors=n
+    return config.replace(budget=budget).with_knobs(
+        swapout_threshold=threshold, swapin_ahead=ahead, swapin_groupby=groupby, n_tensors=n
     )
 
 
@@ -431,7 +431,7 @@ def tune_ordered(
             raise err
         knobs, orders, ordered_sim = best
         if knobs is None:  # the plain step was the lowest
-            knobs = config.replace(n_tensors=0)
+            knobs = config.with_knobs(n_tensors=0)
         warnings.warn(
             f"{err} on_budget_miss='best': planning with the lowest plan the search found "
             f"(swapout_threshold={knobs.knobs.swapout_threshold}, swapin_groupby={knobs.knobs.swapin_groupby}, "

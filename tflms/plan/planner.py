@@ -132,7 +132,7 @@ def make_plan(model: GraphModel, config: LMSConfig, simulator: Simulator | None 
             return empty(
                 f"the predicted peak ({format_bytes(before)}) fits the budget ({format_sizes(config.budget)}) "
                 "without swapping",
-                config.replace(n_tensors=0, on_budget_miss="raise"),
+                config.replace(on_budget_miss="raise").with_knobs(n_tensors=0),
             )
         from .autotune import tune_ordered
         from .registry import PASSES, prepare

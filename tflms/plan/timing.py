@@ -13,7 +13,7 @@ Example (a plan of the CNN of the model zoo, the op times estimated):
     >>> from tflms.testing.measure import build
     >>> _, x, y, train_step = build("cnn", batch=8, size=32)
     >>> graph = tflms.GraphModel.from_func_graph(tf.function(train_step).get_concrete_function(x, y).graph)
-    >>> plan = tflms.make_plan(graph, tflms.LMSConfig(swapout_threshold=20))
+    >>> plan = tflms.make_plan(graph, tflms.LMSConfig(knobs=tflms.Knobs(swapout_threshold=20)))
     >>> tl = plan_timeline(plan, graph)
     >>> tl.step_seconds >= tl.compute_seconds > 0
     True

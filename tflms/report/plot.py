@@ -21,7 +21,7 @@ model, and then ``tflms.plot_plan(plan, "memory.png")`` is enough)::
     >>> model, x, y, train_step = build("cnn", batch=8, size=32)
     >>> cf = tf.function(train_step).get_concrete_function(x, y)
     >>> graph = tflms.GraphModel.from_func_graph(cf.graph)
-    >>> plan = tflms.make_plan(graph, tflms.LMSConfig(swapout_threshold=20))
+    >>> plan = tflms.make_plan(graph, tflms.LMSConfig(knobs=tflms.Knobs(swapout_threshold=20)))
     >>> tflms.plot_memory(graph, plan, tempfile.mkdtemp() + "/memory.png").stat().st_size > 0
     True
 """
@@ -418,7 +418,7 @@ def plot_memory(
         >>> _, x, y, train_step = build("cnn", batch=8, size=32)
         >>> model = tflms.GraphModel.from_func_graph(tf.function(train_step).get_concrete_function(x, y).graph)
         >>> budget = int(0.9 * tflms.simulate(model, ()).peak_bytes)
-        >>> plan = tflms.make_plan(model, tflms.LMSConfig(budget=budget, swapout_threshold=20))
+        >>> plan = tflms.make_plan(model, tflms.LMSConfig(budget=budget, knobs=tflms.Knobs(swapout_threshold=20)))
         >>> tflms.plot_memory(model, plan, tempfile.mkdtemp() + "/memory.png", title="CNN, batch 8").suffix
         '.png'
     """
@@ -458,7 +458,7 @@ def plot_plan(plan: SwapPlan, path: str | pathlib.Path, model: GraphModel | None
         >>> model, x, y, train_step = build("cnn", batch=8, size=32)
         >>> cf = tf.function(train_step).get_concrete_function(x, y)
         >>> graph = tflms.GraphModel.from_func_graph(cf.graph)
-        >>> plan = tflms.make_plan(graph, tflms.LMSConfig(swapout_threshold=20))
+        >>> plan = tflms.make_plan(graph, tflms.LMSConfig(knobs=tflms.Knobs(swapout_threshold=20)))
         >>> tflms.plot_plan(plan, tempfile.mkdtemp() + "/memory.png").name
         'memory.png'
     """

@@ -19,7 +19,8 @@ def short_summary(plan: SwapPlan, measured_peak: int | None = None) -> str:
         >>> from tflms.testing.zoo import build
         >>> _, x, y, train_step = build("cnn", batch=16, size=64)
         >>> cf = tf.function(train_step).get_concrete_function(x, y)
-        >>> plan = tflms.make_plan(tflms.GraphModel.from_func_graph(cf.graph), tflms.LMSConfig(swapout_threshold=20))
+        >>> config = tflms.LMSConfig(knobs=tflms.Knobs(swapout_threshold=20))
+        >>> plan = tflms.make_plan(tflms.GraphModel.from_func_graph(cf.graph), config)
         >>> print(short_summary(plan))  # doctest: +ELLIPSIS
         tflms plan for ...: ... tensors swapped, ... MiB out and ... MiB back in per step (... swap-ins)...
         predicted device peak (simulator): ... MiB -> ... MiB (...% less); full table: LMSCallback(verbose=2)

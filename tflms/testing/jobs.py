@@ -41,6 +41,7 @@ def offload_gpt(
     import numpy as np
     import tensorflow as tf
 
+    from ..config import Knobs
     from ..emulate.simulator import Simulator
     from ..integrations.function import function
     from ..ir.graph import GraphModel
@@ -59,7 +60,9 @@ def offload_gpt(
         knobs = {} if min_bytes is None else {"min_bytes": min_bytes}
         knobs.update({} if serialize is None else {"serialize": serialize})
         knobs.update({} if swapout_window == "auto" else {"swapout_window": swapout_window})
-        run = function(step, device=testbed.DEVICE, host=testbed.HOST, offload=offload, budget=budget, **knobs)
+        run = function(
+            step, device=testbed.DEVICE, host=testbed.HOST, offload=offload, budget=budget, knobs=Knobs(**knobs)
+        )
         plan = run.get_plan(x, y)
         # The plan replayed on a plain trace of the step is the step that runs (its peak is the plan's).
         model_of_step = GraphModel.from_func_graph(tf.function(step).get_concrete_function(x, y).graph)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..config import check_int
+from ..config import CALL_SETTINGS, check_int, keyword_options
 from .measured import MeasuredResult, run_measured
 from .zoo import MODELS, build
 
@@ -56,13 +56,24 @@ MEASURE_MODES = (
 )  # fmt: skip
 
 
-def _as_tflms_calls(plan: Any) -> tuple[bool, bool]:
+def _as_tflms_calls(options: dict[str, Any] | None) -> tuple[bool, bool]:
     """``(Grappler's memory optimizer at MANUAL, its layout optimizer off)``: how ``tflms.function``
-    calls a step it rewrote, by default (``Knobs.manual_memory_optimizer``, ``Knobs.layout_optimizer``:
-    call-time knobs, which a plan does not record)."""
-    from ..config import Knobs
+    calls a step it rewrote, with the call settings in ``options`` (``manual_memory_optimizer``,
+    ``layout_optimizer``, which a plan does not record) and ``tflms.function``'s defaults for the
+    others."""
+    import inspect
 
-    return Knobs.manual_memory_optimizer, not Knobs.layout_optimizer
+    from ..integrations.function import function
+
+    params = inspect.signature(function).parameters
+    found = {name: (options or {}).get(name, params[name].default) for name in CALL_SETTINGS}
+    return found["manual_memory_optimizer"], not found["layout_optimizer"]
+
+
+def _optimize_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """Keyword arguments of :func:`tflms.optimize` from flat ``options`` (option and knob names side
+    by side, JSON-safe; call settings left out: they are :func:`_as_tflms_calls`'s)."""
+    return keyword_options({k: v for k, v in (options or {}).items() if k not in CALL_SETTINGS})
 
 
 def measure_step(
@@ -118,7 +129,7 @@ def measure_step(
     (Grappler's memory optimizer at ``MANUAL``: no rewrite of ``AddN`` ops into accumulations,
     and no device memory held for them between steps); ``'default'`` leaves TensorFlow's
     setting for every step. Only ``'auto'`` turns Grappler's layout optimizer off for the
-    rewritten steps (``Knobs.layout_optimizer``; on a CPU it changes nothing unless asked
+    rewritten steps (``tflms.function``'s ``layout_optimizer``; on a CPU it changes nothing unless asked
     to convert). A step's peak includes what the functions of earlier modes hold
     between steps (e.g. the zeros of such a rewrite).
     """
@@ -155,7 +166,7 @@ def measure_step(
             step, plan = _lms_step(mode, cf, options, plans, device, host)
             entry.update(_plan_entry(plan))
             if memory_optimizer == "auto":
-                manual, layout_off = _as_tflms_calls(plan)
+                manual, layout_off = _as_tflms_calls(_mode_options(mode, options))
         else:
             entry["predicted"] = plain_predicted
         run = _run_steps(step, x, y, device, warmup + steps, manual=manual, layout_off=layout_off)
@@ -216,7 +227,7 @@ def _lms_step(
     if mode == "lms_device_gated" and key in plans:  # the plan of an earlier 'lms' mode: not made twice
         plan = plans[key]
     else:
-        step, plan = optimize(cf, device=device, host=host, **found)
+        step, plan = optimize(cf, device=device, host=host, **_optimize_options(found))
         plans[key] = plan
     if mode == "lms_device_gated":  # the negative control: the swap-ins on the device
         graph = tfi.copy_graph(cf)
@@ -516,14 +527,14 @@ def anatomy_step(
     graph_model = GraphModel.from_func_graph(cf.graph)
     step, swaps, host, serialize = cf, (), None, None
     if mode == "lms":
-        step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **(options or {}))
+        step, plan = optimize(cf, device=testbed.DEVICE, host=testbed.HOST, **_optimize_options(options))
         swaps, host, serialize = plan.swaps, testbed.HOST, plan.options["serialize"]
         # The step as planned and simulated: with its recompute clones (backward ops).
         graph_model = replay(graph_model, plan)
     sim = Simulator(graph_model, host)
     phase = functools.partial(_phase_of, graph_model)
     # The rewritten step is called as tflms.function calls it.
-    manual, layout_off = _as_tflms_calls(plan) if mode == "lms" else (False, False)
+    manual, layout_off = _as_tflms_calls(options) if mode == "lms" else (False, False)
     measured_peak, records, kernels = _profiled_step(step, x, y, warmup, manual=manual, layout_off=layout_off)
     anatomy = peak_anatomy(records)
     # Recorded starts are ordered on the graph as run (Grappler's push-downs applied).

@@ -164,7 +164,7 @@ def measure_model(
         print(m.summary())
         m["plain"].status, m["lms"].peak, m["lms"].losses
     """
-    from ..config import LMSConfig, check_int
+    from ..config import CALL_SETTINGS, LMSConfig, check_int
 
     if isinstance(factory, str):
         if factory.count(":") != 1:
@@ -186,7 +186,10 @@ def measure_model(
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise TypeError(f"kwargs must be a mapping of the factory's keyword arguments. Received: kwargs={kwargs!r}")
     if options is not None and not isinstance(options, Mapping):
-        raise TypeError(f"options must be a mapping of tflms.LMSConfig fields. Received: options={options!r}")
+        raise TypeError(
+            "options must be a mapping of tflms.LMSConfig fields (knobs in 'knobs': tflms.Knobs(...)) and "
+            f"call settings of tflms.function. Received: options={options!r}"
+        )
     options = dict(options or {})
     taken = sorted({"device", "host"} & set(options))
     if taken:
@@ -194,7 +197,8 @@ def measure_model(
             f"options must not set {' or '.join(taken)}: measure_model runs the step on the measured process's "
             f"device and host (tflms.testbed.devices()). Received: options={options!r}"
         )
-    LMSConfig.from_options(**options)  # unknown or invalid options are refused here
+    # Unknown or invalid options, and knobs outside tflms.Knobs, are refused here.
+    LMSConfig.from_options(**{k: v for k, v in options.items() if k not in CALL_SETTINGS})
     runs: dict[str, ModelRun] = {}
     for way in ways:
         with tempfile.TemporaryDirectory(prefix="tflms-measure-") as tmp:
@@ -352,6 +356,7 @@ def _fit_model(
 ) -> Any:
     """:func:`_measure_way` for a factory's ``(model, x[, y])``: ``total`` steps of ``model.fit``, one
     an epoch, each written by :func:`_step_meter`; the plan (with ``way == "lms"``) or None."""
+    from ..config import Knobs
     from ..integrations.keras import LMSCallback
 
     if len(built) not in (2, 3):
@@ -366,7 +371,10 @@ def _fit_model(
     callbacks: list[Any] = [meter]
     lms = None
     if way == "lms":
-        lms_options = {"batch_size": batch_size, **options} if batch_size else options
+        lms_options = dict(options)
+        knobs = lms_options.get("knobs", Knobs())
+        if batch_size and knobs.batch_size is None:
+            lms_options["knobs"] = knobs.replace(batch_size=batch_size)
         lms = LMSCallback(device=device, host=host, **lms_options)
         callbacks.insert(0, lms)
     fit_kwargs: dict[str, Any] = {"batch_size": batch_size} if batch_size else {}

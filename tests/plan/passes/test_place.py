@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tflms.config import LMSConfig
+from tflms.config import Knobs, LMSConfig
 from tflms.emulate.simulator import Simulator
 from tflms.ir.decisions import Stage
 from tflms.ir.graph import GraphModel
@@ -214,7 +214,7 @@ def test_default_is_no_placement():
 
 def test_summary_gives_the_predicted_step_time_of_the_placement():
     model = layered([8000, 500, 8000, 500, 500, 500])
-    plan = placement_plan(model, LMSConfig(devices=DEVICES, link_bandwidth=10**9))
+    plan = placement_plan(model, LMSConfig(devices=DEVICES, knobs=Knobs(link_bandwidth=10**9)))
     expected = sum(st.compute_seconds + st.received_bytes / 1e9 for st in plan.placement)
     assert plan.placement_seconds == pytest.approx(expected) and expected > 0
     assert f"predicted step time {expected * 1e3:.2f} ms" in plan.summary()

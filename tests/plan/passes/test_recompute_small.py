@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tflms import LMSConfig, SwapPlan, make_plan
+from tflms import Knobs, LMSConfig, SwapPlan, make_plan
 from tflms.emulate.simulator import Simulator
 from tflms.ir.decisions import RECOMPUTE_SCOPE
 from tflms.plan.passes.recompute import plan_recomputes, recompute_cost, recomputed_model, swap_cost
@@ -13,7 +13,7 @@ from graphs import bn_relu_model, two_group_model
 
 pytestmark = pytest.mark.unit
 
-CFG = {"swapout_threshold": 2, "min_bytes": 0, "policy": "none"}
+CFG = {"knobs": Knobs(swapout_threshold=2, min_bytes=0), "policy": "none"}
 RECOMPUTE = {**CFG, "policy": "recompute"}
 
 
@@ -64,9 +64,16 @@ def test_a_chain_needing_a_tensor_that_is_not_there_is_not_recomputed():
     # would need it, and it is gone (and not cheap to make again: a Conv2D made it).
     model = bn_relu_model(scale_type="Conv2D")
     assert model.tensors["s:0"].consumers == (("m", 1),)
-    assert plan_recomputes(model, LMSConfig(policy=("default", "recompute"), swapout_threshold=2, min_bytes=0)) == []
+    assert (
+        plan_recomputes(
+            model, LMSConfig(policy=("default", "recompute"), knobs=Knobs(swapout_threshold=2, min_bytes=0))
+        )
+        == []
+    )
     # Under min_bytes it is kept until the backward pass, and the chain is recomputed.
-    [rc] = plan_recomputes(model, LMSConfig(policy=("default", "recompute"), swapout_threshold=2, min_bytes=4096))
+    [rc] = plan_recomputes(
+        model, LMSConfig(policy=("default", "recompute"), knobs=Knobs(swapout_threshold=2, min_bytes=4096))
+    )
     assert rc.ops == ("m", "a", "r")
 
 
@@ -77,9 +84,9 @@ def test_the_cost_model_decides():
     [swap] = [s for s in make_plan(model, LMSConfig(**CFG)).swaps if s.tensor == "r:0"]
     assert recompute_cost(rc, [], cfg) < swap_cost(swap, cfg)
     # A slow device (or a fast link) makes the swap cheaper: nothing is recomputed.
-    assert plan_recomputes(model, LMSConfig(device_bandwidth=10**6, **RECOMPUTE)) == []
-    assert plan_recomputes(model, LMSConfig(link_bandwidth=10**15, link_latency=0.0, **RECOMPUTE)) == []
-    assert make_plan(model, LMSConfig(device_bandwidth=10**6, **RECOMPUTE)).recomputes == ()
+    assert plan_recomputes(model, LMSConfig(**RECOMPUTE).with_knobs(device_bandwidth=10**6)) == []
+    assert plan_recomputes(model, LMSConfig(**RECOMPUTE).with_knobs(link_bandwidth=10**15, link_latency=0.0)) == []
+    assert make_plan(model, LMSConfig(**RECOMPUTE).with_knobs(device_bandwidth=10**6)).recomputes == ()
 
 
 def test_recompute_is_off_by_default_and_plans_round_trip():
@@ -96,8 +103,8 @@ def test_recompute_options_are_validated():
     with pytest.raises(TypeError, match=r"recompute='yes' is not an option: .*policy=\('default', 'recompute'\)"):
         LMSConfig(recompute="yes")
     with pytest.raises(ValueError, match=r"device_bandwidth .*Received: device_bandwidth=-1"):
-        LMSConfig(device_bandwidth=-1)
-    assert LMSConfig(device_bandwidth="2TB/s").knobs.device_bandwidth == 2 * 10**12
+        LMSConfig(knobs=Knobs(device_bandwidth=-1))
+    assert LMSConfig(knobs=Knobs(device_bandwidth="2TB/s")).knobs.device_bandwidth == 2 * 10**12
 
 
 @pytest.mark.parametrize("late_u", [False, True])
@@ -112,14 +119,14 @@ def test_every_group_of_clones_is_charged_the_swap_ins_it_causes(late_u):
     # costs more than swapping r (3 transfers, 32 us).
     assert plan_recomputes(model, LMSConfig(**RECOMPUTE)) == []
     # With a slower link's latency (20 us) recomputing is cheaper, and the plan holds that swap-in.
-    cfg = LMSConfig(link_latency=20e-6, **RECOMPUTE)
+    cfg = LMSConfig(**RECOMPUTE).with_knobs(link_latency=20e-6)
     [rc] = plan_recomputes(model, cfg)
     assert rc.tensor == "r:0" and [g.level for g in rc.groups] == [13, 24]
     plan = make_plan(model, cfg)
     [swap] = plan.swaps
     assert swap.tensor == "u:0" and len(swap.swap_ins) == 2
     assert swap_cost(swap, cfg) + recompute_cost(rc, [], cfg) == pytest.approx(plan.step_seconds)
-    assert plan.step_seconds < make_plan(model, LMSConfig(link_latency=20e-6, **CFG)).step_seconds
+    assert plan.step_seconds < make_plan(model, LMSConfig(**CFG).with_knobs(link_latency=20e-6)).step_seconds
 
 
 @pytest.mark.parametrize("late_u", [False, True])

@@ -58,7 +58,7 @@ def test_the_callbacks_short_summary_counts_the_recomputes():
 
     from graphs import bn_relu_model
 
-    cfg = {"swapout_threshold": 2, "min_bytes": 0}
+    cfg = {"knobs": tflms.Knobs(swapout_threshold=2, min_bytes=0)}
     plan = tflms.make_plan(bn_relu_model(), tflms.LMSConfig(policy=("default", "recompute"), **cfg))
     [rc] = plan.recomputes
     first = short_summary(plan).splitlines()[0]

@@ -4,13 +4,13 @@ as with one, and a single simulator made (of the last step) instead of one per p
 import pytest
 from test_tiles import bn_gradient
 
-from tflms import LMSConfig
+from tflms import Knobs, LMSConfig
 from tflms.emulate.simulator import Simulator
 from tflms.plan import registry
 
 pytestmark = pytest.mark.unit
 
-CONFIG = LMSConfig(policy=("default", "split_sums", "drop_tiles"), min_bytes=0, swapout_threshold=2)
+CONFIG = LMSConfig(policy=("default", "split_sums", "drop_tiles"), knobs=Knobs(min_bytes=0, swapout_threshold=2))
 
 
 @pytest.mark.parametrize("only", [None, ("split_sums", "drop_tiles")])

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tflms import LMSConfig, Order, SwapPlan, make_plan
+from tflms import Knobs, LMSConfig, Order, SwapPlan, make_plan
 from tflms.emulate.simulator import Simulator
 from tflms.ir.graph import GraphModel
 from tflms.plan.passes.schedule import memory_orders
@@ -108,8 +108,8 @@ def test_weight_gradients_and_forward_ops_are_never_ordered():
 
 def test_make_plan_with_serialize_adds_orders_to_the_same_swaps():
     model = GraphModel.from_ops(fork_ops())
-    options = {"swapout_threshold": 2, "swapin_ahead": 1, "min_bytes": 0}
-    plain = make_plan(model, LMSConfig(serialize=False, **options))
+    options = {"knobs": Knobs(swapout_threshold=2, swapin_ahead=1, min_bytes=0)}
+    plain = make_plan(model, LMSConfig(**options).with_knobs(serialize=False))
     plan = make_plan(model, LMSConfig(**options))  # serialize=True is the default
     assert LMSConfig().knobs.serialize is True
     assert plain.orders == () and plain.swaps and plan.swaps == plain.swaps
@@ -120,16 +120,16 @@ def test_make_plan_with_serialize_adds_orders_to_the_same_swaps():
     assert data["orders"] == [{"op": G + "b1", "after": G + "a2"}]
     assert SwapPlan.from_json(plan.to_json()) == plan
     with pytest.raises(ValueError, match=r"serialize must be True or False. Received: serialize='yes'"):
-        LMSConfig(serialize="yes")
+        LMSConfig(knobs=Knobs(serialize="yes"))
 
 
 def test_orders_alone_are_the_plan_where_no_tensor_qualifies_for_a_swap():
     model = GraphModel.from_ops(fork_ops())
-    options = {"swapout_threshold": 10**6, "min_bytes": 0}  # no backward consumer is that far: no swap
+    options = {"knobs": Knobs(swapout_threshold=10**6, min_bytes=0)}  # no backward consumer is that far: no swap
     plan = make_plan(model, LMSConfig(**options))
     assert plan.swaps == () and plan.orders == (Order(op=G + "b1", after=G + "a2"),)
     assert plan.peak_bytes_after < plan.peak_bytes_before and not plan.reason
-    empty = make_plan(model, LMSConfig(serialize=False, **options))
+    empty = make_plan(model, LMSConfig(**options).with_knobs(serialize=False))
     assert empty.swaps == empty.orders == () and "no tensor qualifies" in empty.reason
 
 
@@ -146,18 +146,18 @@ def test_a_budget_met_only_with_orders_gets_them_from_the_autotuner():
     assert ordered_peak < Simulator(model).peak()
     budget = ordered_peak + 1024  # above the ordered step's peak, below every unordered plan's
     with pytest.raises(BudgetError, match=r"Received: budget=") as unordered:
-        make_plan(model, LMSConfig(min_bytes=0, budget=budget, serialize=False))
+        make_plan(model, LMSConfig(knobs=Knobs(min_bytes=0, serialize=False), budget=budget))
     assert unordered.value.best_peak_bytes > budget
-    config, orders, ordered = tune_ordered(model, LMSConfig(min_bytes=0, budget=budget, serialize=True))
+    config, orders, ordered = tune_ordered(model, LMSConfig(knobs=Knobs(min_bytes=0, serialize=True), budget=budget))
     assert orders == (order,) and config.knobs.n_tensors == 0 and ordered.model.dag.has_edge(G + "a2", G + "b1")
     assert ordered.peak() == ordered_peak
-    plan = make_plan(model, LMSConfig(min_bytes=0, budget=budget, serialize=True))
+    plan = make_plan(model, LMSConfig(knobs=Knobs(min_bytes=0, serialize=True), budget=budget))
     assert plan.orders == (order,) and plan.swaps == ()  # the orders alone are the plan, not an empty plan
     assert plan.peak_bytes_after == ordered_peak <= budget < plan.peak_bytes_before
     assert SwapPlan.from_json(plan.to_json()) == plan
     # Below what the ordered step can reach, the error reports the lowest peak with orders.
     with pytest.raises(BudgetError) as lowest:
-        make_plan(model, LMSConfig(min_bytes=0, budget=ordered_peak // 2, serialize=True))
+        make_plan(model, LMSConfig(knobs=Knobs(min_bytes=0, serialize=True), budget=ordered_peak // 2))
     assert lowest.value.best_peak_bytes < unordered.value.best_peak_bytes
 
 
@@ -230,7 +230,7 @@ def test_late_triggers_wait_for_the_op_that_runs_before_the_consumer():
     from tflms.plan.passes.schedule import late_triggers
 
     model = GraphModel.from_ops(_stem_ops())
-    plan = make_plan(model, LMSConfig(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1))
+    plan = make_plan(model, LMSConfig(knobs=Knobs(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1)))
     [swap] = plan.swaps
     assert swap.tensor == "c:0" and [si.trigger for si in swap.swap_ins] == [G + "g"]
     sim = Simulator(model)
@@ -253,7 +253,9 @@ def test_late_triggers_wait_for_the_op_that_runs_before_the_consumer():
     assert late_triggers(sim, plan.swaps, budget=sim.peak(plan.swaps)) == (list(plan.swaps), (), sim)
     # A swap-in that feeds a sum keeps its trigger (an order there could change how Grappler adds).
     summed = GraphModel.from_ops(_stem_ops(m1_type="AddN"))
-    summed_plan = make_plan(summed, LMSConfig(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1))
+    summed_plan = make_plan(
+        summed, LMSConfig(knobs=Knobs(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1))
+    )
     assert [si.trigger for s in summed_plan.swaps for si in s.swap_ins] == [G + "g"]
     assert late_triggers(Simulator(summed), summed_plan.swaps)[1] == ()
 
@@ -272,7 +274,7 @@ def test_late_triggers_never_join_a_filter_gradient_and_its_bias_gradient(monkey
         op(G + "m1", "Conv2DBackpropFilter", ["c:0", "sizes:0", G + "g:0"], [small]),
     ]
     model = GraphModel.from_ops(ops)
-    plan = make_plan(model, LMSConfig(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1))
+    plan = make_plan(model, LMSConfig(knobs=Knobs(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1)))
     [swap] = plan.swaps
     [swap_in] = swap.swap_ins
     sim = Simulator(model)
@@ -293,13 +295,13 @@ def test_a_budget_met_only_with_late_triggers_gets_them_from_make_plan(monkeypat
     from tflms.plan.passes import schedule
 
     model = GraphModel.from_ops(_stem_ops())
-    early = make_plan(model, LMSConfig(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1))
+    early = make_plan(model, LMSConfig(knobs=Knobs(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1)))
     budget = early.peak_bytes_after - 1
     with pytest.raises(BudgetError):
-        make_plan(model, LMSConfig(min_bytes=0, budget=budget, serialize=False))
+        make_plan(model, LMSConfig(knobs=Knobs(min_bytes=0, serialize=False), budget=budget))
     late = []
     monkeypatch.setattr(schedule, "late_triggers", lambda *a, f=schedule.late_triggers: late.append(1) or f(*a))
-    plan = make_plan(model, LMSConfig(min_bytes=0, budget=budget, serialize=True))
+    plan = make_plan(model, LMSConfig(knobs=Knobs(min_bytes=0, serialize=True), budget=budget))
     # The budget is met only with late triggers, so the autotuner's step 5 finished this plan (or
     # make_plan would have raised); make_plan reuses that instead of finishing it again.
     assert late == [1]
@@ -309,7 +311,9 @@ def test_a_budget_met_only_with_late_triggers_gets_them_from_make_plan(monkeypat
     assert plan.peak_bytes_after <= budget < plan.peak_bytes_before
     assert SwapPlan.from_json(plan.to_json()) == plan
     # Without a budget (or one the plan meets) the triggers stay where the planner put them.
-    assert make_plan(model, LMSConfig(min_bytes=0, swapout_threshold=1, swapin_ahead=1)).swaps == early.swaps
+    assert (
+        make_plan(model, LMSConfig(knobs=Knobs(min_bytes=0, swapout_threshold=1, swapin_ahead=1))).swaps == early.swaps
+    )
 
 
 def _tight_stem_ops():
@@ -335,7 +339,7 @@ def test_room_for_a_later_trigger_is_made_by_orders():
     from tflms.plan.passes.schedule import _room_orders, finish, late_triggers
 
     model = GraphModel.from_ops(_tight_stem_ops())
-    options = dict(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1)
+    options = dict(knobs=Knobs(min_bytes=0, serialize=False, swapout_threshold=1, swapin_ahead=1))
     plan = make_plan(model, LMSConfig(**options))
     [swap] = plan.swaps
     assert swap.tensor == "c:0" and [si.trigger for si in swap.swap_ins] == [G + "g"]
@@ -353,7 +357,7 @@ def test_room_for_a_later_trigger_is_made_by_orders():
     assert _acyclic(sim, plan.swaps, _room_orders(sim, plan.swaps))
     assert not _acyclic(sim, plan.swaps, (Order(op=G + "g", after=G + "m"),))  # m reads g
     budget = sim.peak(plan.swaps) - 1
-    swaps, orders, done = finish(sim, list(plan.swaps), LMSConfig(budget=budget, **{**options, "serialize": True}))
+    swaps, orders, done = finish(sim, list(plan.swaps), LMSConfig(budget=budget, **options).with_knobs(serialize=True))
     assert [si.trigger for s in swaps for si in s.swap_ins] == [G + "b"]
     assert set(_room_orders(sim, plan.swaps)) <= set(orders)
     assert done.peak(swaps) <= budget

@@ -5,7 +5,7 @@ import warnings
 
 import pytest
 
-from tflms import BudgetError, LMSConfig, LMSWarning, SwapPlan, make_plan
+from tflms import BudgetError, Knobs, LMSConfig, LMSWarning, SwapPlan, make_plan
 from tflms.emulate.simulator import Simulator
 from tflms.ir.decisions import Sum
 from tflms.ir.graph import GraphModel
@@ -122,7 +122,7 @@ def test_a_budget_error_quotes_the_plain_peak_of_the_step_as_given():
     model = sum_model()
     plain, split = Simulator(model).peak(), Simulator(with_split_sums(model)[0]).peak()
     assert split < plain
-    config = LMSConfig(budget=1, min_bytes=0, policy="split_sums")
+    config = LMSConfig(budget=1, knobs=Knobs(min_bytes=0), policy="split_sums")
     with pytest.raises(BudgetError) as err:
         make_plan(model, config)
     assert err.value.plain_peak_bytes == plain
@@ -134,7 +134,8 @@ def test_a_budget_error_quotes_the_plain_peak_of_the_step_as_given():
 def test_the_plan_records_its_sums_and_reads_older_formats():
     model = sum_model()
     plan = make_plan(
-        model, LMSConfig(policy=("default", "split_sums"), min_bytes=0, swapout_threshold=2, serialize=False)
+        model,
+        LMSConfig(policy=("default", "split_sums"), knobs=Knobs(min_bytes=0, swapout_threshold=2, serialize=False)),
     )
     assert plan.sums == (splittable_sums(model)[0],)
     assert plan.peak_bytes_after < plan.peak_bytes_before
@@ -144,7 +145,12 @@ def test_the_plan_records_its_sums_and_reads_older_formats():
     assert SwapPlan.from_json(plan.to_json()) == plan
     old = {k: v for k, v in data.items() if k != "sums"}
     assert SwapPlan.from_json(json.dumps({**old, "format_version": 4})).sums == ()
-    assert make_plan(model, LMSConfig(min_bytes=0, swapout_threshold=2, serialize=False, policy="default")).sums == ()
+    assert (
+        make_plan(
+            model, LMSConfig(knobs=Knobs(min_bytes=0, swapout_threshold=2, serialize=False), policy="default")
+        ).sums
+        == ()
+    )
 
 
 def test_a_sum_that_does_not_fit_the_model_is_refused():
@@ -159,7 +165,8 @@ def test_the_memory_plot_of_a_plan_with_sums_shows_the_chains():
 
     model = sum_model()
     plan = make_plan(
-        model, LMSConfig(policy=("default", "split_sums"), min_bytes=0, swapout_threshold=2, serialize=False)
+        model,
+        LMSConfig(policy=("default", "split_sums"), knobs=Knobs(min_bytes=0, swapout_threshold=2, serialize=False)),
     )
     data = memory_plot_data(model, plan)
     assert int(data.before.max()) == plan.peak_bytes_before

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tflms import LMSConfig, SwapPlan, make_plan
+from tflms import Knobs, LMSConfig, SwapPlan, make_plan
 from tflms.emulate.simulator import Simulator
 from tflms.ir.graph import GraphModel
 from tflms.plan.passes.tiles import broadcast_shape, droppable_tiles, new_name, with_dropped_tiles
@@ -114,7 +114,7 @@ def test_the_option_needs_split_sums_and_the_plan_records_its_tiles():
     with pytest.raises(TypeError, match="drop_tiles=1, split_sums=True is not an option: .* Received: drop_tiles=1"):
         LMSConfig(drop_tiles=1, split_sums=True)
     model = bn_gradient()
-    options = {"min_bytes": 0, "swapout_threshold": 2, "serialize": False}
+    options = {"knobs": Knobs(min_bytes=0, swapout_threshold=2, serialize=False)}
     plan = make_plan(model, LMSConfig(policy=("default", "split_sums", "drop_tiles"), **options))
     assert plan.tiles == ("gradient_tape/Tile",)
     assert "tiles left out: 1 Tile/BroadcastTo ops" in plan.summary()
@@ -131,7 +131,9 @@ def test_the_memory_plot_of_a_plan_with_tiles_left_out_runs_the_ops_made_again()
     from tflms.report.plot import memory_plot_data
 
     model = bn_gradient()
-    plan = make_plan(model, LMSConfig(policy=("default", "split_sums", "drop_tiles"), min_bytes=0, swapout_threshold=2))
+    plan = make_plan(
+        model, LMSConfig(policy=("default", "split_sums", "drop_tiles"), knobs=Knobs(min_bytes=0, swapout_threshold=2))
+    )
     data = memory_plot_data(model, plan)
     assert int(data.before.max()) == plan.peak_bytes_before
     assert int(data.after.max()) == plan.peak_bytes_after < plan.peak_bytes_before

@@ -47,7 +47,7 @@ Example (run with ``horovodrun --gloo -np 2 -H localhost:2 python train.py``)::
     opt.build(model.trainable_variables)
     lms_hvd.broadcast_variables(model.variables + opt.variables, root_rank=0)
 
-    @tflms.function(swapout_threshold=40)
+    @tflms.function(knobs=tflms.Knobs(swapout_threshold=40))
     def step(x, y):
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x, training=True))

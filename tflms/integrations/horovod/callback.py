@@ -81,7 +81,8 @@ class HorovodLMSCallback(LMSCallback):
             by :func:`averaging_train_step` only: with a ``train_step=`` of yours, pass
             it to your :func:`tflms.horovod.allreduce_gradients` call instead
             (``sparse_as_dense=False`` with ``train_step=`` raises ``ValueError``).
-        config, verbose, train_step, horovod, xla, options: as :class:`tflms.LMSCallback`.
+        config, verbose, train_step, horovod, xla, manual_memory_optimizer, layout_optimizer, options: as
+            :class:`tflms.LMSCallback`.
 
     Raises:
         TypeError, ValueError: as :class:`tflms.LMSCallback`; ``TypeError`` also for a
@@ -100,6 +101,7 @@ class HorovodLMSCallback(LMSCallback):
         import numpy as np
         import tensorflow as tf
 
+        import tflms
         import tflms.integrations.horovod as lms_hvd
 
         lms_hvd.init()  # first, before TensorFlow initialises the GPUs
@@ -124,7 +126,8 @@ class HorovodLMSCallback(LMSCallback):
             metrics=["accuracy"],
             jit_compile=False,  # XLA would drop the swap ops
         )
-        lms = lms_hvd.HorovodLMSCallback(swapout_threshold=40, verbose=True)  # = tflms.LMSCallback(horovod=True, ...)
+        # = tflms.LMSCallback(horovod=True, ...)
+        lms = lms_hvd.HorovodLMSCallback(knobs=tflms.Knobs(swapout_threshold=40), verbose=True)
         history = model.fit(x, y, batch_size=batch, epochs=3, callbacks=[lms])  # the LMS callback first
         # history.history is the same on every rank; only rank 0 printed (and the plan, verbose=True).
         if lms_hvd.is_root():
@@ -141,6 +144,8 @@ class HorovodLMSCallback(LMSCallback):
         train_step: TrainStep | None = None,
         horovod: bool = True,
         xla: str = "disable",
+        manual_memory_optimizer: bool = True,
+        layout_optimizer: bool = False,
         **options: Any,
     ) -> None:
         if horovod is not True:
@@ -156,7 +161,8 @@ class HorovodLMSCallback(LMSCallback):
                 "`tflms.horovod.allreduce_gradients(grads, sparse_as_dense=False)`. "
                 f"Received: sparse_as_dense=False with train_step={train_step!r}"
             )
-        super().__init__(config, verbose=verbose, train_step=train_step, horovod=True, xla=xla, **options)
+        calls = {"manual_memory_optimizer": manual_memory_optimizer, "layout_optimizer": layout_optimizer}
+        super().__init__(config, verbose=verbose, train_step=train_step, horovod=True, xla=xla, **calls, **options)
         self._mode = mode
 
     @property

@@ -87,7 +87,8 @@ def init(*, split_cpu: bool = False) -> None:
 
         import tflms, tflms.horovod as lms_hvd
         lms_hvd.init(split_cpu=True)  # first
-        lms = lms_hvd.HorovodLMSCallback(swapout_threshold=40)  # swaps /device:CPU:1 -> /device:CPU:0
+        # swaps /device:CPU:1 -> /device:CPU:0
+        lms = lms_hvd.HorovodLMSCallback(knobs=tflms.Knobs(swapout_threshold=40))
     """
     global _split_cpu_device
     if not isinstance(split_cpu, bool):

@@ -115,7 +115,7 @@ def plan_recomputes(model: GraphModel, config: LMSConfig, swaps: Sequence[Swap] 
 def with_planned_recomputes(model: GraphModel, config: LMSConfig) -> tuple[GraphModel, list[Recompute]]:
     """``(model with the recomputes applied, the recomputes)`` that :func:`plan_recomputes` picks under
     ``config`` (its budget and ``n_tensors`` ignored: they decide the swaps, afterwards)."""
-    recomputes = plan_recomputes(model, config.replace(budget=None, n_tensors=None))
+    recomputes = plan_recomputes(model, config.replace(budget=None).with_knobs(n_tensors=None))
     return recomputed_model(model, recomputes), recomputes
 
 
