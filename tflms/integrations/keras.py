@@ -247,7 +247,8 @@ class LMSCallback(keras.callbacks.Callback):
             raise ValueError(
                 "op_profile='auto' is not available with horovod=True: each rank would profile its own first step "
                 "and plan again from its own times, so the ranks' plans could differ. Profile one rank's step "
-                "(tflms.testing.profile.profile_ops(...).save(path)) and pass op_profile=path on every rank. "
+                "(tflms.testing.profile.profile_ops(...).save(path)) and pass knobs=tflms.Knobs(op_profile=path) "
+                "on every rank. "
                 "Received: op_profile='auto'"
             )
         if horovod and self.config.offload == "weights":
