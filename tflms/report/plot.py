@@ -13,17 +13,8 @@ matplotlib is an optional dependency (``pip install tflms[plot]``); it is import
 only when a plot is drawn. The figure is rendered with Agg without pyplot, so it
 works headless and leaves the session's matplotlib backend alone.
 
-Example (``new_cf, plan = tflms.optimize(cf)`` gives a plan that remembers its
-model, and then ``tflms.plot_plan(plan, "memory.png")`` is enough)::
-
-    >>> import tempfile, tensorflow as tf, tflms
-    >>> from tflms.testing.zoo import build
-    >>> model, x, y, train_step = build("cnn", batch=8, size=32)
-    >>> cf = tf.function(train_step).get_concrete_function(x, y)
-    >>> graph = tflms.GraphModel.from_func_graph(cf.graph)
-    >>> plan = tflms.make_plan(graph, tflms.LMSConfig(swapout_threshold=20))
-    >>> tflms.plot_memory(graph, plan, tempfile.mkdtemp() + "/memory.png").stat().st_size > 0
-    True
+A plan made by ``new_cf, plan = tflms.optimize(cf)`` remembers its model, and then
+``tflms.plot_plan(plan, "memory.png")`` is enough (the example of :func:`plot_plan`).
 """
 
 from __future__ import annotations
@@ -38,7 +29,7 @@ import numpy as np
 from .._util import format_bytes
 from ..emulate.simulator import Simulator
 from ..errors import LMSWarning
-from ..ir.graph import ALIAS_OP_TYPES, GraphModel
+from ..ir.graph import ALIAS_OP_TYPES, GraphModel, reach
 from ..plan.passes.sums import chain_ops
 from ..plan.passes.tiles import SUFFIX as TILE_SUFFIX
 from ..plan.registry import replay
@@ -255,15 +246,8 @@ def _stages(model: GraphModel) -> dict[str, str]:
     dag = model.dag
     phases = {op: model.phase(op) for op in dag}
 
-    def feeding(phase: str) -> set[str]:  # ops with a path into an op of ``phase``
-        seen: set[str] = set()
-        frontier = [op for op, p in phases.items() if p == phase]
-        while frontier:
-            for pred in dag.predecessors(frontier.pop()):
-                if pred not in seen:
-                    seen.add(pred)
-                    frontier.append(pred)
-        return seen
+    def feeding(phase: str) -> set[str]:  # ops with a path into an op of ``phase`` (other than those)
+        return reach(dag.predecessors, {op for op, p in phases.items() if p == phase})
 
     into_backward, into_update = feeding("backward"), feeding("update")
     return {

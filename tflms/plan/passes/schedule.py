@@ -63,7 +63,7 @@ from ..._devices import device_key
 from ...emulate.fusion import joins_fused
 from ...emulate.simulator import Simulator
 from ...ir.decisions import RECOMPUTE_SCOPE, Order
-from ...ir.graph import SUM_OP_TYPES, GraphModel, with_orders
+from ...ir.graph import SUM_OP_TYPES, GraphModel, reach, with_orders
 
 if TYPE_CHECKING:
     from ...config import LMSConfig
@@ -168,14 +168,8 @@ def _leading_to_updates(model: GraphModel) -> set[str]:
     from ...emulate.simulator import VARIABLE_WRITE_TYPES
 
     dag = model.dag
-    useful = {op for op in dag if dag.nodes[op].get("type") in VARIABLE_WRITE_TYPES}
-    stack = list(useful)
-    while stack:
-        for p in dag.predecessors(stack.pop()):
-            if p not in useful:
-                useful.add(p)
-                stack.append(p)
-    return useful
+    updates = {op for op in dag if dag.nodes[op].get("type") in VARIABLE_WRITE_TYPES}
+    return updates | reach(dag.predecessors, updates)
 
 
 def with_update_orders(model: GraphModel, sim: Simulator) -> tuple[GraphModel, tuple[Order, ...], Simulator]:
