@@ -30,9 +30,7 @@ from .._util import format_bytes
 from ..emulate.simulator import Simulator
 from ..errors import LMSWarning
 from ..ir.graph import ALIAS_OP_TYPES, GraphModel, reach
-from ..plan.passes.sums import chain_ops
-from ..plan.passes.tiles import SUFFIX as TILE_SUFFIX
-from ..plan.registry import replay
+from ..plan.registry import PASSES, replay
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -256,30 +254,18 @@ def _stages(model: GraphModel) -> dict[str, str]:
     }
 
 
-def _made_again(name: str, nodes: Any, clones: set[str]) -> bool:
-    """``name`` is an op made again for a left-out tile (:mod:`tflms.plan.passes.tiles`) of an op the step has."""
-    base = name.removesuffix(f"/{TILE_SUFFIX}")
-    return base != name and (base in nodes or base in clones)
-
-
 def _check_matches(model: GraphModel, plan: SwapPlan) -> None:
+    """Refuse a model that lacks an op that a pass's decisions name
+    (:meth:`tflms.plan.passes.base.Pass.names`), other than the ops a pass makes
+    (:meth:`~tflms.plan.passes.base.Pass.made`, :meth:`~tflms.plan.passes.base.Pass.made_again_from`)."""
     nodes = model.dag.nodes
-    clones = {rc.clone(op, k) for rc in plan.recomputes for k in range(len(rc.groups)) for op in rc.ops}
-    clones.update(name for s in plan.sums for name in chain_ops(s))
-    decisions = [(s.producer, (), s.swap_ins) for s in plan.swaps]
-    decisions += [(r.producer, r.ops, r.groups) for r in plan.recomputes]
-    decisions += [(x.op, (), ()) for x in plan.sums]
-    names = [
-        name
-        for producer, ops, groups in decisions
-        for name in (
-            producer,
-            *ops,
-            *(g.trigger for g in groups if g.trigger),
-            *(c for g in groups for c, _ in g.consumers),
-        )
-        if name not in clones and not _made_again(name, nodes, clones)
-    ] + list(plan.tiles)
+    made = {name for p in PASSES for name in p.made(getattr(plan, p.field))}
+
+    def ours(name: str) -> bool:
+        bases = (p.made_again_from(name) for p in PASSES)
+        return name in made or any(base is not None and (base in nodes or base in made) for base in bases)
+
+    names = [name for p in PASSES for name in p.names(getattr(plan, p.field)) if not ours(name)]
     missing = [n for n in names if n not in nodes]
     if missing or (plan.n_ops and plan.n_ops != model.dag.number_of_nodes()):
         raise ValueError(

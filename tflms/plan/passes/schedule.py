@@ -66,7 +66,16 @@ if TYPE_CHECKING:
     from ...config import LMSConfig
     from ...ir.decisions import Swap, SwapIn
 
-__all__ = ["memory_orders", "update_orders", "late_triggers", "finish", "TOP", "MAX_ROUNDS", "MIN_GAIN", "LOOKAHEAD"]
+__all__ = [
+    "memory_orders",
+    "update_orders",
+    "late_triggers",
+    "finish",
+    "TOP",
+    "MAX_ROUNDS",
+    "MIN_GAIN",
+    "LOOKAHEAD",
+]
 
 #: Live buffers at the peak that the greedy pairs up (the largest).
 TOP = 8

@@ -35,8 +35,9 @@ from typing import Any
 import networkx as nx
 
 from ...ir.graph import GraphModel, op_records
+from .base import GraphEdit, TransformPass
 
-__all__ = ["BROADCAST_OPS", "SUFFIX", "new_name", "droppable_tiles", "with_dropped_tiles", "apply_tiles"]
+__all__ = ["BROADCAST_OPS", "SUFFIX", "DropTiles", "new_name", "droppable_tiles", "with_dropped_tiles", "apply_tiles"]
 
 #: The element-wise ops that read a left-out ``Tile``'s value and are made again: they broadcast.
 BROADCAST_OPS = frozenset({"Mul", "RealDiv", "AddV2", "Sub"})
@@ -370,3 +371,28 @@ def apply_tiles(graph: Any, tiles: Sequence[str], device: str, lookup: Any, gone
             if reader.name not in made:
                 tfi.replace_control_input(reader, op, clone)
     return len(made)
+
+
+class DropTiles(TransformPass):
+    """The gradient of a mean is broadcast, not tiled (the pass ``drop_tiles`` of a policy). It
+    needs ``split_sums`` before it, in the registry and in a policy (see the module doc)."""
+
+    name, field, needs = "drop_tiles", "tiles", ("split_sums",)
+
+    def names(self, decisions: Sequence[str]) -> list[str]:
+        return list(decisions)
+
+    def made_again_from(self, name: str) -> str | None:
+        base = name.removesuffix(f"/{SUFFIX}")
+        return base if base != name else None
+
+    def transform(self, model: GraphModel, decisions: Sequence[str] | None = None) -> tuple[GraphModel, list[str]]:
+        return with_dropped_tiles(model, decisions)
+
+    def rewrote(self, op: Any, attr: bytes | None) -> bool:
+        return op.name.endswith(f"/{SUFFIX}")
+
+    def rewrite(self, edit: GraphEdit) -> dict[str, int]:
+        """The ops of the split sums (``split_sums``, before it) are left unread: no readers."""
+        gone = [s.op for s in edit.plan.sums]
+        return {"tile": apply_tiles(edit.graph, edit.plan.tiles, edit.device, edit.lookup, gone)}
