@@ -12,10 +12,12 @@ emulate/       what TensorFlow will do with it: the executor's order (order.py),
                allocator (bfc.py); the simulator (simulator.py, static.py, replay.py):
                predicted device memory of the step, with or without a plan
 plan/          SwapPlan (records.py), candidates, the ordered pass registry (registry.py):
-                 split sums -> drop tiles -> recompute -> swaps -> fences -> orders
-               the passes themselves (passes/), the planner, the autotuner (a budget's
-               knobs) and the capacity search (the largest batch)              -> SwapPlan
-rewrite/       the plan applied to a copy of the graph, one applier a pass, in registry
+                 split_sums -> drop_tiles -> recompute -> swaps -> fences -> order_updates
+               the passes themselves (passes/: one class a pass, with its planning, its
+               replay on the GraphModel and its rewrite of the TensorFlow graph), the
+               planner, the autotuner (a budget's knobs) and the capacity search (the
+               largest batch)                                                  -> SwapPlan
+rewrite/       the plan applied to a copy of the graph: each pass's rewrite, in registry
                order: swap-outs, host-gated swap-ins, clones, ordering edges   -> ConcreteFunction
 report/        the predicted memory timeline as a picture, plan summaries
 integrations/  tflms.function / tflms.optimize, LMSCallback (one process, or Horovod's mode)

@@ -50,6 +50,7 @@ __all__ = [
     "LMSConfig",
     "KNOWN_DEVICE_TYPES",
     "POLICIES",
+    "POLICY_NEEDS",
     "LINK_BANDWIDTH",
     "LINK_LATENCY",
     "DEVICE_BANDWIDTH",
@@ -113,6 +114,12 @@ def _check_op_types(name: str, value: tuple[str, ...]) -> None:
 #: the reads of it still held) and ``recompute`` (cheap element-wise tensors recomputed instead
 #: of swapped).
 POLICIES = ("drop_tiles", "order_updates", "recompute", "split_sums", "swap_gradients")
+#: ``(pass, pass it needs, why)``: a policy naming the first names the second. The passes declare
+#: their needs (``Pass.needs``); :mod:`tflms.plan.registry` checks at import that these are theirs.
+POLICY_NEEDS = (
+    ("drop_tiles", "split_sums", "a BatchNorm's or LayerNorm's input gradient is an AddN that reads a left-out "
+     "Tile's per-channel value, and only the AddV2 chains of split_sums broadcast it"),
+)  # fmt: skip
 #: The passes of ``policy="default"``: those that run the plain step's kernels on the plain
 #: step's inputs in the plain step's order, so that training stays bit-identical on any model
 #: and any CPU. ``swap_gradients`` only adds candidates for swapping, and a swap is a copy: the
@@ -309,25 +316,25 @@ def _check_policy(value: Any) -> frozenset[str]:
         elif n != "none":
             known = ", ".join(repr(k) for k in ("default", "none", *POLICIES))
             raise ValueError(f"policy names an unknown pass {n!r}. Known: {known}. {_received('policy', value)}")
-    if "drop_tiles" in chosen and "split_sums" not in chosen:
-        raise ValueError(
-            "policy 'drop_tiles' needs 'split_sums': a BatchNorm's or LayerNorm's input gradient is an AddN "
-            "that reads a left-out Tile's per-channel value, and only the AddV2 chains of split_sums broadcast "
-            f"it. Add 'split_sums' to the policy. {_received('policy', value)}"
-        )
+    for name, need, why in POLICY_NEEDS:
+        if name in chosen and need not in chosen:
+            raise ValueError(
+                f"policy {name!r} needs {need!r}: {why}. Add {need!r} to the policy. {_received('policy', value)}"
+            )
     return frozenset(chosen)
 
 
 def _with_passes(policy: Any, passes: Mapping[str, Any]) -> frozenset[str]:
     """``policy`` with the passes given as booleans (the options of older versions) turned on or
-    off; ``split_sums`` off takes ``drop_tiles``, which needs it, off too unless it is given."""
+    off; a pass off takes those that need it (:data:`POLICY_NEEDS`) off too unless they are given."""
     chosen = set(_check_policy(policy))
     for name, on in passes.items():
         if not isinstance(on, bool):
             raise ValueError(f"{name} must be True or False. {_received(name, on)}")
         (chosen.add if on else chosen.discard)(name)
-    if "drop_tiles" in chosen and "split_sums" not in chosen and "drop_tiles" not in passes:
-        chosen.discard("drop_tiles")
+    for name, need, _ in POLICY_NEEDS:
+        if name in chosen and need not in chosen and name not in passes:
+            chosen.discard(name)
     return frozenset(chosen)
 
 

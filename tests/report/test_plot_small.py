@@ -57,7 +57,7 @@ def test_plot_data_is_the_simulators_timeline_plus_variables():
 
 
 def test_plot_of_a_plan_with_recomputes_maps_the_clones_onto_the_plain_schedule():
-    from tflms.ir.graph import with_recomputes
+    from tflms.plan.passes.recompute import with_recomputes
 
     # x, the scale and the offset made in the step, not arguments (held for the whole step): their
     # last reads are clones, so the step's memory drops after the clones ran.

@@ -222,17 +222,8 @@ def _optimize(
     new_cf = tfi.rebuild(concrete_function, new_graph)
     _REWRITTEN[new_cf] = plan
     log.info("tflms: %s: %s", graph.name, budget_text)
-    log.info(
-        "tflms: %s: Identity +%d (swap-out %d, swap-in %d) on %s/%s, %d recompute clones, %d sum ops",
-        graph.name,
-        counts["swap_out"] + counts["swap_in"],
-        counts["swap_out"],
-        counts["swap_in"],
-        device,
-        config.host,
-        counts["recompute"],
-        counts["sum"],
-    )
+    added = ", ".join(f"{kind} {n}" for kind, n in counts.items() if n)  # by kind, one pass after the other
+    log.info("tflms: %s: ops added on %s/%s: %s", graph.name, device, config.host, added or "none")
     return new_cf, plan, device
 
 

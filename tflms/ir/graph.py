@@ -29,7 +29,6 @@ __all__ = [
     "UPDATE_OP_TYPES",
     "ALIAS_OP_TYPES",
     "SUM_OP_TYPES",
-    "with_recomputes",
     "with_orders",
     "op_records",
     "copy_dag",
@@ -335,37 +334,6 @@ def _known_shapes(graph: Any) -> dict[str, tuple[int, ...]]:
             if t.shape.rank is not None and t.shape.is_fully_defined():
                 shapes[t.name] = tuple(t.shape.as_list())
     return shapes
-
-
-def with_recomputes(model: GraphModel, recomputes: Sequence[Any]) -> GraphModel:
-    """``model`` with the clones of ``recomputes`` (:class:`tflms.ir.decisions.Recompute`) added, and
-    each group's consumers reading its clones; ``model`` itself when there are none.
-
-    Per group, each op of the chain gets a clone named :meth:`Recompute.clone`, reading the
-    clones before it and the original tensors otherwise, with a control edge from the
-    group's trigger: the ops the rewrite adds (:mod:`tflms.rewrite.apply`), so that the planner
-    and the simulator see the step as it will run.
-    """
-    if not recomputes:
-        return model
-    tensors = model.tensors
-    records = op_records(model)
-    for rc in recomputes:
-        for k, group in enumerate(rc.groups):
-            for name in rc.ops:
-                inputs = [rc.clone_tensor(t, k) if tensors[t].op in rc.ops else t for t in model.inputs_of[name]]
-                clone = rc.clone(name, k)
-                records[clone] = {**records[name], "name": clone, "inputs": inputs, "control_inputs": [group.trigger]}
-            for consumer, index in group.consumers:
-                if records[consumer]["inputs"][index] != rc.tensor:
-                    raise ValueError(
-                        f"The recompute of {rc.tensor!r} does not fit this model: input {index} of {consumer!r} "
-                        f"is {records[consumer]['inputs'][index]!r}. Make the plan from this model."
-                    )
-                records[consumer]["inputs"][index] = rc.output(k)
-    return GraphModel.from_ops(
-        records.values(), variable_bytes=model.variable_bytes, name=model.name, variables=model.variables
-    )
 
 
 def with_orders(model: GraphModel, orders: Sequence[Any]) -> GraphModel:

@@ -41,7 +41,7 @@ Rules (../shared/DESIGN.md, "Swapping, in short"; every knob comes from :class:`
   and is not an op of :data:`UNFENCED_TYPES`.
 * the pass ``recompute`` (in ``policy``) first takes the candidates that :mod:`tflms.plan.passes.recompute` predicts
   cheaper to recompute than to swap (with the options as given, before any tuning),
-  applies them to the model (:func:`tflms.plan.passes.recompute.recomputed_model`), and plans the
+  applies them to the model (:func:`tflms.plan.passes.recompute.with_recomputes`), and plans the
   swaps, tuning included, on that model: a recompute's clones are backward consumers
   like any other, and its sources may be swapped. The predicted peak after is the
   simulator's on that model.
@@ -219,13 +219,14 @@ def check_placement(sim: Simulator, swaps: Sequence[Swap], budget: int) -> None:
     The budget check compares the predicted peak (bytes in use) with the budget; under a real cap
     TensorFlow's allocator also needs each tensor in one contiguous chunk of regions that grow by
     doubling and are never returned, so a large tensor can fail while most of the pool is free.
-    Measured on the test bed, the GPT of :mod:`tflms.testing.measure` at batch 16 (125 MiB logits): its
-    ``budget='320MiB'`` plan (276 MiB predicted) ran out of memory under a 320 MiB cap asking for
-    the logits, with 98 MiB in use and 108 MiB the largest free chunk; its ``'336MiB'`` plan under
-    336 MiB the same (123 MiB the largest free chunk). The simulator's own emulation of the capped
-    allocator (:meth:`Simulator.unplaced`) placed both, so the room is what this checks. It warns
-    and does not refuse (the default plan, 248 MiB predicted, trained under 320 MiB). Budgets below
-    the allocator's first region (2 MiB: hand-built graphs, no real device) are not checked."""
+    The GPT of :mod:`tflms.testing.measure` at batch 16 (125 MiB logits) is such a step: its
+    ``budget='320MiB'`` plan (276 MiB predicted) runs out of memory under a 320 MiB cap asking for
+    the logits, with 98 MiB in use and 108 MiB the largest free chunk, and its ``'336MiB'`` plan
+    under 336 MiB the same (123 MiB the largest free chunk), while the simulator's emulation of the
+    capped allocator (:meth:`Simulator.unplaced`) places both: the room is what this checks. It
+    warns and does not refuse, because a plan with less room can still find its chunks (the default
+    plan of that step, 248 MiB predicted, trains under 320 MiB). Budgets below the allocator's first
+    region (2 MiB: hand-built graphs, no real device) are not checked."""
     peak, largest = sim.peak(swaps), sim.largest_buffer()
     if budget >= BFC_FIRST_REGION and 0 <= budget - peak < largest:
         warnings.warn(
@@ -246,8 +247,8 @@ def _later(timed: Swap, by_levels: Swap) -> bool:
 
 #: Producers that get no fence: Grappler's arithmetic optimizer folds a tree of these into
 #: one ``AddN`` (``AddOpsRewrite``) only where no member has a control input, so a fence on
-#: one changes how the sum associates, and the step's numbers (one ULP in the second loss of
-#: ``tflms.testing.measure``'s transformer, on a layer norm's ``AddV2``, 2026-11-25).
+#: one changes how the sum associates, and the step's numbers (a fence on a layer norm's ``AddV2``
+#: moves the second loss of ``tflms.testing.measure``'s transformer by one ULP).
 UNFENCED_TYPES = SUM_OP_TYPES
 
 

@@ -14,12 +14,34 @@ order_updates  ``orders``     before and with them  update orders, then the memo
 =============  =============  ====================  ==================================================
 
 A pass's name is its one spelling: the name a ``policy`` gives it (:data:`tflms.config.POLICIES`;
-the passes decided by the autotuner, ``swaps`` and ``fences``, have none), the name in the logs and
-the name of its applier in the rewrite. A plan field is named for the decisions it holds, not for
+the passes decided by the autotuner, ``swaps`` and ``fences``, have none) and the name in the logs.
+A plan field is named for the decisions it holds, not for
 the pass: ``sums`` holds :class:`~tflms.ir.decisions.Sum` records, ``recomputes`` :class:`~tflms.Recompute`
 records, and ``orders`` the :class:`~tflms.Order` edges of ``order_updates`` followed by those of
 the memory-aware schedule, which is no pass of a policy (it is decided with the swaps, where the
 budget needs it). :data:`POLICY_PASSES` lists the names a policy may turn on.
+
+Each pass is one object (:class:`~tflms.plan.passes.base.Pass`) with its three sides side by side:
+its planning (``prepare``), its replay on the graph model (``replay``) and its rewrite of the
+TensorFlow graph (``rewrite``). The classes live in :mod:`tflms.plan.passes`, beside the planning
+they run: a rewrite imports TensorFlow when it runs and edits the graph with
+:mod:`tflms._tf_internal`, both below the ``plan`` stage, so no pass reaches into
+:mod:`tflms.rewrite`, and the planner, the replay and the rewrite all read this one list.
+
+* ``split_sums``: :class:`~tflms.plan.passes.sums.SplitSums`;
+* ``drop_tiles``: :class:`~tflms.plan.passes.tiles.DropTiles`, needs ``split_sums``;
+* ``recompute``: :class:`~tflms.plan.passes.recompute.RecomputePass`;
+* ``swaps``: :class:`~tflms.plan.passes.swaps.Swaps`;
+* ``fences``: :class:`~tflms.plan.passes.swaps.Fences`, needs ``swaps`` (its rewrite gates on
+  their swap-outs);
+* ``order_updates``: :class:`~tflms.plan.passes.orders.OrderUpdates`.
+
+A pass declares the passes it needs (:attr:`~tflms.plan.passes.base.Pass.needs`): :func:`check`
+refuses, at import, a registry where a need is missing or comes after the pass. A policy that names
+a pass and not a pass it needs is refused when the config is made, by
+:data:`tflms.config.POLICY_NEEDS`: the config sits below every stage and cannot import the
+registry, so that table mirrors the needs the passes declare, and this module checks at import
+that it does (as it checks :data:`tflms.config.POLICIES`).
 
 ``offload="optimizer"`` (:mod:`tflms.plan.passes.offload`) is not a pass of this table: it is an
 option of the step, applied to the step before the planner runs any pass (by ``tflms.function``,
@@ -44,94 +66,67 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from collections.abc import Collection, Sequence
 
-from ..config import POLICIES, LMSConfig
+from ..config import POLICIES, POLICY_NEEDS, LMSConfig
 from ..emulate.simulator import Simulator
-from ..ir.graph import GraphModel, with_orders, with_recomputes
+from ..ir.graph import GraphModel
+from .passes.base import Pass
 from .passes.offload import offload_decisions, with_offload
+from .passes.orders import OrderUpdates
 from .passes.place import with_placement
-from .passes.recompute import with_planned_recomputes
-from .passes.schedule import with_update_orders
-from .passes.sums import with_split_sums
-from .passes.tiles import with_dropped_tiles
+from .passes.recompute import RecomputePass
+from .passes.sums import SplitSums
+from .passes.swaps import Fences, Swaps
+from .passes.tiles import DropTiles
 from .records import SwapPlan
 
-__all__ = ["PASSES", "POLICY_PASSES", "Pass", "op_count_change", "prepare", "replay"]
+__all__ = ["PASSES", "POLICY_PASSES", "NEEDS_IN_POLICY", "Pass", "check", "op_count_change", "prepare", "replay"]
 
 log = logging.getLogger("tflms.passes")
 
-#: ``(model, config, simulator of it) -> (model with the pass applied, its decisions, simulator of that)``.
-Prepare = Callable[[GraphModel, LMSConfig, Simulator | None], tuple[GraphModel, tuple, Simulator | None]]
 
+def check(passes: Sequence[Pass]) -> tuple[Pass, ...]:
+    """``passes`` as a registry: refuses (``ValueError``) two passes of one name, and a pass whose
+    need (:attr:`Pass.needs`) is not a pass of ``passes`` or comes after it.
 
-@dataclasses.dataclass(frozen=True)
-class Pass:
-    """One transform of a step.
-
-    Attributes:
-        name: the pass's name: in a ``policy`` (for a pass with ``prepare``), in logs, and the
-            name of its applier in the rewrite (:class:`tflms.rewrite.apply._Rewrite`).
-        field: the :class:`~tflms.SwapPlan` field that holds its decisions.
-        prepare: decides the pass on a step before the swaps, where the config's policy names it
-            (``None``: the autotuner decides it with the swaps; no policy names it).
-        replay: applies a plan's decisions to the graph model (``None``: the simulator runs them).
+    >>> [p.name for p in check([SplitSums(), DropTiles()])]
+    ['split_sums', 'drop_tiles']
+    >>> check([DropTiles(), SplitSums()])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: pass 'drop_tiles' needs 'split_sums' before it; it comes after. Received: ...
     """
-
-    name: str
-    field: str
-    prepare: Prepare | None
-    replay: Callable[[GraphModel, Sequence[Any]], GraphModel] | None
-
-
-def _resimulated(
-    pass_: Callable[[GraphModel], tuple[GraphModel, list]],
-) -> Prepare:
-    """The prepare of a pass that reads no simulator: ``sim`` is kept where the pass changes
-    nothing, else ``None`` (:func:`prepare` makes a simulator where a later pass reads one, and
-    once at the end: passes that change the step one after the other cost one simulator)."""
-
-    def prepare(
-        model: GraphModel, config: LMSConfig, sim: Simulator | None
-    ) -> tuple[GraphModel, tuple, Simulator | None]:
-        new, decisions = pass_(model)
-        if not decisions:
-            return new, (), sim
-        return new, tuple(decisions), None
-
-    return prepare
-
-
-def _prepare_recompute(
-    model: GraphModel, config: LMSConfig, sim: Simulator | None
-) -> tuple[GraphModel, tuple, Simulator | None]:
-    return _resimulated(lambda m: with_planned_recomputes(m, config))(model, config, sim)
-
-
-def _prepare_orders(
-    model: GraphModel, config: LMSConfig, sim: Simulator | None
-) -> tuple[GraphModel, tuple, Simulator | None]:
-    return with_update_orders(model, sim if sim is not None else Simulator(model, config.host))
+    names = [p.name for p in passes]
+    received = f"Received: passes {names}"
+    for i, p in enumerate(passes):
+        if p.name in names[:i]:
+            raise ValueError(f"two passes are named {p.name!r}. {received}")
+        for need in p.needs:
+            if need not in names:
+                raise ValueError(f"pass {p.name!r} needs {need!r}, which is no pass of the registry. {received}")
+            if names.index(need) > i:
+                raise ValueError(f"pass {p.name!r} needs {need!r} before it; it comes after. {received}")
+    return tuple(passes)
 
 
 #: The passes, in the order in which they are decided before the swaps and applied.
-PASSES: tuple[Pass, ...] = (
-    Pass("split_sums", "sums", _resimulated(with_split_sums), lambda m, d: with_split_sums(m, d)[0]),
-    Pass("drop_tiles", "tiles", _resimulated(with_dropped_tiles), lambda m, d: with_dropped_tiles(m, d)[0]),
-    Pass("recompute", "recomputes", _prepare_recompute, with_recomputes),
-    Pass("swaps", "swaps", None, None),
-    Pass("fences", "fences", None, None),
-    Pass("order_updates", "orders", _prepare_orders, with_orders),
-)
+PASSES: tuple[Pass, ...] = check((SplitSums(), DropTiles(), RecomputePass(), Swaps(), Fences(), OrderUpdates()))
 #: The passes a ``policy`` may turn on, in registry order: :data:`tflms.config.POLICIES` is these
 #: and ``swap_gradients`` (which adds swap candidates; it changes no step).
-POLICY_PASSES: tuple[str, ...] = tuple(p.name for p in PASSES if p.prepare is not None)
-if set(POLICIES) != {*POLICY_PASSES, "swap_gradients"}:  # config cannot import the registry: checked here
+POLICY_PASSES: tuple[str, ...] = tuple(p.name for p in PASSES if p.policy)
+#: What a pass of a policy needs in the policy too: ``(pass, needed pass)`` for each need that is a
+#: pass of a policy.
+NEEDS_IN_POLICY: frozenset[tuple[str, str]] = frozenset(
+    (p.name, n) for p in PASSES if p.policy for n in p.needs if n in POLICY_PASSES
+)
+# The config sits below the registry and cannot import it: its tables are checked here.
+if set(POLICIES) != {*POLICY_PASSES, "swap_gradients"}:
     raise ImportError(f"tflms.config.POLICIES {POLICIES} do not name the registry's passes {POLICY_PASSES}")
+if {(name, need) for name, need, _ in POLICY_NEEDS} != NEEDS_IN_POLICY:
+    raise ImportError(f"tflms.config.POLICY_NEEDS {POLICY_NEEDS} are not the passes' needs {sorted(NEEDS_IN_POLICY)}")
 
 
 def op_count_change(before: GraphModel, after: GraphModel) -> str:
@@ -160,7 +155,7 @@ def prepare(
     a pass changed the step, not one per pass that changes it."""
     decided: dict[str, tuple] = {}
     for p in PASSES:
-        if p.prepare is None or p.name not in config.policy or (only is not None and p.name not in only):
+        if not p.policy or p.name not in config.policy or (only is not None and p.name not in only):
             continue
         before = model
         model, decisions, sim = p.prepare(model, config, sim)
@@ -183,6 +178,5 @@ def replay(model: GraphModel, plan: SwapPlan) -> GraphModel:
         decisions = offload_decisions(model, weights=offload == "weights")
         model = with_offload(model, decisions, plan.options["host"])
     for p in PASSES:
-        if p.replay is not None:
-            model = p.replay(model, getattr(plan, p.field))
+        model = p.replay(model, getattr(plan, p.field))
     return with_placement(model, plan.placement)

@@ -13,17 +13,8 @@ matplotlib is an optional dependency (``pip install tflms[plot]``); it is import
 only when a plot is drawn. The figure is rendered with Agg without pyplot, so it
 works headless and leaves the session's matplotlib backend alone.
 
-Example (``new_cf, plan = tflms.optimize(cf)`` gives a plan that remembers its
-model, and then ``tflms.plot_plan(plan, "memory.png")`` is enough)::
-
-    >>> import tempfile, tensorflow as tf, tflms
-    >>> from tflms.testing.zoo import build
-    >>> model, x, y, train_step = build("cnn", batch=8, size=32)
-    >>> cf = tf.function(train_step).get_concrete_function(x, y)
-    >>> graph = tflms.GraphModel.from_func_graph(cf.graph)
-    >>> plan = tflms.make_plan(graph, tflms.LMSConfig(knobs=tflms.Knobs(swapout_threshold=20)))
-    >>> tflms.plot_memory(graph, plan, tempfile.mkdtemp() + "/memory.png").stat().st_size > 0
-    True
+A plan made by ``new_cf, plan = tflms.optimize(cf)`` remembers its model, and then
+``tflms.plot_plan(plan, "memory.png")`` is enough (the example of :func:`plot_plan`).
 """
 
 from __future__ import annotations
@@ -38,10 +29,8 @@ import numpy as np
 from .._util import format_bytes
 from ..emulate.simulator import Simulator
 from ..errors import LMSWarning
-from ..ir.graph import ALIAS_OP_TYPES, GraphModel
-from ..plan.passes.sums import chain_ops
-from ..plan.passes.tiles import SUFFIX as TILE_SUFFIX
-from ..plan.registry import replay
+from ..ir.graph import ALIAS_OP_TYPES, GraphModel, reach
+from ..plan.registry import PASSES, replay
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -255,15 +244,8 @@ def _stages(model: GraphModel) -> dict[str, str]:
     dag = model.dag
     phases = {op: model.phase(op) for op in dag}
 
-    def feeding(phase: str) -> set[str]:  # ops with a path into an op of ``phase``
-        seen: set[str] = set()
-        frontier = [op for op, p in phases.items() if p == phase]
-        while frontier:
-            for pred in dag.predecessors(frontier.pop()):
-                if pred not in seen:
-                    seen.add(pred)
-                    frontier.append(pred)
-        return seen
+    def feeding(phase: str) -> set[str]:  # ops with a path into an op of ``phase`` (other than those)
+        return reach(dag.predecessors, {op for op, p in phases.items() if p == phase})
 
     into_backward, into_update = feeding("backward"), feeding("update")
     return {
@@ -272,30 +254,18 @@ def _stages(model: GraphModel) -> dict[str, str]:
     }
 
 
-def _made_again(name: str, nodes: Any, clones: set[str]) -> bool:
-    """``name`` is an op made again for a left-out tile (:mod:`tflms.plan.passes.tiles`) of an op the step has."""
-    base = name.removesuffix(f"/{TILE_SUFFIX}")
-    return base != name and (base in nodes or base in clones)
-
-
 def _check_matches(model: GraphModel, plan: SwapPlan) -> None:
+    """Refuse a model that lacks an op that a pass's decisions name
+    (:meth:`tflms.plan.passes.base.Pass.names`), other than the ops a pass makes
+    (:meth:`~tflms.plan.passes.base.Pass.made`, :meth:`~tflms.plan.passes.base.Pass.made_again_from`)."""
     nodes = model.dag.nodes
-    clones = {rc.clone(op, k) for rc in plan.recomputes for k in range(len(rc.groups)) for op in rc.ops}
-    clones.update(name for s in plan.sums for name in chain_ops(s))
-    decisions = [(s.producer, (), s.swap_ins) for s in plan.swaps]
-    decisions += [(r.producer, r.ops, r.groups) for r in plan.recomputes]
-    decisions += [(x.op, (), ()) for x in plan.sums]
-    names = [
-        name
-        for producer, ops, groups in decisions
-        for name in (
-            producer,
-            *ops,
-            *(g.trigger for g in groups if g.trigger),
-            *(c for g in groups for c, _ in g.consumers),
-        )
-        if name not in clones and not _made_again(name, nodes, clones)
-    ] + list(plan.tiles)
+    made = {name for p in PASSES for name in p.made(getattr(plan, p.field))}
+
+    def ours(name: str) -> bool:
+        bases = (p.made_again_from(name) for p in PASSES)
+        return name in made or any(base is not None and (base in nodes or base in made) for base in bases)
+
+    names = [name for p in PASSES for name in p.names(getattr(plan, p.field)) if not ours(name)]
     missing = [n for n in names if n not in nodes]
     if missing or (plan.n_ops and plan.n_ops != model.dag.number_of_nodes()):
         raise ValueError(

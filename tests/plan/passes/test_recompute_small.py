@@ -7,7 +7,7 @@ import pytest
 from tflms import Knobs, LMSConfig, SwapPlan, make_plan
 from tflms.emulate.simulator import Simulator
 from tflms.ir.decisions import RECOMPUTE_SCOPE
-from tflms.plan.passes.recompute import plan_recomputes, recompute_cost, recomputed_model, swap_cost
+from tflms.plan.passes.recompute import plan_recomputes, recompute_cost, swap_cost, with_recomputes
 
 from graphs import bn_relu_model, two_group_model
 
@@ -38,10 +38,10 @@ def test_a_cheap_chain_over_a_swapped_input_is_recomputed_not_swapped():
     assert "recompute 3 ops" in plan.summary() and "predicted recompute time per step" in plan.summary()
 
 
-def test_the_recomputed_model_is_what_the_rewrite_builds():
+def test_the_model_with_recomputes_is_what_the_rewrite_builds():
     model = bn_relu_model()
     plan = make_plan(model, LMSConfig(**RECOMPUTE))
-    new = recomputed_model(model, plan.recomputes)
+    new = with_recomputes(model, plan.recomputes)
     rc = plan.recomputes[0]
     assert new.inputs_of["gradient_tape/rg"] == ["gradient_tape/g5:0", rc.output(0)]
     assert new.inputs_of[rc.clone("a", 0)] == [rc.clone("m", 0) + ":0", "o:0"]
@@ -51,7 +51,7 @@ def test_the_recomputed_model_is_what_the_rewrite_builds():
         assert new.dag.edges["gradient_tape/g5", clone]["control"]
     # The plan's predicted peak is the simulator's on that model, with the swaps.
     assert plan.peak_bytes_after == Simulator(new).peak(plan.swaps)
-    assert recomputed_model(model, ()) is model
+    assert with_recomputes(model, ()) is model
 
 
 @pytest.mark.parametrize("cheap", ["StatelessRandomUniformV2", "RandomUniform", "Conv2D"])

@@ -31,29 +31,44 @@ taken, and its chain reads no recomputed tensor (those are not on the device). K
 swap or recompute: what is neither swapped nor recomputed is kept; the budget
 (:mod:`tflms.plan.autotune`) then decides how many of the remaining candidates are swapped.
 
-The chosen recomputes are applied to the graph model (:func:`recomputed_model`): the
+The chosen recomputes are applied to the graph model (:func:`with_recomputes`): the
 clones become ops of the model and the far consumers read them, so the swap planner and
 the simulator see the step as it will run. The result is deterministic.
+
+The rewrite (:class:`RecomputePass`) adds the same clones to the TensorFlow graph: for each
+consumer group a clone of each op of the chain, on the device (or the original op's device),
+named ``tflms_recompute/<producer>/<group>/<op>``, reading the clones before it and the original
+tensors otherwise, with a control input from the group's trigger on every clone; the group's
+consumers are rewired to the last clone. Clones carry ``_tflms_swap="recompute"`` but, unlike swap
+ops, not ``_grappler_do_not_remove``: with it, Grappler's arithmetic optimizer rewrites the original
+ops (ResNet50's BatchNorm-ReLU chains) and not their clones, and the two compute different numbers;
+without it the clones get the same rewrites, and their control input from the trigger keeps them
+distinct from the originals, so they survive (``tests/rewrite/test_zoo.py`` checks both). A swap
+whose consumer is a clone then rewires the clone's input, as for any consumer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ...config import LMSConfig
-from ...ir.decisions import Recompute, Swap, SwapIn
-from ...ir.graph import GraphModel, with_recomputes
+from ...ir.decisions import RECOMPUTE_SCOPE, Recompute, Swap, SwapIn
+from ...ir.graph import GraphModel, op_records
 from ..candidates import RESIDENT_OP_TYPES, _find_trigger, buffer_owner, candidate_swaps, group_by_level
 from ..records import link_seconds, recompute_seconds
+from .base import Edges, GraphEdit, Pass, changed
+from .swaps import group_ops
 
-#: The model with recomputes applied (:func:`tflms.ir.graph.with_recomputes`).
-recomputed_model = with_recomputes
+if TYPE_CHECKING:
+    from ...emulate.simulator import Simulator
 
 __all__ = [
     "RECOMPUTE_OP_TYPES",
     "MAX_OPS",
+    "RecomputePass",
     "plan_recomputes",
-    "recomputed_model",
+    "with_recomputes",
     "with_planned_recomputes",
     "recompute_cost",
     "swap_cost",
@@ -116,7 +131,95 @@ def with_planned_recomputes(model: GraphModel, config: LMSConfig) -> tuple[Graph
     """``(model with the recomputes applied, the recomputes)`` that :func:`plan_recomputes` picks under
     ``config`` (its budget and ``n_tensors`` ignored: they decide the swaps, afterwards)."""
     recomputes = plan_recomputes(model, config.replace(budget=None).with_knobs(n_tensors=None))
-    return recomputed_model(model, recomputes), recomputes
+    return with_recomputes(model, recomputes), recomputes
+
+
+def with_recomputes(model: GraphModel, recomputes: Sequence[Any]) -> GraphModel:
+    """``model`` with the clones of ``recomputes`` (:class:`tflms.ir.decisions.Recompute`) added, and
+    each group's consumers reading its clones; ``model`` itself when there are none.
+
+    Per group, each op of the chain gets a clone named :meth:`Recompute.clone`, reading the
+    clones before it and the original tensors otherwise, with a control edge from the
+    group's trigger: the ops the rewrite adds (:meth:`RecomputePass.rewrite`), so that the planner
+    and the simulator see the step as it will run.
+    """
+    if not recomputes:
+        return model
+    tensors = model.tensors
+    records = op_records(model)
+    for rc in recomputes:
+        for k, group in enumerate(rc.groups):
+            for name in rc.ops:
+                inputs = [rc.clone_tensor(t, k) if tensors[t].op in rc.ops else t for t in model.inputs_of[name]]
+                clone = rc.clone(name, k)
+                records[clone] = {**records[name], "name": clone, "inputs": inputs, "control_inputs": [group.trigger]}
+            for consumer, index in group.consumers:
+                if records[consumer]["inputs"][index] != rc.tensor:
+                    raise ValueError(
+                        f"The recompute of {rc.tensor!r} does not fit this model: input {index} of {consumer!r} "
+                        f"is {records[consumer]['inputs'][index]!r}. Make the plan from this model."
+                    )
+                records[consumer]["inputs"][index] = rc.output(k)
+    return GraphModel.from_ops(
+        records.values(), variable_bytes=model.variable_bytes, name=model.name, variables=model.variables
+    )
+
+
+class RecomputePass(Pass):
+    """Cheap tensors recomputed, not swapped (the pass ``recompute`` of a policy)."""
+
+    name, field, policy, adds_edges = "recompute", "recomputes", True, True
+
+    def names(self, decisions: Sequence[Recompute]) -> list[str]:
+        return [name for r in decisions for name in (r.producer, *r.ops, *group_ops(r.groups))]
+
+    def made(self, decisions: Sequence[Recompute]) -> set[str]:
+        return {rc.clone(op, k) for rc in decisions for k in range(len(rc.groups)) for op in rc.ops}
+
+    def prepare(
+        self, model: GraphModel, config: LMSConfig, sim: Simulator | None
+    ) -> tuple[GraphModel, tuple, Simulator | None]:
+        return changed(*with_planned_recomputes(model, config), sim)
+
+    def replay(self, model: GraphModel, decisions: Sequence[Any]) -> GraphModel:
+        return with_recomputes(model, decisions)
+
+    def rewrote(self, op: Any, attr: bytes | None) -> bool:
+        return op.name.startswith(RECOMPUTE_SCOPE + "/")
+
+    def edges(self, edit: GraphEdit) -> Edges:
+        """Each group's trigger runs before its consumers (through the clones)."""
+        added: Edges = {}
+        for rc in edit.plan.recomputes:
+            for group in rc.groups:
+                for consumer, _ in group.consumers:
+                    added.setdefault((group.trigger, consumer), f"recompute trigger {group.trigger!r} of {rc.tensor!r}")
+        return added
+
+    def rewrite(self, edit: GraphEdit) -> dict[str, int]:
+        """Add the clones of the plan's recomputes and rewire their consumers (see the module doc)."""
+        import tensorflow as tf
+
+        from ... import _tf_internal as tfi
+        from .swaps import mark
+
+        graph, n = edit.graph, 0
+        for rc in edit.plan.recomputes:
+            target = edit.tensor(rc.tensor)
+            originals = [edit.op("recomputed op", name) for name in rc.ops]
+            for k, group in enumerate(rc.groups):
+                trigger = edit.op("trigger op", group.trigger)
+                clones: dict[str, Any] = {}
+                for op in originals:
+                    inputs = [clones[t.op.name].outputs[t.value_index] if t.op.name in clones else t for t in op.inputs]
+                    with graph.as_default(), tf.control_dependencies(None), tf.device(op.device or edit.device):
+                        clone = tfi.clone_op(graph, op, inputs, rc.clone(op.name, k))
+                    mark(clone, "recompute", keep=False)
+                    tfi.add_control_input(clone, trigger)
+                    clones[op.name] = clone
+                    n += 1
+                edit.rewire(group.consumers, target, clones[rc.producer].outputs[target.value_index], rc.tensor)
+        return {"recompute": n}
 
 
 def _sources(model: GraphModel, rc: Recompute) -> set[str]:

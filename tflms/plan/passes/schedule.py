@@ -26,11 +26,8 @@ Greedy, on the simulator (:mod:`tflms.emulate.simulator`) with the plan's swaps 
    the tentative rounds are kept only when a later round meets step 3's conditions against
    the last kept state, and dropped otherwise.
 
-Only backward ops are ordered, and never an op whose outputs only become weight gradients:
-a rule from when the simulator held every weight gradient until the optimizer's
-``IdentityN`` had them all, so that delaying one lowered only the prediction. The simulator
-now starts each variable's update as soon as its gradient exists, as the executor does; the
-rule is kept (README, "Memory-aware schedule").
+Only backward ops are ordered, and never an op whose outputs only become weight gradients
+(:func:`_orderable`; README, "Memory-aware schedule").
 Deterministic: candidates are tried in sorted order and ties keep the first.
 
 :func:`update_orders` (the pass ``order_updates``) makes another kind of ordering edge: each
@@ -63,13 +60,22 @@ from ..._devices import device_key
 from ...emulate.fusion import joins_fused
 from ...emulate.simulator import Simulator
 from ...ir.decisions import RECOMPUTE_SCOPE, Order
-from ...ir.graph import SUM_OP_TYPES, GraphModel, with_orders
+from ...ir.graph import SUM_OP_TYPES, GraphModel, reach, with_orders
 
 if TYPE_CHECKING:
     from ...config import LMSConfig
     from ...ir.decisions import Swap, SwapIn
 
-__all__ = ["memory_orders", "update_orders", "late_triggers", "finish", "TOP", "MAX_ROUNDS", "MIN_GAIN", "LOOKAHEAD"]
+__all__ = [
+    "memory_orders",
+    "update_orders",
+    "late_triggers",
+    "finish",
+    "TOP",
+    "MAX_ROUNDS",
+    "MIN_GAIN",
+    "LOOKAHEAD",
+]
 
 #: Live buffers at the peak that the greedy pairs up (the largest).
 TOP = 8
@@ -168,14 +174,8 @@ def _leading_to_updates(model: GraphModel) -> set[str]:
     from ...emulate.simulator import VARIABLE_WRITE_TYPES
 
     dag = model.dag
-    useful = {op for op in dag if dag.nodes[op].get("type") in VARIABLE_WRITE_TYPES}
-    stack = list(useful)
-    while stack:
-        for p in dag.predecessors(stack.pop()):
-            if p not in useful:
-                useful.add(p)
-                stack.append(p)
-    return useful
+    updates = {op for op in dag if dag.nodes[op].get("type") in VARIABLE_WRITE_TYPES}
+    return updates | reach(dag.predecessors, updates)
 
 
 def with_update_orders(model: GraphModel, sim: Simulator) -> tuple[GraphModel, tuple[Order, ...], Simulator]:
@@ -183,9 +183,9 @@ def with_update_orders(model: GraphModel, sim: Simulator) -> tuple[GraphModel, t
     when there are none or the simulator predicts a higher peak with them (``sim``: of ``model``).
 
     No update waits for a recompute clone (an op under ``tflms_recompute/``): the rewrite gates
-    orders on the graph before the clones exist, and such orders changed the numbers (measured:
-    the transformer of :mod:`tflms.testing.zoo` with ``recompute`` and ``order_updates``, its
-    variables after three Adam steps); the update then copies the variable, as without the pass."""
+    orders on the graph before the clones exist, and such orders change the numbers (the variables of
+    the transformer of :mod:`tflms.testing.zoo` with ``recompute`` and ``order_updates``, after three
+    Adam steps); the update then copies the variable, as without the pass."""
     orders = tuple(o for o in update_orders(model, sim.host) if not _is_clone(o.after) and not _is_clone(o.op))
     if not orders:
         return model, (), sim
@@ -551,8 +551,8 @@ def _room_for(
 def _element_wise(model: GraphModel, op: str) -> bool:
     """An element-wise op that is not a sum: :func:`_room_orders` orders no other. A control
     input on an op that oneDNN's graph pass fuses with another changes the kernel that runs, and the
-    numbers (a ``Conv2DBackpropFilter`` ordered after its ``BiasAddGrad``: ResNet50's losses
-    changed in the second step, 2026-11-27)."""
+    numbers (a ``Conv2DBackpropFilter`` ordered after its ``BiasAddGrad`` changes ResNet50's loss
+    from the second step on)."""
     from ...emulate.simulator import FORWARDING_OP_TYPES
 
     kind = model.dag.nodes[op]["type"]

@@ -36,10 +36,12 @@ from typing import Any
 
 from ...ir.decisions import Sum
 from ...ir.graph import GraphModel, op_records
+from .base import GraphEdit, TransformPass
 
 __all__ = [
     "ADD_OPS_TAG",
     "SUM_DTYPES",
+    "SplitSums",
     "kernel_groups",
     "term_order",
     "chain_ops",
@@ -215,3 +217,25 @@ def apply_sums(graph: Any, sums: Sequence[Sum], device: str, lookup: Any) -> int
                 if t is old:
                     tfi.update_input(consumer, index, made[-1])
     return n
+
+
+class SplitSums(TransformPass):
+    """A gradient ``AddN`` becomes a chain of ``AddV2`` (the pass ``split_sums`` of a policy). It
+    comes first: the other passes' decisions name the chains' ops."""
+
+    name, field = "split_sums", "sums"
+
+    def names(self, decisions: Sequence[Sum]) -> list[str]:
+        return [s.op for s in decisions]
+
+    def made(self, decisions: Sequence[Sum]) -> set[str]:
+        return {name for s in decisions for name in chain_ops(s)}
+
+    def transform(self, model: GraphModel, decisions: Sequence[Sum] | None = None) -> tuple[GraphModel, list[Sum]]:
+        return with_split_sums(model, decisions)
+
+    def rewrote(self, op: Any, attr: bytes | None) -> bool:
+        return op.type == "AddV2" and attr == b"sum"
+
+    def rewrite(self, edit: GraphEdit) -> dict[str, int]:
+        return {"sum": apply_sums(edit.graph, edit.plan.sums, edit.device, edit.lookup)}

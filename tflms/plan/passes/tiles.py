@@ -35,8 +35,9 @@ from typing import Any
 import networkx as nx
 
 from ...ir.graph import GraphModel, op_records
+from .base import GraphEdit, TransformPass
 
-__all__ = ["BROADCAST_OPS", "SUFFIX", "new_name", "droppable_tiles", "with_dropped_tiles", "apply_tiles"]
+__all__ = ["BROADCAST_OPS", "SUFFIX", "DropTiles", "new_name", "droppable_tiles", "with_dropped_tiles", "apply_tiles"]
 
 #: The element-wise ops that read a left-out ``Tile``'s value and are made again: they broadcast.
 BROADCAST_OPS = frozenset({"Mul", "RealDiv", "AddV2", "Sub"})
@@ -166,6 +167,42 @@ class _View:
 def _closure(view: _View, tiles: Sequence[str]) -> tuple[dict[str, tuple], list[str], dict[str, str]]:
     """What leaving out ``tiles`` does: ``(the new shape of each tensor that gets smaller, the
     ops made again in dependency order, {op: why it stops a tile being left out})``."""
+    small, problems = _tile_values(view, tiles)
+    state: dict[str, bool] = {}  # an op made again -> whether its output is smaller
+    heap = [(view.order[c], c) for t in small for c in view.readers(t)]
+    heapq.heapify(heap)
+    # Graph order is not always topological (a split sum's chain comes last), so each op is
+    # looked at again when one of its inputs gets smaller, until nothing changes (an output
+    # only ever goes from full-sized to smaller).
+    while heap:
+        _, op = heapq.heappop(heap)
+        problems.pop(op, None)
+        shape, smaller, problem = _made_again(view, op, small)
+        if problem:
+            problems[op] = problem
+            continue
+        if state.get(op) is not smaller:
+            state[op] = smaller
+            if smaller:
+                small[view.output(op)] = tuple(shape)
+                for c in view.readers(view.output(op)):
+                    heapq.heappush(heap, (view.order[c], c))
+        if not smaller:
+            for c in view.readers(view.output(op)):
+                if view.type(c) == "AddN" and len(view.inputs(c)) >= 3:
+                    problems[op] = f"{op!r} is read by {c!r}, an AddN whose order of terms a new name may change"
+    # In dependency order (graph order breaks the ties): an op is made again after its inputs.
+    made = nx.DiGraph()
+    made.add_nodes_from(state)
+    made.add_edges_from(
+        (producer, op) for op in state for t in view.inputs(op) if (producer := t.rpartition(":")[0]) in state
+    )
+    made.add_edges_from((c, op) for op in state for c in view.control_inputs(op) if c in state)
+    return small, list(nx.lexicographical_topological_sort(made, key=view.order.__getitem__)), problems
+
+
+def _tile_values(view: _View, tiles: Sequence[str]) -> tuple[dict[str, tuple], dict[str, str]]:
+    """``({each tile's output: the shape of the value it tiles}, {tile: why it cannot be left out})``."""
     small: dict[str, tuple] = {}
     problems: dict[str, str] = {}
     for tile in tiles:
@@ -180,47 +217,24 @@ def _closure(view: _View, tiles: Sequence[str]) -> tuple[dict[str, tuple], list[
         elif view.control_readers(tile):
             problems[tile] = f"{tile!r} has control outputs"
         small[out] = view.shape(value)
-    state: dict[str, bool] = {}  # an op made again -> whether its output is smaller
-    heap = [(view.order[c], c) for t in small for c in view.readers(t)]
-    heapq.heapify(heap)
-    # Graph order is not always topological (a split sum's chain comes last), so each op is
-    # looked at again when one of its inputs gets smaller, until nothing changes (an output
-    # only ever goes from full-sized to smaller).
-    while heap:
-        _, op = heapq.heappop(heap)
-        problems.pop(op, None)
-        ins = view.inputs(op)
-        if view.type(op) not in BROADCAST_OPS or len(ins) != 2 or not view.backward(op):
-            problems[op] = f"{op!r} ({view.type(op)}) reads a tiled value and is not a backward op that broadcasts"
-            continue
-        shapes = [small.get(t, view.shape(t)) for t in ins]
-        out, full = view.output(op), view.shape(view.output(op))
-        shape = None if None in shapes else broadcast_shape(shapes[0], shapes[1])
-        smaller = None if shape is None or full is None else _smaller(shape, tuple(full))
-        if smaller is None:
-            problems[op] = f"{op!r}: its inputs, of shapes {shapes}, do not broadcast to its output's {full}"
-            continue
-        if view.is_output(op):
-            problems[op] = f"{op!r} reads a tiled value and is an output of the step"
-            continue
-        if state.get(op) is not smaller:
-            state[op] = smaller
-            if smaller:
-                small[out] = tuple(shape)
-                for c in view.readers(out):
-                    heapq.heappush(heap, (view.order[c], c))
-        if not smaller:
-            for c in view.readers(out):
-                if view.type(c) == "AddN" and len(view.inputs(c)) >= 3:
-                    problems[op] = f"{op!r} is read by {c!r}, an AddN whose order of terms a new name may change"
-    # In dependency order (graph order breaks the ties): an op is made again after its inputs.
-    made = nx.DiGraph()
-    made.add_nodes_from(state)
-    made.add_edges_from(
-        (producer, op) for op in state for t in view.inputs(op) if (producer := t.rpartition(":")[0]) in state
-    )
-    made.add_edges_from((c, op) for op in state for c in view.control_inputs(op) if c in state)
-    return small, list(nx.lexicographical_topological_sort(made, key=view.order.__getitem__)), problems
+    return small, problems
+
+
+def _made_again(view: _View, op: str, small: dict[str, tuple]) -> tuple[tuple | None, bool | None, str]:
+    """``op`` (a reader of a smaller tensor) made again: ``(its output's shape, whether that is
+    smaller than its output's now, '')``, or ``(None, None, why it cannot be)``."""
+    ins = view.inputs(op)
+    if view.type(op) not in BROADCAST_OPS or len(ins) != 2 or not view.backward(op):
+        return None, None, f"{op!r} ({view.type(op)}) reads a tiled value and is not a backward op that broadcasts"
+    shapes = [small.get(t, view.shape(t)) for t in ins]
+    full = view.shape(view.output(op))
+    shape = None if None in shapes else broadcast_shape(shapes[0], shapes[1])
+    smaller = None if shape is None or full is None else _smaller(shape, tuple(full))
+    if smaller is None:
+        return None, None, f"{op!r}: its inputs, of shapes {shapes}, do not broadcast to its output's {full}"
+    if view.is_output(op):
+        return None, None, f"{op!r} reads a tiled value and is an output of the step"
+    return shape, smaller, ""
 
 
 def droppable_tiles(model: GraphModel) -> list[str]:
@@ -357,3 +371,28 @@ def apply_tiles(graph: Any, tiles: Sequence[str], device: str, lookup: Any, gone
             if reader.name not in made:
                 tfi.replace_control_input(reader, op, clone)
     return len(made)
+
+
+class DropTiles(TransformPass):
+    """The gradient of a mean is broadcast, not tiled (the pass ``drop_tiles`` of a policy). It
+    needs ``split_sums`` before it, in the registry and in a policy (see the module doc)."""
+
+    name, field, needs = "drop_tiles", "tiles", ("split_sums",)
+
+    def names(self, decisions: Sequence[str]) -> list[str]:
+        return list(decisions)
+
+    def made_again_from(self, name: str) -> str | None:
+        base = name.removesuffix(f"/{SUFFIX}")
+        return base if base != name else None
+
+    def transform(self, model: GraphModel, decisions: Sequence[str] | None = None) -> tuple[GraphModel, list[str]]:
+        return with_dropped_tiles(model, decisions)
+
+    def rewrote(self, op: Any, attr: bytes | None) -> bool:
+        return op.name.endswith(f"/{SUFFIX}")
+
+    def rewrite(self, edit: GraphEdit) -> dict[str, int]:
+        """The ops of the split sums (``split_sums``, before it) are left unread: no readers."""
+        gone = [s.op for s in edit.plan.sums]
+        return {"tile": apply_tiles(edit.graph, edit.plan.tiles, edit.device, edit.lookup, gone)}
