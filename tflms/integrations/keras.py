@@ -139,8 +139,10 @@ class LMSCallback(keras.callbacks.Callback):
             :class:`tflms.horovod.HorovodLMSCallback` documents it (which is this callback
             with ``horovod=True`` and Horovod's own options); also for a subclass of this
             class. ``False`` (default): one process.
-        manual_memory_optimizer, layout_optimizer: how the rewritten train function is
-            called, as :func:`tflms.function` documents them (defaults ``True`` and ``False``).
+        manual_memory_optimizer: how the rewritten train function is called, as
+            :func:`tflms.function` documents it (default ``True``).
+        layout_optimizer: how the rewritten train function is called, as
+            :func:`tflms.function` documents it (default ``False``).
         **options: :class:`tflms.LMSConfig` fields, e.g. ``device='/device:GPU:0'`` or
             ``devices=['/device:GPU:0', '/device:GPU:1']`` (the step placed across them),
             ``knobs=tflms.Knobs(swapout_threshold=40)``. No batch size is needed: the callback plans for the
