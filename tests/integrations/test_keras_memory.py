@@ -58,7 +58,8 @@ SCRIPT = textwrap.dedent(
 
 
     lms = tflms.LMSCallback(
-        device="/device:CPU:1", host="/device:CPU:0", swapout_threshold=2, min_bytes=4096, verbose=1
+        device="/device:CPU:1", host="/device:CPU:0", knobs=tflms.Knobs(swapout_threshold=2, min_bytes=4096),
+        verbose=1,
     )
     history = model.fit(x, y, batch_size=64, epochs=2, shuffle=False, verbose=0, callbacks=[lms, Hog()])
     print("RESULT " + json.dumps({{
