@@ -27,7 +27,7 @@ def _job(target: str, kwargs: dict, cap: str | None = None) -> dict:
     if cap is not None and r.status == "oom" and r.raised is None and r.oom is not None:
         # The allocator refused a request and the process died in the kernel that made it, with no
         # Python error to recover from: Eigen's CPU kernels do not all raise ResourceExhaustedError
-        # as a GPU's do (measured 2026-11-28: 2 of 6 runs of the function path). Not a recovery failure.
+        # as a GPU's do (measured 2026-11-28: 3 of 7 runs of the function path). Not a recovery failure.
         pytest.xfail(f"the measured process died in a kernel after the allocator's out-of-memory report: {r.oom}")
     assert r.ok, (r.status, r.raised, r.returncode, r.error[-3000:])
     return r.value
