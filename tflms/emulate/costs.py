@@ -400,6 +400,8 @@ def with_scratch(model: GraphModel, scratch: Mapping[str, int]) -> GraphModel:
     >>> with_scratch(m, {"c": 1 << 20}).dag.nodes["c"]["scratch"], with_scratch(m, {"x": 8}) is m
     (1048576, True)
     """
+    if not scratch:
+        return model
     profile = OpProfile({op: ("", 0.0) for op in scratch})
     found = {}
     for op in model.dag:
